@@ -89,6 +89,12 @@ class LayerCache:
         self.keys = torch.empty(shape, device=device, dtype=dtype)
         self.values = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0
+        self.dropped = 0  # positions dropped from the front (approximate sliding mode)
+
+    @property
+    def next_position(self) -> int:
+        """RoPE position of the next appended token."""
+        return self.length + self.dropped
 
     @property
     def capacity(self) -> int:
@@ -104,10 +110,12 @@ class LayerCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def select(self, rows: Tensor) -> None:
-        """Keep only the batch rows in `rows` (used when finished series leave the batch)."""
-        self.keys = self.keys.index_select(0, rows)
-        self.values = self.values.index_select(0, rows)
+    def drop_oldest(self, count: int = 1) -> None:
+        keep = self.length - count
+        self.keys[:, :, :keep] = self.keys[:, :, count:self.length].clone()
+        self.values[:, :, :keep] = self.values[:, :, count:self.length].clone()
+        self.length = keep
+        self.dropped += count
 
 
 def _attention_mask(q_len: int, k_len: int, padding_mask: Tensor | None, device: torch.device) -> Tensor | None:
@@ -147,7 +155,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
         batch, length, _ = x.shape
-        start = cache.length if cache is not None else 0
+        start = cache.next_position if cache is not None else 0
         cos, sin = self.rotary.cos_sin(length, start)
         q = RotaryEmbedding.apply(self._heads(self.q_proj(x)), cos, sin)
         k = RotaryEmbedding.apply(self._heads(self.k_proj(x)), cos, sin)

@@ -133,9 +133,9 @@ class KronosCache:
     def length(self) -> int:
         return self.dep.length
 
-    def select(self, rows: Tensor) -> None:
+    def drop_oldest(self, count: int = 1) -> None:
         for cache in (*self.layers, self.dep):
-            cache.select(rows)
+            cache.drop_oldest(count)
 
 
 class Kronos(nn.Module, PretrainedMixin):

@@ -1,0 +1,368 @@
+"""Reading, checking and normalizing K-line (OHLCV candlestick) data.
+
+A K-line frame has a ``timestamps`` column (datetime64) and the six feature
+columns ``open, high, low, close, volume, amount``. The calendar features and
+the normalization here match the reference Kronos implementation exactly, so
+the training and prediction code can share them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.errors import KronosError
+
+PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
+FEATURE_COLUMNS: tuple[str, ...] = PRICE_COLUMNS + ("volume", "amount")
+TIME_FEATURES: tuple[str, ...] = ("minute", "hour", "weekday", "day", "month")
+
+TIME_COLUMN = "timestamps"
+# Accepted spellings of the time column, in order of preference.
+TIME_COLUMN_ALIASES: tuple[str, ...] = ("timestamps", "timestamp", "date", "datetime", "time")
+DATA_SUFFIXES: tuple[str, ...] = (".csv", ".parquet")
+
+_NORM_EPS = 1e-5
+
+
+class KlineDataWarning(UserWarning):
+    """A suspicious but usable K-line file (e.g. high below close)."""
+
+
+def calendar_features(timestamps: pd.Series | pd.DatetimeIndex | Sequence | np.ndarray) -> np.ndarray:
+    """Return float32 [n, 5]: minute, hour, weekday (Mon=0), day of month, month.
+
+    Same values as the reference ``x.dt.minute, x.dt.hour, x.dt.weekday,
+    x.dt.day, x.dt.month``; time-zone-aware stamps use their local wall time.
+    """
+    if isinstance(timestamps, pd.Series):
+        idx = pd.DatetimeIndex(pd.to_datetime(timestamps).array)
+    else:
+        idx = pd.DatetimeIndex(pd.to_datetime(timestamps))
+    if len(idx) == 0:
+        return np.zeros((0, len(TIME_FEATURES)), dtype=np.float32)
+    # day_of_week == the reference's .dt.weekday (Mon=0), which pandas 3 deprecates.
+    cols = [idx.minute, idx.hour, idx.day_of_week, idx.day, idx.month]
+    return np.stack([np.asarray(c) for c in cols], axis=1).astype(np.float32)
+
+
+def fill_volume_amount(df: pd.DataFrame) -> pd.DataFrame:
+    """Return a copy with ``volume`` and ``amount`` present (reference Kronos rule).
+
+    No ``volume`` column: volume and amount are both set to 0.0 (an existing
+    amount is overwritten too, as the reference does). ``volume`` but no
+    ``amount``: amount = volume * mean(open, high, low, close) of the row.
+    """
+    out = df.copy()
+    if "volume" not in out.columns:
+        out["volume"] = 0.0
+        out["amount"] = 0.0
+    elif "amount" not in out.columns:
+        out["amount"] = out["volume"] * out[list(PRICE_COLUMNS)].mean(axis=1)
+    return out
+
+
+def normalize_window(
+    x: np.ndarray, clip: float = 5.0, stats_rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column z-score of a [rows, cols] window, clipped to [-clip, clip].
+
+    Computes ``(x - mean) / (std + 1e-5)`` in float32 with the population std
+    (ddof=0), like the reference. ``stats_rows`` takes mean/std from the first
+    ``stats_rows`` rows only (the lookback part of a training window).
+    Returns (x_norm, mean, std), all float32.
+    """
+    arr = np.asarray(x, dtype=np.float32)
+    ref = arr if stats_rows is None else arr[:stats_rows]
+    mean = np.mean(ref, axis=0)
+    std = np.std(ref, axis=0)
+    x_norm = np.clip((arr - mean) / (std + _NORM_EPS), -clip, clip)
+    return x_norm.astype(np.float32, copy=False), mean, std
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] if text else type(exc).__name__
+
+
+def _fmt_ts(ts: object) -> str:
+    return "NaT" if pd.isna(ts) else str(pd.Timestamp(ts))
+
+
+def _parse_timestamps(values: pd.Series, source: str) -> pd.Series:
+    """Parse a time column to datetime64, or raise naming the first bad row."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        parsed = values
+    elif pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+        # Only YYYYMMDD integers are unambiguous; epoch numbers need a unit we can't guess.
+        as_int = values.dropna()
+        if len(as_int) and ((as_int % 1 == 0) & (as_int >= 1900_01_01) & (as_int <= 2199_12_31)).all():
+            parsed = pd.to_datetime(values.astype("Int64").astype(str), format="%Y%m%d", errors="coerce")
+        else:
+            raise KronosError(
+                f"{source}: column '{TIME_COLUMN}' holds numbers, not dates; "
+                "write dates like 2024-01-02 09:35:00 (or YYYYMMDD)"
+            )
+    else:
+        try:
+            parsed = pd.to_datetime(values)
+        except (ValueError, TypeError, OverflowError):
+            try:
+                parsed = pd.to_datetime(values, errors="coerce", format="mixed")
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise KronosError(
+                    f"{source}: column '{TIME_COLUMN}' could not be parsed as dates ({_one_line(exc)}); "
+                    "use one format like 2024-01-02 09:35:00"
+                ) from None
+    parsed = pd.Series(parsed, index=values.index, name=TIME_COLUMN)
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        row = int(np.argmax(bad))
+        raw = values.iloc[row]
+        what = "is empty" if pd.isna(raw) else f"has unparseable value {str(raw)[:40]!r}"
+        raise KronosError(f"{source}: column '{TIME_COLUMN}' {what} at row {row}; fix or drop that row")
+    if not pd.api.types.is_datetime64_any_dtype(parsed):
+        # e.g. mixed UTC offsets come back as objects
+        raise KronosError(
+            f"{source}: column '{TIME_COLUMN}' mixes time zones or formats; use one time zone and format"
+        )
+    return parsed
+
+
+def _where(df: pd.DataFrame, row: int) -> str:
+    if TIME_COLUMN in df.columns:
+        return f"row {row} ({_fmt_ts(df[TIME_COLUMN].iloc[row])})"
+    return f"row {row}"
+
+
+def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
+    """Check a K-line frame; raise KronosError on errors, return warnings.
+
+    Errors (the data would train or predict on garbage):
+      - no rows, no ``timestamps`` column, or a missing price column
+        (open/high/low/close; the message lists the columns found);
+      - unparseable or empty timestamps;
+      - a non-numeric value in a feature column (column, first bad row);
+      - NaN or +/-inf in a feature column (column, first row and timestamp);
+      - timestamps duplicated or not strictly increasing (first offender);
+      - a price <= 0 (column, first row and timestamp).
+    Warnings (real data has these; usable as is):
+      - high below max(open, close) or low above min(open, close)
+        (count and first timestamp);
+      - negative volume or amount.
+    Gaps in time (nights, weekends, holidays, halts) are normal and not reported.
+    ``volume``/``amount`` are optional; rows are numbered from 0.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise KronosError(f"{source}: expected a pandas DataFrame, got {type(df).__name__}")
+    found = ", ".join(map(str, df.columns)) or "none"
+    if TIME_COLUMN not in df.columns:
+        raise KronosError(
+            f"{source}: no '{TIME_COLUMN}' column (found: {found}); add or rename the time column"
+        )
+    for col in PRICE_COLUMNS:
+        if col not in df.columns:
+            raise KronosError(f"{source}: missing price column '{col}' (found: {found}); add or rename it")
+    if len(df) == 0:
+        raise KronosError(f"{source}: no data rows; give at least one K-line")
+
+    ts = _parse_timestamps(df[TIME_COLUMN], source)
+    checked = pd.DataFrame({TIME_COLUMN: ts.to_numpy()})
+    present = [c for c in FEATURE_COLUMNS if c in df.columns]
+    values: dict[str, np.ndarray] = {}
+    for col in present:
+        raw = df[col]
+        if pd.api.types.is_bool_dtype(raw):
+            raise KronosError(
+                f"{source}: column '{col}' holds true/false values, first at {_where(checked, 0)}; "
+                "use plain numbers"
+            )
+        if pd.api.types.is_numeric_dtype(raw):
+            num = raw.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            coerced = pd.to_numeric(raw, errors="coerce")
+            bad = (coerced.isna() & raw.notna()).to_numpy()
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise KronosError(
+                    f"{source}: column '{col}' has non-numeric value {str(raw.iloc[row])[:40]!r} at "
+                    f"{_where(checked, row)}; use plain numbers"
+                )
+            num = coerced.to_numpy(dtype=np.float64, na_value=np.nan)
+        nonfinite = ~np.isfinite(num)
+        if nonfinite.any():
+            row = int(np.argmax(nonfinite))
+            kind = "NaN/empty" if np.isnan(num[row]) else "infinite value"
+            raise KronosError(
+                f"{source}: column '{col}' has {kind} at {_where(checked, row)}; fill or drop those rows"
+            )
+        values[col] = num
+
+    ts_ns = ts.to_numpy()
+    if len(ts_ns) > 1:
+        step_ok = ts_ns[1:] > ts_ns[:-1]
+        if not step_ok.all():
+            row = int(np.argmax(~step_ok)) + 1
+            if ts_ns[row] == ts_ns[row - 1]:
+                raise KronosError(
+                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at rows {row - 1} and {row}; "
+                    "drop duplicates"
+                )
+            raise KronosError(
+                f"{source}: timestamps not increasing at row {row} ({_fmt_ts(ts.iloc[row])} after "
+                f"{_fmt_ts(ts.iloc[row - 1])}); sort the rows by time"
+            )
+
+    for col in PRICE_COLUMNS:
+        nonpos = values[col] <= 0
+        if nonpos.any():
+            row = int(np.argmax(nonpos))
+            raise KronosError(
+                f"{source}: column '{col}' has non-positive price {values[col][row]:g} at "
+                f"{_where(checked, row)}; prices must be > 0"
+            )
+
+    found_warnings: list[str] = []
+    o, h, lo, c = (values[col] for col in PRICE_COLUMNS)
+    # Tiny relative tolerance so float noise from conversions is not reported.
+    tol = 1e-9 * np.maximum(np.abs(o), np.abs(c))
+    inconsistent = (h < np.maximum(o, c) - tol) | (lo > np.minimum(o, c) + tol)
+    if inconsistent.any():
+        row = int(np.argmax(inconsistent))
+        found_warnings.append(
+            f"{source}: {int(inconsistent.sum())} rows have high below max(open, close) or low above "
+            f"min(open, close), first at {_where(checked, row)}"
+        )
+    for col in ("volume", "amount"):
+        if col in values:
+            neg = values[col] < 0
+            if neg.any():
+                row = int(np.argmax(neg))
+                found_warnings.append(
+                    f"{source}: {int(neg.sum())} rows have negative {col}, first at {_where(checked, row)}"
+                )
+    return found_warnings
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        try:
+            return pd.read_csv(path)
+        except pd.errors.EmptyDataError:
+            raise KronosError(f"{path}: file is empty; give a CSV with a header row and data") from None
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise KronosError(f"{path}: could not read CSV ({_one_line(exc)}); check the file") from None
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401  (only to give a clear message when it is missing)
+        except ImportError:
+            raise KronosError(f"{path}: reading Parquet needs pyarrow; pip install pyarrow") from None
+        try:
+            return pd.read_parquet(path)
+        except (OSError, ValueError) as exc:
+            raise KronosError(f"{path}: could not read Parquet ({_one_line(exc)}); check the file") from None
+    raise KronosError(f"{path}: unsupported file type '{path.suffix}'; use .csv or .parquet")
+
+
+def read_kline(path: str | Path) -> pd.DataFrame:
+    """Read one K-line file (.csv or .parquet) into a validated frame.
+
+    Column names are matched case-insensitively after stripping spaces, in any
+    order; the time column may be named timestamps, timestamp, date, datetime
+    or time (separate ``date`` and ``time`` columns are joined; a Parquet
+    datetime index also works; YYYYMMDD integers are read as dates, other
+    numbers are refused since their unit is unknown). Other columns are dropped.
+    Returns ``timestamps`` + FEATURE_COLUMNS (volume/amount filled with
+    :func:`fill_volume_amount`), float64 features, index 0..n-1. Warnings from
+    :func:`validate_kline` are issued as KlineDataWarning and kept in
+    ``df.attrs["warnings"]``; ``df.attrs["source"]`` is the path.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise KronosError(f"{path}: file not found; check the path")
+    if not path.is_file():
+        raise KronosError(f"{path}: not a file; give a .csv or .parquet file")
+    raw = _read_table(path)
+
+    if TIME_COLUMN not in {str(c).strip().lower() for c in raw.columns} and isinstance(
+        raw.index, pd.DatetimeIndex
+    ):
+        raw = raw.reset_index(names=TIME_COLUMN)
+    names = [str(c).strip().lower() for c in raw.columns]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise KronosError(
+            f"{path}: columns {dupes} appear more than once (names ignore case); keep one of each"
+        )
+    raw.columns = names
+
+    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
+    if time_col is None:
+        raise KronosError(
+            f"{path}: no time column (found: {', '.join(names) or 'none'}); "
+            f"name it one of {', '.join(TIME_COLUMN_ALIASES)}"
+        )
+    keep = [time_col] + [c for c in FEATURE_COLUMNS if c in names]
+    df = raw[keep].rename(columns={time_col: TIME_COLUMN})
+    if time_col == "date" and "time" in names:
+        # Separate date and time-of-day columns, as many exports write them.
+        df[TIME_COLUMN] = raw["date"].astype(str).str.strip() + " " + raw["time"].astype(str).str.strip()
+    # Checked here (not only in validate_kline) so the message lists the file's own columns.
+    for col in PRICE_COLUMNS:
+        if col not in df.columns:
+            found = ", ".join(names)
+            raise KronosError(f"{path}: missing price column '{col}' (found: {found}); add or rename it")
+
+    source = str(path)
+    df[TIME_COLUMN] = _parse_timestamps(df[TIME_COLUMN], source)
+    found_warnings = validate_kline(df, source=source)
+    for col in FEATURE_COLUMNS:
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col]).astype(np.float64)
+    df = fill_volume_amount(df)[[TIME_COLUMN, *FEATURE_COLUMNS]].reset_index(drop=True)
+    for message in found_warnings:
+        warnings.warn(message, KlineDataWarning, stacklevel=2)
+    df.attrs["source"] = source
+    df.attrs["warnings"] = found_warnings
+    return df
+
+
+def find_data_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Expand one or more paths to data files.
+
+    A file is kept as given (it must end in .csv or .parquet); a folder expands
+    to its own ``*.csv`` and ``*.parquet`` files (not sub-folders), sorted by
+    name. Duplicates are dropped, order otherwise kept. A missing path, a
+    folder without data files, or no paths at all raise KronosError.
+    """
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not items:
+        raise KronosError("no data paths given; pass a .csv/.parquet file or a folder of them")
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(
+                (f for f in p.iterdir() if f.is_file() and f.suffix.lower() in DATA_SUFFIXES),
+                key=lambda f: f.name,
+            )
+            if not found:
+                raise KronosError(f"{p}: folder has no .csv or .parquet files; put data files there")
+        elif p.is_file():
+            if p.suffix.lower() not in DATA_SUFFIXES:
+                raise KronosError(f"{p}: unsupported file type '{p.suffix}'; use .csv or .parquet")
+            found = [p]
+        else:
+            raise KronosError(f"{p}: no such file or folder; check the path")
+        for f in found:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
+    return out
