@@ -1,0 +1,427 @@
+"""Presets: one machine (hardware) plus the training and prediction work to run on it, read from TOML.
+
+A preset file has a top-level `name` and `description` and three tables,
+`[hardware]`, `[workload]` (fine-tuning) and `[predict]` (batch prediction);
+`presets/*.toml` in the repository holds the built-in ones.
+
+Units: every `*_gb` key is in GiB (2**30 bytes), because that is what a
+"12 GB" graphics card actually has (12288 MiB) and what `nvidia-smi` and
+`torch.cuda.mem_get_info` count in. `*_tflops` keys are 10**12 FLOP/s, dense
+(no 2:4 sparsity), per device.
+
+Lookup: the built-in folder comes first, then the folders in the environment
+variable KRONOS_TUNE_PRESET_DIR (os.pathsep separated), then `--preset-dir`
+folders; a later preset with the same `name` replaces an earlier one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+import kronos_tune
+from kronos_tune.errors import KronosTuneError
+
+# Model sizes known to kronos-tune ("tiny" is test-only), with their context and tokenizer.
+# These mirror kronos_core.sizes.SIZES without importing torch just to list presets.
+MODEL_SIZES: tuple[str, ...] = ("tiny", "mini", "small", "base", "large")
+MODEL_CONTEXT_TOKENS: dict[str, int] = {"tiny": 512, "mini": 2048, "small": 512, "base": 512, "large": 512}
+MODEL_TOKENIZERS: dict[str, str] = {"tiny": "tiny", "mini": "2k", "small": "base", "base": "base", "large": "base"}
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+TOKENIZERS: tuple[str, ...] = ("base", "2k", "tiny")
+AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
+PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+PRESET_DIR_ENV = "KRONOS_TUNE_PRESET_DIR"
+BYTES_PER_GIB = 2**30
+
+_TOP_KEYS = ("name", "description", "hardware", "workload", "predict")
+_HARDWARE_KEYS = (
+    "device", "device_count", "memory_per_device_gb", "bf16_supported", "peak_tflops",
+    "peak_tflops_source", "cuda_context_overhead_gb", "interconnect",
+)
+_WORKLOAD_KEYS = (
+    "model_size", "tokenizer", "lookback_window", "predict_window", "batch_size",
+    "accumulation_steps", "epochs", "samples_per_epoch", "eval_samples", "amp",
+)
+_PREDICT_KEYS = ("series_count", "lookback", "pred_len", "sample_count")
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One machine: `device_count` identical devices of `memory_per_device_gb` GiB each."""
+
+    device: str
+    device_count: int
+    memory_per_device_gb: float
+    bf16_supported: bool
+    cuda_context_overhead_gb: float
+    peak_fp32_tflops: float | None = None
+    peak_tf32_tflops: float | None = None
+    peak_bf16_tflops: float | None = None
+    peak_fp16_tflops: float | None = None
+    peak_tflops_source: str | None = None
+    interconnect: str | None = None
+
+    @property
+    def memory_per_device_bytes(self) -> int:
+        return round(self.memory_per_device_gb * BYTES_PER_GIB)
+
+    @property
+    def cuda_context_overhead_bytes(self) -> int:
+        return round(self.cuda_context_overhead_gb * BYTES_PER_GIB)
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes per device left for weights, activations and optimizer state after the CUDA context."""
+        return self.memory_per_device_bytes - self.cuda_context_overhead_bytes
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Dense peak of one device in TFLOP/s for `dtype` (fp32, tf32, bf16, fp16); None if unknown."""
+        if dtype not in PEAK_DTYPES:
+            choices = ", ".join(PEAK_DTYPES)
+            raise KronosTuneError(f"unknown dtype '{dtype}' for a peak FLOP/s figure; use one of {choices}")
+        value: float | None = getattr(self, f"peak_{dtype}_tflops")
+        return value
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Dense peak of one device in FLOP/s for `dtype`; None when the preset gives no figure (MFU unknown)."""
+        tflops = self.peak_tflops(dtype)
+        return None if tflops is None else tflops * 1e12
+
+
+@dataclass(frozen=True)
+class TrainWorkload:
+    """A fine-tuning run in the shape of the reference finetune script (windows in time steps)."""
+
+    model_size: str
+    tokenizer: str
+    lookback_window: int
+    predict_window: int
+    batch_size: int
+    accumulation_steps: int
+    epochs: int
+    samples_per_epoch: int
+    eval_samples: int
+    amp: str = "none"
+
+    @property
+    def context_tokens(self) -> int:
+        """The longest sequence the model size accepts."""
+        return MODEL_CONTEXT_TOKENS[self.model_size]
+
+    @property
+    def window_tokens(self) -> int:
+        """Time steps in one training sample: lookback + predict + 1 (inputs and shifted targets)."""
+        return self.lookback_window + self.predict_window + 1
+
+
+@dataclass(frozen=True)
+class PredictWorkload:
+    """Batch prediction: `series_count` series, `lookback` steps in, `pred_len` steps out, `sample_count` paths each."""
+
+    series_count: int
+    lookback: int
+    pred_len: int
+    sample_count: int
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    hardware: HardwareSpec
+    workload: TrainWorkload
+    predict: PredictWorkload
+    source_path: Path | None = None
+
+    @property
+    def budget_bytes(self) -> int:
+        """Per-device memory budget in bytes (see HardwareSpec.budget_bytes)."""
+        return self.hardware.budget_bytes
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Per-device dense peak FLOP/s for `dtype`, or None when unknown."""
+        return self.hardware.peak_flops(dtype)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all devices."""
+        return self.workload.batch_size * self.workload.accumulation_steps * self.hardware.device_count
+
+    @property
+    def optimizer_steps_per_epoch(self) -> int:
+        return self.workload.samples_per_epoch // self.global_batch_size
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    names = {int: "integer", float: "float", str: "string", dict: "table", list: "array"}
+    return next((n for t, n in names.items() if isinstance(value, t)), "date/time")
+
+
+class _Table:
+    """One TOML table under validation; every error names the file and the dotted key."""
+
+    def __init__(self, path: Path, prefix: str, data: Any, allowed: tuple[str, ...]) -> None:
+        self.path, self.prefix = path, prefix
+        header = f"[{prefix[:-1]}]" if prefix else "the top of the file"
+        if not isinstance(data, dict):
+            problem = f"{prefix[:-1]} must be a table (got {_toml_type(data)})"
+            raise KronosTuneError(f"{path}: {problem}; write it as {header}")
+        self.data: dict[str, Any] = data
+        self.where = f"under {header}" if prefix else "at the top of the file"
+        for key in data:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                valid = f"remove it (valid keys {self.where}: {', '.join(allowed)})"
+                fix = f"did you mean '{prefix}{close[0]}'?" if close else valid
+                raise KronosTuneError(f"{path}: unknown key '{prefix}{key}'; {fix}")
+
+    def fail(self, key: str, problem: str, fix: str) -> KronosTuneError:
+        return KronosTuneError(f"{self.path}: {self.prefix}{key} {problem}; {fix}")
+
+    def _get(self, key: str, default: Any, example: str) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if default is _MISSING:
+            raise self.fail(key, "is missing", f"add `{key} = {example}` {self.where}")
+        return default
+
+    def section(self, key: str) -> Any:
+        """A required sub-table, validated by its own _Table."""
+        if key not in self.data:
+            header = f"[{self.prefix}{key}]"
+            raise KronosTuneError(f"{self.path}: {header} table is missing; add a {header} section")
+        return self.data[key]
+
+    def integer(self, key: str, minimum: int, default: Any = _MISSING) -> int:
+        value = self._get(key, default, str(max(minimum, 1)))
+        if isinstance(value, bool) or not isinstance(value, int):
+            got = f"{_toml_type(value)} {value!r}"
+            fix = f"write a whole number, e.g. {key} = {max(minimum, 1)}"
+            raise self.fail(key, f"must be an integer (got {got})", fix)
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum} (got {value})", f"set it to {minimum} or more")
+        return value
+
+    def number(self, key: str, *, positive: bool, default: Any = _MISSING) -> float:
+        value = self._get(key, default, "1.0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            got = f"{_toml_type(value)} {value!r}"
+            raise self.fail(key, f"must be a number (got {got})", f"write it without quotes, e.g. {key} = 1.0")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise self.fail(key, f"must be {bound} (got {value})", f"set it to a number {bound}")
+        return float(value)
+
+    def boolean(self, key: str) -> bool:
+        value = self._get(key, _MISSING, "true")
+        if not isinstance(value, bool):
+            got = f"{_toml_type(value)} {value!r}"
+            raise self.fail(key, f"must be true or false (got {got})", f"write {key} = true or {key} = false")
+        return value
+
+    def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = _MISSING) -> str:
+        value = self._get(key, default, f'"{choices[0]}"' if choices else '"..."')
+        if not isinstance(value, str):
+            got = f"{_toml_type(value)} {value!r}"
+            raise self.fail(key, f"must be a string (got {got})", f'write it in quotes, e.g. {key} = "{value}"')
+        if choices is not None and value not in choices:
+            raise self.fail(key, f"must be one of {', '.join(choices)} (got '{value}')", "pick one of those")
+        return value
+
+
+def _parse_hardware(path: Path, data: Any) -> HardwareSpec:
+    table = _Table(path, "hardware.", data, _HARDWARE_KEYS)
+    memory_gb = table.number("memory_per_device_gb", positive=True)
+    overhead_gb = table.number("cuda_context_overhead_gb", positive=False)
+    if overhead_gb >= memory_gb:
+        problem = f"({overhead_gb}) must be below memory_per_device_gb ({memory_gb})"
+        raise table.fail("cuda_context_overhead_gb", problem, "lower it")
+    peaks: dict[str, float] = {}
+    if "peak_tflops" in table.data:
+        peak_table = _Table(path, "hardware.peak_tflops.", table.data["peak_tflops"], PEAK_DTYPES)
+        peaks = {f"peak_{dtype}_tflops": peak_table.number(dtype, positive=True) for dtype in peak_table.data}
+    source = table.string("peak_tflops_source") if "peak_tflops_source" in table.data else None
+    if peaks and not source:
+        fix = 'add `peak_tflops_source = "<datasheet or whitepaper>"` under [hardware]'
+        raise table.fail("peak_tflops_source", "is missing", fix)
+    interconnect = table.string("interconnect") if "interconnect" in table.data else None
+    return HardwareSpec(
+        device=table.string("device", DEVICES),
+        device_count=table.integer("device_count", 1),
+        memory_per_device_gb=memory_gb,
+        bf16_supported=table.boolean("bf16_supported"),
+        cuda_context_overhead_gb=overhead_gb,
+        peak_tflops_source=source,
+        interconnect=interconnect,
+        **peaks,
+    )
+
+
+def _parse_workload(path: Path, data: Any, hardware: HardwareSpec) -> TrainWorkload:
+    table = _Table(path, "workload.", data, _WORKLOAD_KEYS)
+    size = table.string("model_size", MODEL_SIZES)
+    tokenizer = table.string("tokenizer", TOKENIZERS)
+    if tokenizer != MODEL_TOKENIZERS[size]:
+        fix = f'set tokenizer = "{MODEL_TOKENIZERS[size]}"'
+        raise table.fail("tokenizer", f"'{tokenizer}' does not fit model_size '{size}'", fix)
+    workload = TrainWorkload(
+        model_size=size,
+        tokenizer=tokenizer,
+        lookback_window=table.integer("lookback_window", 1),
+        predict_window=table.integer("predict_window", 1),
+        batch_size=table.integer("batch_size", 1),
+        accumulation_steps=table.integer("accumulation_steps", 1),
+        epochs=table.integer("epochs", 1),
+        samples_per_epoch=table.integer("samples_per_epoch", 1),
+        eval_samples=table.integer("eval_samples", 0),
+        amp=table.string("amp", AMP_MODES, default="none"),
+    )
+    if workload.window_tokens > workload.context_tokens:
+        raise table.fail(
+            "lookback_window",
+            f"+ predict_window + 1 = {workload.window_tokens} exceeds the {workload.context_tokens}-token context"
+            f" of model_size '{size}'",
+            "shorten lookback_window or predict_window",
+        )
+    per_step = workload.batch_size * workload.accumulation_steps * hardware.device_count
+    if workload.samples_per_epoch < per_step:
+        raise table.fail(
+            "samples_per_epoch",
+            f"({workload.samples_per_epoch}) is less than one optimizer step"
+            f" (batch_size x accumulation_steps x device_count = {per_step})",
+            f"set it to at least {per_step}",
+        )
+    if workload.amp == "bf16" and not hardware.bf16_supported:
+        raise table.fail("amp", "is 'bf16' but hardware.bf16_supported is false", 'use amp = "fp16" or "none"')
+    return workload
+
+
+def _parse_predict(path: Path, data: Any, context_tokens: int) -> PredictWorkload:
+    table = _Table(path, "predict.", data, _PREDICT_KEYS)
+    predict = PredictWorkload(
+        series_count=table.integer("series_count", 1),
+        lookback=table.integer("lookback", 1),
+        pred_len=table.integer("pred_len", 1),
+        sample_count=table.integer("sample_count", 1),
+    )
+    if predict.lookback > context_tokens:
+        problem = f"({predict.lookback}) exceeds the {context_tokens}-token model context"
+        raise table.fail("lookback", problem, f"set it to {context_tokens} or less")
+    return predict
+
+
+def parse_preset(data: dict[str, Any], path: Path) -> Preset:
+    """Validate an already-parsed TOML document; `path` only names the file in errors."""
+    top = _Table(path, "", data, _TOP_KEYS)
+    name = top.string("name")
+    if not _NAME_PATTERN.fullmatch(name):
+        raise top.fail("name", f"'{name}' is not a usable preset name", "use letters, digits, '.', '-' and '_' only")
+    description = top.string("description")
+    hardware = _parse_hardware(path, top.section("hardware"))
+    workload = _parse_workload(path, top.section("workload"), hardware)
+    predict = _parse_predict(path, top.section("predict"), workload.context_tokens)
+    return Preset(name, description, hardware, workload, predict, source_path=path)
+
+
+def load_preset_file(path: Path | str) -> Preset:
+    """Read and validate one preset file; every problem is a one-line KronosTuneError naming the file and key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fix = "check the path (kronos-tune presets lists the known presets)"
+        raise KronosTuneError(f"{path}: preset file not found; {fix}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        fix = "check that it is a readable UTF-8 text file"
+        raise KronosTuneError(f"{path}: cannot read the preset file ({error}); {fix}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise KronosTuneError(f"{path}: malformed TOML: {error}; fix the syntax there") from None
+    return parse_preset(data, path)
+
+
+def builtin_preset_dir() -> Path:
+    """The repository's `presets/` folder (next to the kronos_tune package)."""
+    return Path(kronos_tune.__file__).resolve().parent.parent / "presets"
+
+
+def _checked_dir(raw: str | Path, origin: str) -> Path:
+    folder = Path(raw).expanduser()
+    if not folder.is_dir():
+        problem = f"preset directory '{folder}' does not exist or is not a folder"
+        raise KronosTuneError(f"{origin}: {problem}; create it or fix the path")
+    return folder
+
+
+def preset_dirs(extra: list[Path] | None = None) -> list[Path]:
+    """Folders searched for presets, lowest priority first: built-in, KRONOS_TUNE_PRESET_DIR, then `extra`."""
+    dirs = [builtin_preset_dir()] if builtin_preset_dir().is_dir() else []
+    env_value = os.environ.get(PRESET_DIR_ENV, "")
+    dirs += [_checked_dir(entry, PRESET_DIR_ENV) for entry in env_value.split(os.pathsep) if entry.strip()]
+    dirs += [_checked_dir(entry, "--preset-dir") for entry in extra or []]
+    return dirs
+
+
+def list_presets(extra_dirs: list[Path] | None = None) -> list[Preset]:
+    """Every preset by name, later folders overriding earlier ones; sorted by name."""
+    by_name: dict[str, Preset] = {}
+    for folder in preset_dirs(extra_dirs):
+        seen_here: dict[str, Path] = {}
+        for file in sorted(folder.glob("*.toml")):
+            preset = load_preset_file(file)
+            if preset.name in seen_here:
+                problem = f"name '{preset.name}' is also used by {seen_here[preset.name]}"
+                raise KronosTuneError(f"{file}: {problem}; give each preset in {folder} its own name")
+            seen_here[preset.name] = file
+            by_name[preset.name] = preset
+    return [by_name[name] for name in sorted(by_name)]
+
+
+def resolve_preset(name_or_path: str | Path, extra_dirs: list[Path] | None = None) -> Preset:
+    """A preset by name, or by path when the argument ends in .toml or contains a path separator."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or os.sep in text:
+        return load_preset_file(Path(text).expanduser())
+    presets = {preset.name: preset for preset in list_presets(extra_dirs)}
+    if text in presets:
+        return presets[text]
+    close = difflib.get_close_matches(text, list(presets), n=3, cutoff=0.5)
+    hint = f"did you mean: {', '.join(close)}?" if close else f"known presets: {', '.join(presets) or 'none'}"
+    raise KronosTuneError(f"unknown preset '{text}'; {hint} (kronos-tune presets lists them)")
+
+
+def preset_to_dict(preset: Preset) -> dict[str, Any]:
+    """The TOML document of a preset, defaults filled in and unset optional keys left out."""
+    hw = preset.hardware
+    scalar_keys = [key for key in _HARDWARE_KEYS if key != "peak_tflops" and getattr(hw, key) is not None]
+    hardware: dict[str, Any] = {key: getattr(hw, key) for key in scalar_keys}
+    peaks = {dtype: hw.peak_tflops(dtype) for dtype in PEAK_DTYPES if hw.peak_tflops(dtype) is not None}
+    if peaks:
+        hardware["peak_tflops"] = peaks
+    wl, pr = preset.workload, preset.predict
+    return {
+        "name": preset.name,
+        "description": preset.description,
+        "hardware": hardware,
+        "workload": {key: getattr(wl, key) for key in _WORKLOAD_KEYS},
+        "predict": {key: getattr(pr, key) for key in _PREDICT_KEYS},
+    }
+
+
+def preset_to_toml(preset: Preset) -> str:
+    """TOML text that load_preset_file reads back to an equal preset."""
+    return tomli_w.dumps(preset_to_dict(preset))
