@@ -1,0 +1,259 @@
+"""Estimate a training step's peak memory without allocating it (FakeTensorMode).
+
+The step runs for real, op by op, but on fake CPU tensors: shapes, dtypes and
+storages exist, data does not.  ``StorageTracker`` counts the fake storages'
+``nbytes`` exactly as it counts real ones, so on CPU the estimate equals the
+``CpuExactMeter`` measurement of the same step.  ``CudaEmulation`` adjusts the
+accounting towards a CUDA device (allocator rounding, foreach/fused optimizer,
+fixed context and workspace overheads).
+
+Fake tensors are always created on ``cpu``: fake ``cuda`` tensors abort the
+process during backward on a CPU-only build.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.memory.budget import MemoryBudget
+from kronos_tune.memory.tracker import StorageTracker, _round_up
+
+_MIB = 1 << 20
+
+BuildFn = Callable[[], "tuple[nn.Module, torch.optim.Optimizer]"]
+StepFn = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class CudaEmulation:
+    """How to bend a CPU fake run towards what a CUDA device would need.
+
+    Defaults are placeholders until a device preset supplies measured values.
+    """
+
+    round_bytes: int = 512
+    optimizer_impl: Literal["foreach", "fused", "as_built"] = "foreach"
+    context_overhead_bytes: int = 500 * _MIB
+    workspace_bytes: int = 8 * _MIB
+
+    def __post_init__(self) -> None:
+        if self.round_bytes < 1:
+            raise KronosTuneError(f"CudaEmulation.round_bytes must be >= 1, got {self.round_bytes}")
+        if self.optimizer_impl not in ("foreach", "fused", "as_built"):
+            raise KronosTuneError(
+                f"CudaEmulation.optimizer_impl must be foreach, fused or as_built, got {self.optimizer_impl!r}"
+            )
+        if self.context_overhead_bytes < 0 or self.workspace_bytes < 0:
+            raise KronosTuneError("CudaEmulation overheads must be >= 0 bytes")
+
+    @property
+    def overhead_bytes(self) -> int:
+        return self.context_overhead_bytes + self.workspace_bytes
+
+    def assumptions(self) -> list[str]:
+        return [
+            f"every storage rounded up to {self.round_bytes} B (CUDA caching allocator block rounding)",
+            f"optimizer implementation: {self.optimizer_impl} (CUDA default for AdamW is foreach)",
+            f"CUDA context overhead {self.context_overhead_bytes / _MIB:.0f} MiB added (outside max_memory_allocated)",
+            f"cuBLAS workspace {self.workspace_bytes / _MIB:.0f} MiB added",
+            "allocator fragmentation / reserved-but-unused memory not modelled",
+            "kernels and autocast op lists are the CPU ones (e.g. attention backend, saved tensors of "
+            "CUDA-only kernels may differ); optimizer 'step' scalars counted on device",
+        ]
+
+
+@dataclass
+class EstimateResult:
+    """Peak memory of one (warm) training step, in bytes.
+
+    ``allocated_peak_bytes`` is what a byte-exact meter (or CUDA's
+    ``max_memory_allocated``) would report; ``peak_bytes`` adds the fixed
+    overheads of ``CudaEmulation`` and is what must fit on the device.
+    """
+
+    batch_size: int
+    peak_bytes: int
+    allocated_peak_bytes: int
+    overhead_bytes: int
+    phase_peaks: dict[str, int]
+    param_bytes: int
+    buffer_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    step_start_bytes: int  # live bytes when the measured step began (params, state, kept grads...)
+    steps_run: int
+    assumptions: list[str] = field(default_factory=list)
+
+    def fits(self, budget_bytes: int) -> bool:
+        return self.peak_bytes <= budget_bytes
+
+
+def _unique_storage_bytes(tensors: Iterable[torch.Tensor | None], round_bytes: int) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        st = t.untyped_storage()
+        if id(st) not in seen:
+            seen.add(id(st))
+            total += _round_up(st.nbytes(), round_bytes)
+    return total
+
+
+def _apply_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
+    if impl == "as_built":
+        return
+    if "foreach" not in optimizer.defaults:
+        raise KronosTuneError(
+            f"{type(optimizer).__name__} has no foreach/fused switch; use CudaEmulation(optimizer_impl='as_built')"
+        )
+    if impl == "fused" and "fused" not in optimizer.defaults:
+        raise KronosTuneError(f"{type(optimizer).__name__} has no fused implementation; use optimizer_impl='foreach'")
+    for group in optimizer.param_groups:
+        group["foreach"] = impl == "foreach"
+        if "fused" in group:
+            group["fused"] = impl == "fused"
+
+
+class _CpuOnlyTracker(StorageTracker):
+    """Refuses fake non-CPU tensors: on a CPU-only build their backward aborts the process."""
+
+    def _see(self, tensor: torch.Tensor, func: object = None) -> None:
+        if tensor.device.type != "cpu":
+            raise KronosTuneError(
+                f"fake estimate got a {tensor.device} tensor from {func}; build and step must create CPU "
+                "tensors (use CudaEmulation to approximate a GPU)"
+            )
+        super()._see(tensor, func)
+
+
+def _wants_meter(step: StepFn) -> bool:
+    try:
+        return "meter" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class FakeEstimate:
+    """Runs ``build`` and ``steps`` calls of ``step`` on fake tensors and counts live bytes.
+
+    ``build()`` is called inside the fake mode, so parameters and optimizer
+    are fake; ``step(model, optimizer, batch_size)`` must create its inputs
+    itself (also fake).  If ``step`` takes a ``meter`` keyword it receives the
+    tracker, so its ``meter.phase(...)`` blocks give per-phase peaks.
+    The reported peak is that of the last step (AdamW creates its state
+    lazily, so a cold first step reads low).
+    """
+
+    def __init__(
+        self,
+        build: BuildFn,
+        step: StepFn,
+        steps: int = 2,
+        cuda_emulation: CudaEmulation | None = None,
+        budget_bytes: int | MemoryBudget | None = None,
+    ) -> None:
+        if steps < 1:
+            raise KronosTuneError(f"steps must be >= 1, got {steps}")
+        self.build = build
+        self.step = step
+        self.steps = steps
+        self.cuda_emulation = cuda_emulation
+        self.budget_bytes = budget_bytes
+
+    def estimate(self, batch_size: int) -> EstimateResult:
+        if batch_size < 1:
+            raise KronosTuneError(f"batch size must be >= 1, got {batch_size}")
+        emu = self.cuda_emulation
+        round_bytes = emu.round_bytes if emu else 1
+        overhead_bytes = emu.overhead_bytes if emu else 0
+        budget = self.budget_bytes
+        if budget is not None and overhead_bytes:
+            # The simulated device loses the fixed overheads up front.
+            size = budget.budget_bytes if isinstance(budget, MemoryBudget) else int(budget)
+            if size <= overhead_bytes:
+                raise KronosTuneError(
+                    f"budget {size} B does not even hold the fixed CUDA overheads ({overhead_bytes} B)"
+                )
+            budget = MemoryBudget(size - overhead_bytes)
+        tracker = _CpuOnlyTracker(budget_bytes=budget, round_bytes=round_bytes)
+        pass_meter = _wants_meter(self.step)
+        fake_mode = FakeTensorMode()
+        with fake_mode, tracker:
+            model, optimizer = self.build()
+            if emu:
+                _apply_optimizer_impl(optimizer, emu.optimizer_impl)
+            step_start_bytes = 0
+            for i in range(self.steps):
+                if i == self.steps - 1:
+                    tracker.reset()
+                    step_start_bytes = tracker.current_bytes()
+                if pass_meter:
+                    self.step(model, optimizer, batch_size, meter=tracker)
+                else:
+                    self.step(model, optimizer, batch_size)
+            result = self._result(batch_size, tracker, model, optimizer, overhead_bytes, round_bytes, step_start_bytes)
+            del model, optimizer
+        return result
+
+    def _result(
+        self,
+        batch_size: int,
+        tracker: StorageTracker,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        overhead_bytes: int,
+        round_bytes: int,
+        step_start_bytes: int,
+    ) -> EstimateResult:
+        params = list(model.parameters())
+        state_tensors = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        allocated = tracker.peak_bytes()
+        assumptions = [
+            f"peak of step {self.steps} of {self.steps} (earlier steps warm up lazily created optimizer state)",
+            "grads from the previous step are live at step start unless the step frees them "
+            "(zero_grad(set_to_none=True) before backward); the measured step sees whatever the step does",
+            "grad_bytes = bytes of parameters that require grad (one grad each, same dtype)",
+            "live tensor storages only: kernel-internal scratch buffers and allocator caching are not counted",
+        ]
+        if self.cuda_emulation:
+            assumptions += self.cuda_emulation.assumptions()
+        return EstimateResult(
+            batch_size=batch_size,
+            peak_bytes=allocated + overhead_bytes,
+            allocated_peak_bytes=allocated,
+            overhead_bytes=overhead_bytes,
+            phase_peaks=tracker.peaks(),
+            param_bytes=_unique_storage_bytes(params, round_bytes),
+            buffer_bytes=_unique_storage_bytes(model.buffers(), round_bytes),
+            grad_bytes=_unique_storage_bytes((p for p in params if p.requires_grad), round_bytes),
+            optimizer_state_bytes=_unique_storage_bytes(state_tensors, round_bytes),
+            step_start_bytes=step_start_bytes,
+            steps_run=self.steps,
+            assumptions=assumptions,
+        )
+
+
+def estimate_step_peak(
+    build: BuildFn,
+    step: StepFn,
+    batch_size: int,
+    steps: int = 2,
+    cuda_emulation: CudaEmulation | None = None,
+    budget_bytes: int | MemoryBudget | None = None,
+) -> EstimateResult:
+    """Peak bytes of step number ``steps`` at ``batch_size``, computed on fake tensors.
+
+    With ``budget_bytes`` the fake run raises ``torch.OutOfMemoryError`` like a
+    device of that size would (after subtracting the emulated fixed overheads).
+    """
+    return FakeEstimate(build, step, steps, cuda_emulation, budget_bytes).estimate(batch_size)

@@ -1,0 +1,154 @@
+"""Phase meters: what the training loop calls around forward/backward/optimizer/eval/data.
+
+Every meter follows ``PhaseMeter``; kronos_core only duck-types it::
+
+    with meter.phase("forward"):
+        loss = model(batch)
+
+Peaks are of *live* bytes, so a phase's peak includes everything already alive
+when it starts (parameters, grads, optimizer state, saved activations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ContextManager, Protocol, runtime_checkable
+
+import torch
+
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget
+from kronos_tune.memory.tracker import StorageTracker
+
+
+@runtime_checkable
+class PhaseMeter(Protocol):
+    """Interface the training loop relies on."""
+
+    def phase(self, name: str) -> ContextManager[None]: ...
+
+    def peaks(self) -> dict[str, int]: ...
+
+    def peak_bytes(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def current_bytes(self) -> int: ...
+
+
+class CpuExactMeter(StorageTracker):
+    """Byte-exact meter of live tensor storages (dispatcher level, any device).
+
+    Use ``with meter:`` around the whole loop so every allocation is seen, and
+    ``meter.track_existing(model, optimizer)`` for tensors created before.
+    ``budget_bytes`` turns it into a simulated device that raises
+    ``torch.OutOfMemoryError`` when exceeded.
+    """
+
+    def __init__(self, budget_bytes: int | MemoryBudget | None = None) -> None:
+        super().__init__(budget_bytes=budget_bytes, round_bytes=1)
+
+
+@dataclass
+class CudaPhaseStats:
+    """What the CUDA caching allocator reported for one phase (max over repeats)."""
+
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    alloc_retries: int = 0
+    ooms: int = 0
+
+
+class CudaMeter:
+    """Per-phase peaks from the CUDA caching allocator's own statistics.
+
+    Each phase synchronizes, resets the allocator's peak counters and reads
+    ``max_memory_allocated``/``max_memory_reserved`` plus the change in
+    ``num_alloc_retries`` and ``num_ooms`` at the end.
+    """
+
+    def __init__(self, device: torch.device | int | str | None = None, notes: list[str] | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise KronosTuneError("CudaMeter needs a CUDA device; use CpuExactMeter on this machine")
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type != "cuda":
+            raise KronosTuneError(f"CudaMeter needs a cuda device, got {dev}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        self.notes: list[str] = list(notes or [])
+        self._stats: dict[str, CudaPhaseStats] = {}
+        # Peaks (allocated, reserved) of each open window that the allocator's
+        # counters no longer show because an inner phase reset them; index 0 is
+        # the window since the last reset().
+        self._hidden: list[tuple[int, int]] = [(0, 0)]
+        self.reset()
+
+    def _counters(self) -> tuple[int, int]:
+        stats = torch.cuda.memory_stats(self.device)
+        return int(stats.get("num_alloc_retries", 0)), int(stats.get("num_ooms", 0))
+
+    def _window(self) -> tuple[int, int]:
+        return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)
+
+    def _fold_into_top(self, allocated: int, reserved: int) -> None:
+        top_a, top_r = self._hidden[-1]
+        self._hidden[-1] = (max(top_a, allocated), max(top_r, reserved))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        torch.cuda.synchronize(self.device)
+        self._fold_into_top(*self._window())
+        self._hidden.append((0, 0))
+        torch.cuda.reset_peak_memory_stats(self.device)
+        retries0, ooms0 = self._counters()
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize(self.device)
+            hidden_a, hidden_r = self._hidden.pop()
+            window_a, window_r = self._window()
+            allocated, reserved = max(hidden_a, window_a), max(hidden_r, window_r)
+            retries1, ooms1 = self._counters()
+            stats = self._stats.setdefault(name, CudaPhaseStats())
+            stats.peak_allocated_bytes = max(stats.peak_allocated_bytes, allocated)
+            stats.peak_reserved_bytes = max(stats.peak_reserved_bytes, reserved)
+            stats.alloc_retries += retries1 - retries0
+            stats.ooms += ooms1 - ooms0
+            self._fold_into_top(allocated, reserved)
+
+    def peaks(self) -> dict[str, int]:
+        return {name: s.peak_allocated_bytes for name, s in self._stats.items()}
+
+    def reserved_peaks(self) -> dict[str, int]:
+        return {name: s.peak_reserved_bytes for name, s in self._stats.items()}
+
+    def phase_stats(self) -> dict[str, CudaPhaseStats]:
+        return {name: CudaPhaseStats(**vars(s)) for name, s in self._stats.items()}
+
+    def peak_bytes(self) -> int:
+        return max(self._window()[0], *(a for a, _ in self._hidden))
+
+    def peak_reserved_bytes(self) -> int:
+        return max(self._window()[1], *(r for _, r in self._hidden))
+
+    def reset(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._stats.clear()
+        now = (self.current_bytes(), torch.cuda.memory_reserved(self.device))
+        self._hidden = [now for _ in self._hidden]
+
+    def current_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+
+def make_meter(device: torch.device | str, budget_bytes: int | None = None) -> PhaseMeter:
+    """CudaMeter on a cuda device (capped with ``apply_cuda_budget`` if a budget is given), else CpuExactMeter."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        notes = [apply_cuda_budget(budget_bytes, dev)] if budget_bytes is not None else []
+        return CudaMeter(dev, notes=notes)
+    return CpuExactMeter(budget_bytes=budget_bytes)

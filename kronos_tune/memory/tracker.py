@@ -1,0 +1,237 @@
+"""Byte-exact live-storage accounting at the dispatcher level.
+
+``StorageTracker`` is a ``TorchDispatchMode``: after every ATen op it looks at
+the op's output tensors and registers each *untyped storage* it has not seen
+yet, together with a weak reference whose callback subtracts the bytes again
+when the storage dies.  Views share their base's storage and in-place ops
+return their input, so neither is counted twice: the per-output cost is one
+dict lookup (plus an ``nbytes()`` compare to notice storages that were resized
+in place, e.g. by ``out=`` ops or ``resize_``).
+
+What is counted is what tensors keep alive, as PyTorch's caching allocator
+would see it for ``memory_allocated`` (optionally with its 512-byte block
+rounding).  Scratch buffers that a kernel allocates and frees internally never
+become op outputs and are not seen; neither are allocations made in threads
+where the mode is not active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kronos_tune.memory.budget import MemoryBudget
+
+
+class _StorageRef(weakref.ref):
+    """Weak reference to an untyped storage that remembers what it was counted as."""
+
+    __slots__ = ("key", "nbytes")
+
+    key: int
+    nbytes: int
+
+
+def _round_up(nbytes: int, block_bytes: int) -> int:
+    if block_bytes <= 1 or nbytes <= 0:
+        return nbytes
+    return -(-nbytes // block_bytes) * block_bytes
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts live bytes of every storage produced while the mode is active.
+
+    Args:
+        budget_bytes: simulated device size; registering a storage that would
+            push live bytes above it raises ``torch.OutOfMemoryError``.
+        round_bytes: count every storage rounded up to a multiple of this
+            (512 emulates the CUDA caching allocator; 1 means exact bytes).
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int | MemoryBudget | None = None,
+        round_bytes: int = 1,
+    ) -> None:
+        super().__init__()
+        if round_bytes < 1:
+            raise ValueError("round_bytes must be >= 1")
+        if isinstance(budget_bytes, MemoryBudget) or budget_bytes is None:
+            self.budget: MemoryBudget | None = budget_bytes
+        else:
+            self.budget = MemoryBudget(int(budget_bytes))
+        self.round_bytes = round_bytes
+        self._live: dict[int, _StorageRef] = {}
+        self._current_bytes = 0
+        self._window_peak_bytes = 0  # peak of the innermost open window
+        self._outer_peaks: list[int] = []  # peaks of enclosing windows
+        self._phase_peaks: dict[str, int] = {}
+        self._mode_depth = 0
+        self.num_ooms = 0
+
+    # ------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self._see(out, func)
+        elif isinstance(out, (tuple, list)):
+            self._see_all(out, func)
+        return out
+
+    def _see_all(self, outs: Iterable[Any], func: Any) -> None:
+        for item in outs:
+            if isinstance(item, torch.Tensor):
+                self._see(item, func)
+            elif isinstance(item, (tuple, list)):
+                self._see_all(item, func)
+
+    def _see(self, tensor: torch.Tensor, func: Any = None) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return  # sparse / nested / storage-less subclasses: not counted
+        ref = self._live.get(id(storage))
+        if ref is None:
+            self._register(storage, func)
+        else:
+            nbytes = _round_up(storage.nbytes(), self.round_bytes)
+            if nbytes != ref.nbytes:  # resized in place
+                self._grow(ref, nbytes, func)
+
+    # ------------------------------------------------------------ accounting
+    def _register(self, storage: torch.UntypedStorage, func: Any) -> None:
+        nbytes = _round_up(storage.nbytes(), self.round_bytes)
+        new_bytes = self._current_bytes + nbytes
+        if self.budget is not None and new_bytes > self.budget.budget_bytes:
+            self._raise_oom(new_bytes, func)
+        ref = _StorageRef(storage, self._on_storage_freed)
+        ref.key = id(storage)
+        ref.nbytes = nbytes
+        self._live[ref.key] = ref
+        self._current_bytes = new_bytes
+        if new_bytes > self._window_peak_bytes:
+            self._window_peak_bytes = new_bytes
+
+    def _grow(self, ref: _StorageRef, nbytes: int, func: Any) -> None:
+        new_bytes = self._current_bytes + nbytes - ref.nbytes
+        if self.budget is not None and nbytes > ref.nbytes and new_bytes > self.budget.budget_bytes:
+            self._raise_oom(new_bytes, func)
+        ref.nbytes = nbytes
+        self._current_bytes = new_bytes
+        if new_bytes > self._window_peak_bytes:
+            self._window_peak_bytes = new_bytes
+
+    def _on_storage_freed(self, ref: _StorageRef) -> None:
+        if self._live.pop(ref.key, None) is ref:
+            self._current_bytes -= ref.nbytes
+
+    def _raise_oom(self, would_be_bytes: int, func: Any) -> None:
+        assert self.budget is not None
+        self.num_ooms += 1
+        raise self.budget.error(would_be_bytes, self.peak_bytes(), op=str(func) if func else None)
+
+    # ------------------------------------------------------------ public API
+    def track_existing(self, *objects: Any) -> int:
+        """Count storages that were alive before tracking started.
+
+        Accepts modules (parameters, their ``.grad`` and buffers), optimizers
+        (every tensor in ``optimizer.state``), tensors, dicts and iterables of
+        these.  Returns the bytes newly registered (already-known storages are
+        not counted twice).
+        """
+        before = self._current_bytes
+        for tensor in _iter_tensors(objects):
+            self._see(tensor, "track_existing")
+        return self._current_bytes - before
+
+    def current_bytes(self) -> int:
+        return self._current_bytes
+
+    def peak_bytes(self) -> int:
+        """Highest live bytes since the last reset (including open phases)."""
+        return max([self._window_peak_bytes, *self._outer_peaks])
+
+    def peaks(self) -> dict[str, int]:
+        """Peak live bytes per phase name since the last reset (max over repeats)."""
+        return dict(self._phase_peaks)
+
+    def reset(self) -> None:
+        """Forget peaks; live storages stay counted (they still exist)."""
+        self._phase_peaks.clear()
+        self._window_peak_bytes = self._current_bytes
+        self._outer_peaks = [self._current_bytes for _ in self._outer_peaks]
+
+    def forget_all(self) -> None:
+        """Stop counting every storage registered so far (current becomes 0)."""
+        for ref in list(self._live.values()):
+            self._live.pop(ref.key, None)
+        self._current_bytes = 0
+        self.reset()
+
+    @property
+    def is_tracking(self) -> bool:
+        return self._mode_depth > 0
+
+    def __enter__(self) -> StorageTracker:
+        super().__enter__()
+        self._mode_depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode_depth -= 1
+        super().__exit__(*exc)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Record the peak live bytes reached while the block runs under ``name``.
+
+        If the mode is not active yet it is entered for the duration of the
+        phase, so a loop that only knows the phase API is still measured
+        (allocations made outside any phase are then not seen).
+        """
+        self._outer_peaks.append(self._window_peak_bytes)
+        self._window_peak_bytes = self._current_bytes
+        enter_mode = self._mode_depth == 0
+        if enter_mode:
+            self.__enter__()
+        try:
+            yield
+        finally:
+            if enter_mode:
+                self.__exit__(None, None, None)
+            phase_peak = self._window_peak_bytes
+            if phase_peak > self._phase_peaks.get(name, -1):
+                self._phase_peaks[name] = phase_peak
+            self._window_peak_bytes = max(self._outer_peaks.pop(), phase_peak)
+
+
+def _iter_tensors(objects: Iterable[Any]) -> Iterator[torch.Tensor]:
+    for obj in objects:
+        if obj is None:
+            continue
+        if isinstance(obj, torch.Tensor):
+            yield obj
+            grad = obj.grad if obj.is_leaf else None
+            if grad is not None:
+                yield grad
+        elif isinstance(obj, torch.nn.Module):
+            yield from _iter_tensors(obj.parameters())
+            yield from obj.buffers()
+        elif isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                yield from _iter_tensors(group["params"])
+            for state in obj.state.values():
+                yield from _iter_tensors(state.values())
+        elif isinstance(obj, dict):
+            yield from _iter_tensors(obj.values())
+        elif isinstance(obj, (list, tuple, set)) or _is_iterator(obj):
+            yield from _iter_tensors(obj)
+
+
+def _is_iterator(obj: Any) -> bool:
+    return hasattr(obj, "__next__") and hasattr(obj, "__iter__")
