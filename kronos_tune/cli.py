@@ -25,6 +25,8 @@ app = typer.Typer(
 
 # Modules under kronos_tune.commands, each with register(app).
 COMMAND_MODULES: tuple[str, ...] = (
+    "presets",
+    "monitor",
 )
 
 
