@@ -126,11 +126,11 @@ def _attention_mask(q_len: int, k_len: int, padding_mask: Tensor | None, device:
     """
     if padding_mask is None:
         return None
-    causal = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+    offset = k_len - q_len
+    query_pos = torch.arange(q_len, device=device)[:, None] + offset
+    key_pos = torch.arange(k_len, device=device)[None, :]
     keep = ~padding_mask.bool()[:, None, None, :]
-    diagonal = torch.eye(q_len, k_len, k_len - q_len, dtype=torch.bool, device=device) \
-        if q_len == k_len else torch.zeros(q_len, k_len, dtype=torch.bool, device=device)
-    return (causal & keep) | diagonal
+    return ((key_pos <= query_pos) & keep) | (key_pos == query_pos)
 
 
 class SelfAttention(nn.Module):

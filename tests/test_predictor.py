@@ -1,0 +1,194 @@
+"""KronosPredictor and token generation: cache exactness, batching, chunking, inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kronos_core.data import read_kline
+from kronos_core.errors import KronosError
+from kronos_core.generation import SamplingParams, generate_tokens, sample_tokens
+from kronos_core.predictor import KronosPredictor
+from kronos_core.sizes import build_model, build_tokenizer
+from kronos_core.synthetic import synthetic_kline, synthetic_series
+
+COLUMNS = ["open", "high", "low", "close", "volume", "amount"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("tiny", seed=1), build_tokenizer("tiny", seed=2)
+
+
+def _split(frame: pd.DataFrame, lookback: int, pred_len: int):
+    history = frame.iloc[-(lookback + pred_len):-pred_len] if pred_len else frame.iloc[-lookback:]
+    future = frame["timestamps"].iloc[-pred_len:]
+    return history[COLUMNS].reset_index(drop=True), history["timestamps"].reset_index(drop=True), \
+        future.reset_index(drop=True)
+
+
+def _batch(frames, lookback, pred_len):
+    parts = [_split(f, lookback, pred_len) for f in frames]
+    return [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+
+
+def _stamps(batch, length):
+    g = torch.Generator().manual_seed(5)
+    return torch.stack([torch.randint(0, h, (batch, length), generator=g) for h in (60, 24, 7, 32, 13)], -1).float()
+
+
+@pytest.mark.parametrize("history,context", [(256, 512), (500, 512)])
+def test_greedy_cached_equals_full_recompute(tiny, history, context):
+    model = tiny[0].eval()
+    g = torch.Generator().manual_seed(history)
+    s1 = torch.randint(0, 1024, (3, history), generator=g)
+    s2 = torch.randint(0, 1024, (3, history), generator=g)
+    stamps = _stamps(3, history + 30)
+    greedy = SamplingParams(top_k=1)
+    with torch.inference_mode():
+        plain = generate_tokens(model, s1, s2, stamps, 30, context, greedy, use_cache=False)
+        cached = generate_tokens(model, s1, s2, stamps, 30, context, greedy, use_cache=True)
+    assert torch.equal(plain[0], cached[0]) and torch.equal(plain[1], cached[1])
+
+
+def test_shift_mode_is_exact_until_the_window_slides(tiny):
+    model = tiny[0].eval()
+    s1 = torch.randint(0, 1024, (2, 40))
+    s2 = torch.randint(0, 1024, (2, 40))
+    stamps = _stamps(2, 60)
+    greedy = SamplingParams(top_k=1)
+    with torch.inference_mode():
+        exact = generate_tokens(model, s1, s2, stamps, 20, 50, greedy, use_cache=True)
+        shifted = generate_tokens(model, s1, s2, stamps, 20, 50, greedy, use_cache=True, window_mode="shift")
+    # Steps 0..10 see windows that start at position 0 in both modes.
+    assert torch.equal(exact[0][:, :11], shifted[0][:, :11])
+    assert shifted[0].shape == (2, 20)
+
+
+def test_sampling_rules():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    assert sample_tokens(logits, SamplingParams(top_k=1)).item() == 1
+    torch.manual_seed(0)
+    draws = {sample_tokens(logits, SamplingParams(top_k=2)).item() for _ in range(200)}
+    assert draws == {1, 3}
+    nucleus = {sample_tokens(logits, SamplingParams(top_k=0, top_p=0.5)).item() for _ in range(200)}
+    assert nucleus == {1}  # the top token alone already holds more than half the mass
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=0)
+
+
+def test_predict_returns_frames_indexed_by_future_timestamps(tiny):
+    frame = synthetic_kline(300, seed=4)
+    df, x_ts, y_ts = _split(frame, 200, 24)
+    predictor = KronosPredictor(*tiny, device="cpu")
+    result = predictor.predict(df, x_ts, y_ts, pred_len=24, verbose=False)
+    assert list(result.columns) == COLUMNS
+    assert list(result.index) == list(y_ts)
+    assert result.to_numpy().dtype == np.float32 and np.isfinite(result.to_numpy()).all()
+    assert not predictor.model.training and not predictor.tokenizer.training
+
+
+def test_sample_paths_shape_and_mean(tiny):
+    frame = synthetic_kline(200, seed=5)
+    df, x_ts, y_ts = _split(frame, 120, 10)
+    predictor = KronosPredictor(*tiny, device="cpu")
+    torch.manual_seed(0)
+    mean, paths = predictor.predict(df, x_ts, y_ts, 10, sample_count=4, verbose=False, return_samples=True)
+    assert paths.shape == (4, 10, 6)
+    # The mean is taken in normalized space; de-normalizing is affine, so it commutes.
+    assert np.allclose(paths.mean(axis=0), mean.to_numpy(), rtol=1e-4, atol=1e-3)
+    assert not np.allclose(paths[0], paths[1])
+
+
+def test_tokenizer_encodes_each_series_once_not_each_sample(tiny):
+    model, tokenizer = tiny
+    frames = synthetic_series(3, 150, seed=6)
+    predictor = KronosPredictor(model, tokenizer, device="cpu")
+    seen_batches = []
+    handle = predictor.tokenizer.quant_embed.register_forward_hook(lambda m, i, o: seen_batches.append(o.shape[0]))
+    try:
+        predictor.predict_batch(*_batch(frames, 100, 5), pred_len=5, sample_count=4, verbose=False)
+    finally:
+        handle.remove()
+    assert seen_batches == [3]
+
+
+def test_batch_of_one_equals_predict(tiny):
+    frame = synthetic_kline(260, seed=7)
+    df, x_ts, y_ts = _split(frame, 200, 16)
+    predictor = KronosPredictor(*tiny, device="cpu")
+    single = predictor.predict(df, x_ts, y_ts, 16, top_k=1, verbose=False)
+    batch = predictor.predict_batch([df], [x_ts], [y_ts], 16, top_k=1, verbose=False)
+    pd.testing.assert_frame_equal(single, batch[0])
+
+
+def test_chunked_equals_unchunked_and_lengths_may_differ(tiny):
+    frames = synthetic_series(5, 260, seed=8)
+    dfs, xs, ys = _batch(frames, 200, 12)
+    # Two series with a shorter history: grouped by length, not truncated.
+    for i in (1, 3):
+        dfs[i], xs[i] = dfs[i].iloc[50:].reset_index(drop=True), xs[i].iloc[50:].reset_index(drop=True)
+    predictor = KronosPredictor(*tiny, device="cpu")
+    whole = predictor.predict_batch(dfs, xs, ys, 12, top_k=1, verbose=False, max_batch_size=64)
+    chunked = predictor.predict_batch(dfs, xs, ys, 12, top_k=1, verbose=False, max_batch_size=2)
+    alone = [predictor.predict(d, x, y, 12, top_k=1, verbose=False) for d, x, y in zip(dfs, xs, ys)]
+    for a, b, c in zip(whole, chunked, alone):
+        pd.testing.assert_frame_equal(a, b)
+        np.testing.assert_allclose(a.to_numpy(), c.to_numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_cached_and_uncached_predictor_agree(tiny):
+    frames = synthetic_series(2, 140, seed=9)
+    args = _batch(frames, 100, 15)
+    cached = KronosPredictor(*tiny, device="cpu").predict_batch(*args, 15, top_k=1, verbose=False)
+    plain = KronosPredictor(*tiny, device="cpu", use_cache=False).predict_batch(*args, 15, top_k=1, verbose=False)
+    for a, b in zip(cached, plain):
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_end_to_end_from_a_csv_the_test_writes(tiny, tmp_path):
+    path = tmp_path / "stock.csv"
+    frame = synthetic_kline(180, seed=10)
+    frame[["close", "timestamps", "open", "volume", "high", "low"]].to_csv(path, index=False)  # no amount
+    loaded = read_kline(path)
+    df, x_ts, y_ts = _split(loaded, 150, 20)
+    result = KronosPredictor(*tiny, device="cpu").predict(df, x_ts, y_ts, 20, verbose=False)
+    assert result.shape == (20, 6) and np.isfinite(result.to_numpy()).all()
+
+
+def test_bf16_autocast_runs_on_cpu(tiny):
+    frame = synthetic_kline(120, seed=11)
+    df, x_ts, y_ts = _split(frame, 100, 5)
+    result = KronosPredictor(*tiny, device="cpu", amp="bf16").predict(df, x_ts, y_ts, 5, verbose=False)
+    assert np.isfinite(result.to_numpy()).all()
+
+
+def test_history_longer_than_context_warns_and_still_predicts(tiny):
+    frame = synthetic_kline(120, seed=12)
+    df, x_ts, y_ts = _split(frame, 100, 5)
+    predictor = KronosPredictor(*tiny, device="cpu", max_context=64)
+    with pytest.warns(UserWarning, match="longer than max_context=64"):
+        result = predictor.predict(df, x_ts, y_ts, 5, verbose=False)
+    assert result.shape == (5, 6)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda df: df.drop(columns=["close"]), "missing price column"),
+    (lambda df: df.assign(open=df["open"].where(df.index != 3, np.nan)), "NaN in column 'open' at row 3"),
+    (lambda df: df.assign(high=df["high"].where(df.index != 7, np.inf)), "inf in column 'high' at row 7"),
+])
+def test_bad_frames_are_one_line_errors(tiny, mutate, message):
+    frame = synthetic_kline(60, seed=13)
+    df, x_ts, y_ts = _split(frame, 50, 5)
+    with pytest.raises(KronosError, match=message):
+        KronosPredictor(*tiny, device="cpu").predict(mutate(df), x_ts, y_ts, 5, verbose=False)
+
+
+def test_wrong_number_of_future_timestamps(tiny):
+    frame = synthetic_kline(60, seed=14)
+    df, x_ts, y_ts = _split(frame, 50, 5)
+    with pytest.raises(KronosError, match="y_timestamp has 5 entries but pred_len=6"):
+        KronosPredictor(*tiny, device="cpu").predict(df, x_ts, y_ts, 6, verbose=False)
+    assert issubclass(KronosError, ValueError)  # reference callers catch ValueError
