@@ -1,0 +1,146 @@
+"""`kronos-tune predict`: forecast K-line series from files or synthetic data, optionally scored on a holdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
+    from kronos_tune.predict_job import PredictResult
+
+TABLE_ROWS = 20
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def _price(value: float) -> str:
+    return f"{value:.4f}" if abs(value) < 1e5 else f"{value:,.0f}"
+
+
+def _compact(value: float) -> str:
+    """Volume and amount in a preview: three significant digits and K/M/B (the --out file has every digit)."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _predictions_table(result: PredictResult) -> Table:
+    frame = result.frames[0]
+    shown = frame.iloc[:TABLE_ROWS]
+    caption = None if len(frame) <= TABLE_ROWS else f"first {TABLE_ROWS} of {len(frame)} rows"
+    table = Table(title=f"predictions: {result.series_names[0]}", title_justify="left", caption=caption,
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("timestamps", no_wrap=True)
+    for column in frame.columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    for stamp, row in shown.iterrows():
+        cells = [_price(row[c]) if c in ("open", "high", "low", "close") else _compact(row[c]) for c in frame.columns]
+        table.add_row(str(stamp), *cells)
+    return table
+
+
+def _scores_table(result: PredictResult) -> Table:
+    table = Table(title="holdout: predicted close vs actual", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("series", no_wrap=True)
+    table.add_column("MAE", justify="right")
+    table.add_column("MAPE", justify="right")
+    for item in result.scores or []:
+        table.add_row(item.series, f"{item.mae:.6g}", f"{item.mape:.3f} %")
+    table.add_section()
+    table.add_row("mean", f"{result.mean_mae:.6g}", f"{result.mean_mape:.3f} %", style="bold")
+    return table
+
+
+def _json_ready(report: dict) -> dict:
+    """Non-finite floats become null so the object stays valid JSON."""
+    return {key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+            for key, value in report.items()}
+
+
+def predict_command(
+    lookback: Annotated[int, typer.Option("--lookback", help="History rows per series (the last N rows).")],
+    pred_len: Annotated[int, typer.Option("--pred-len", help="Future steps to predict.")],
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")] = None,
+    size: Annotated[Optional[str], typer.Option(
+        "--size", help="Random-init model of a named size (timing only), e.g. tiny, mini, small, base.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option(
+        "--tokenizer", help="Tokenizer folder; default with --size: that size's random tokenizer.")] = None,
+    data: Annotated[Optional[list[Path]], typer.Option(
+        "--data", help="A .csv/.parquet file (one series each; repeatable) or a folder of them.")] = None,
+    synthetic: Annotated[Optional[int], typer.Option(
+        "--synthetic", help="Predict N synthetic A-share series instead of files (default without --data: 4).")] = None,
+    sample_count: Annotated[int, typer.Option("--sample-count", help="Sample paths averaged per series.")] = 1,
+    temperature: Annotated[float, typer.Option("--T", help="Sampling temperature.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0 off, 1 greedy).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.9,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Write every prediction, long format, to FILE.csv or FILE.parquet.")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    amp: Annotated[str, typer.Option("--amp", help="none, bf16 or fp16 (CUDA only).")] = "none",
+    max_batch_size: Annotated[Optional[int], typer.Option(
+        "--max-batch-size", help="Sequences (series x samples) at once; default from free memory.")] = None,
+    max_context: Annotated[Optional[int], typer.Option(
+        "--max-context", help="Tokens the predictor sees; default 512 (2048 with --size mini).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")] = 0,
+    holdout: Annotated[bool, typer.Option(
+        "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
+) -> None:
+    """Predict the next --pred-len bars of each series; timestamps continue each series' own bar grid."""
+    from kronos_tune.predict_job import PredictConfig, run_predict
+
+    console = Console()
+
+    def on_note(level: str, message: str) -> None:
+        """With --json, notes go to stderr so stdout holds the JSON object alone."""
+        if as_json:
+            typer.echo(f"{level}: {message}", err=True)
+            return
+        console.print(Text.assemble((f"{level}:", "yellow" if level == "warning" else "cyan"), " ", message),
+                      soft_wrap=True)
+
+    config = PredictConfig(
+        lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
+        data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
+        top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
+        max_context=max_context, seed=seed, holdout=holdout, progress=not as_json,
+    )
+    result = run_predict(config, on_note=on_note)
+
+    if as_json:
+        typer.echo(json.dumps(_json_ready(result.to_json_dict())))
+        return
+    if result.scores is not None:
+        console.print(_scores_table(result))
+    if out is None:
+        console.print(_predictions_table(result))
+        total_rows = sum(len(frame) for frame in result.frames)
+        console.print(f"not saved: pass --out FILE.csv or FILE.parquet to write all {total_rows} rows "
+                      f"of {len(result.frames)} series", markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(f"wrote {sum(len(f) for f in result.frames)} rows to {out}", markup=False, highlight=False,
+                      soft_wrap=True)
+    console.print(
+        f"{len(result.frames)} series in {result.seconds:.2f} s (predict {result.predict_seconds:.2f} s, "
+        f"{result.series_per_s:.2f} series/s) on {result.device}; peak RSS {_mib(result.peak_rss_bytes)}"
+        + (f"; peak GPU {_mib(result.peak_gpu_bytes)}" if result.peak_gpu_bytes is not None else ""),
+        markup=False, highlight=False, soft_wrap=True,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `predict` command to the root app."""
+    app.command("predict")(predict_command)
