@@ -1,0 +1,15 @@
+"""Fine-tuning the Kronos predictor and tokenizer: config, trainer, checkpoints, torchrun entry.
+
+    from kronos_core.train import TrainConfig, Trainer
+    summary = Trainer(TrainConfig(model_size="small", data=["prices/"])).fit()
+
+Multi-process: ``torchrun --nproc-per-node N -m kronos_core.train --config run.toml``.
+"""
+
+from kronos_core.train.checkpointing import checkpoint_path, load_checkpoint
+from kronos_core.train.config import TrainConfig
+from kronos_core.train.records import PHASES, PhaseMeter, StepRecord, TrainSummary
+from kronos_core.train.trainer import Trainer
+
+__all__ = ["PHASES", "PhaseMeter", "StepRecord", "TrainConfig", "TrainSummary", "Trainer", "checkpoint_path",
+           "load_checkpoint"]

@@ -1,0 +1,121 @@
+"""Datasets and loaders for training: one global batch per optimizer step, sliced by rank.
+
+Item ``idx`` of epoch ``e`` is a pure function of (seed, e, idx) (see
+kronos_core.dataset), so the sampler only has to hand every rank the right
+indices: micro-batch ``m`` of optimizer step ``s`` covers global items
+``[g*B*W, (g+1)*B*W)`` with ``g = s*A + m``, and rank ``r`` reads the ``r``-th
+slice of ``B`` of them. One process with batch ``B*W`` therefore reads the
+same windows per micro-step as ``W`` processes with batch ``B``. The sampler
+yields ``(epoch, idx)`` pairs so DataLoader workers (persistent or not) never
+need ``set_epoch`` to reach them, and it starts at any step for an exact resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from kronos_core.data import find_data_files, read_kline
+from kronos_core.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
+from kronos_core.errors import KronosError
+from kronos_core.synthetic import synthetic_series
+from kronos_core.train.config import TrainConfig
+
+
+def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
+    if config.is_synthetic:
+        return synthetic_series(config.synthetic_series, n_rows=config.synthetic_rows, seed=config.seed)
+    return [read_kline(path) for path in find_data_files(config.data)]
+
+
+def build_datasets(config: TrainConfig) -> tuple[KlineWindowDataset, KlineEvalDataset]:
+    """Split every series in time (last `val_fraction` validates) and build both datasets."""
+    frames = load_frames(config)
+    train, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
+    common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
+                  preload=config.preload)
+    train_set = KlineWindowDataset(train, samples_per_epoch=config.samples_per_epoch, seed=config.seed, **common)
+    try:
+        val_set = KlineEvalDataset(val, max_windows=config.eval_samples, **common)
+    except KronosError as error:
+        raise KronosError(f"validation split: {error}; raise val_fraction or give longer series") from None
+    return train_set, val_set
+
+
+class EpochItems(Dataset):
+    """Index with ``(epoch, idx)``: selects the epoch's draw, then returns the item."""
+
+    def __init__(self, dataset: KlineWindowDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, idx = key
+        if self.dataset.epoch != epoch:
+            self.dataset.set_epoch(epoch)
+        return self.dataset[idx]
+
+
+class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Micro-batches of ``(epoch, idx)`` for one rank, from optimizer step ``start_step`` on, endlessly."""
+
+    def __init__(self, samples_per_epoch: int, batch_size: int, accumulation_steps: int, world_size: int,
+                 rank: int, start_step: int = 0) -> None:
+        self.batch_size = batch_size
+        self.accumulation_steps = accumulation_steps
+        self.world_size = world_size
+        self.rank = rank
+        self.start_step = start_step
+        self.global_batch = batch_size * accumulation_steps * world_size
+        self.steps_per_epoch = samples_per_epoch // self.global_batch
+        if self.steps_per_epoch < 1:
+            raise KronosError(f"samples_per_epoch={samples_per_epoch} is less than one optimizer step's global batch "
+                              f"(batch_size {batch_size} x accumulation_steps {accumulation_steps} x "
+                              f"{world_size} processes = {self.global_batch}); raise samples_per_epoch")
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, step within epoch) of global optimizer step ``step`` (0-based)."""
+        return divmod(step, self.steps_per_epoch)
+
+    def micro_batch(self, step: int, micro: int) -> list[tuple[int, int]]:
+        epoch, in_epoch = self.position(step)
+        group = in_epoch * self.accumulation_steps + micro
+        first = group * self.batch_size * self.world_size + self.rank * self.batch_size
+        return [(epoch, first + i) for i in range(self.batch_size)]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        step = self.start_step
+        while True:
+            for micro in range(self.accumulation_steps):
+                yield self.micro_batch(step, micro)
+            step += 1
+
+
+def _stack(items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, stamps = zip(*items)
+    return torch.stack(xs), torch.stack(stamps)
+
+
+def train_loader(dataset: KlineWindowDataset, config: TrainConfig, sampler: GlobalBatchSampler) -> DataLoader:
+    workers = config.num_workers
+    return DataLoader(
+        EpochItems(dataset), batch_sampler=sampler, num_workers=workers, collate_fn=_stack,
+        pin_memory=config.pin_memory, persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
+        # Our own generator: creating an iterator must not draw from the global RNG (exact resume).
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+
+
+def eval_loader(dataset: KlineEvalDataset, config: TrainConfig, world_size: int, rank: int) -> DataLoader:
+    """Rank r evaluates windows r, r+W, r+2W, ...; sums are reduced across ranks afterwards."""
+    indices = list(range(rank, len(dataset), world_size))
+    batches = [indices[i:i + config.batch_size] for i in range(0, len(indices), config.batch_size)]
+    workers = config.num_workers
+    return DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=_stack,
+                      pin_memory=config.pin_memory, persistent_workers=workers > 0,
+                      generator=torch.Generator().manual_seed(config.seed))

@@ -1,0 +1,290 @@
+"""`kronos-tune train`: fine-tune the Kronos tokenizer and/or predictor with a live progress bar.
+
+One process runs the trainer right here. `--nproc N` (or any multi-node flag)
+launches `python -m torch.distributed.run ... -m kronos_core.train` instead and
+draws the progress of its rank 0 from the JSON lines it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import torch
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kronos_core.train import TrainConfig, Trainer
+from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, STEP_PREFIX, SUMMARY_PREFIX, oom_message
+from kronos_core.train.config import WHAT
+from kronos_core.train.records import PhaseMeter
+from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_tune.errors import KronosTuneError
+
+STAGES = (*WHAT, "both")
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _preset_fields(name: str) -> dict[str, Any]:
+    from kronos_tune.presets import resolve_preset
+
+    preset = resolve_preset(name)
+    work = preset.workload
+    fields = {key: getattr(work, key) for key in ("model_size", "lookback_window", "predict_window", "batch_size",
+                                                   "accumulation_steps", "epochs", "samples_per_epoch",
+                                                   "eval_samples")}
+    fields["amp"] = getattr(work, "amp", "none")
+    fields["device"] = preset.hardware.device if preset.hardware.device in ("cpu", "cuda") else "auto"
+    return fields
+
+
+def build_config(preset: str | None, config: Path | None, resume: Path | None, data: list[str] | None,
+                 what: str | None, out: Path | None, device: str | None) -> TrainConfig:
+    """The run's TrainConfig from a preset, a TOML file or the resumed run's config.toml, plus the flags."""
+    if preset and config:
+        raise KronosTuneError("train: give either --preset NAME or --config FILE, not both")
+    if config is not None:
+        values = TrainConfig.from_toml(config).to_dict()
+        source = str(config)
+    elif preset:
+        values, source = _preset_fields(preset), f"preset {preset}"
+    elif resume is not None and (Path(resume) / "config.toml").is_file():
+        values, source = TrainConfig.from_toml(Path(resume) / "config.toml").to_dict(), str(resume)
+    else:
+        raise KronosTuneError("train: nothing to train; give --preset NAME (see `kronos-tune presets`), "
+                              "--config FILE (TrainConfig keys) or --resume DIR of an earlier run")
+    if data:
+        values["data"] = list(data)
+    if what is not None and what != "both":
+        values["what"] = what
+    if out is not None:
+        values["output_dir"] = str(out)
+    elif resume is not None:
+        values["output_dir"] = str(resume)
+    elif preset and not config:
+        values["output_dir"] = str(Path("runs") / preset)
+    if device is not None:
+        values["device"] = device
+    return TrainConfig.from_dict(values, source=source)
+
+
+def stages(base: TrainConfig, what: str | None) -> list[TrainConfig]:
+    """`both`: the tokenizer first (OUT/tokenizer), then the predictor on its best weights (OUT/predictor)."""
+    if what != "both":
+        return [base]
+    root = Path(base.output_dir)
+    tokenizer = base.replace(what="tokenizer", output_dir=str(root / "tokenizer"))
+    predictor = base.replace(what="predictor", output_dir=str(root / "predictor"),
+                             tokenizer_dir=str(root / "tokenizer" / "best"))
+    return [tokenizer, predictor]
+
+
+class ProgressView:
+    """A Rich progress bar fed with step-record dicts (in process or from rank 0's JSON lines)."""
+
+    def __init__(self, console: Console, label: str, total: int | None) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
+            TextColumn("mem {task.fields[memory]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console, transient=False)
+        self.task = self.progress.add_task(label, total=total, loss="-", speed="-", memory="-")
+
+    def __enter__(self) -> ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, record: dict[str, Any]) -> None:
+        peaks = record.get("peak_bytes_by_phase") or {}
+        memory = max(peaks.values()) if peaks else record.get("peak_memory_bytes")
+        self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
+                             speed=f"{record.get('tokens_per_s', 0.0):,.0f}", memory=_gib(memory))
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['what']} training", title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    state = "stopped early (resumable)" if summary["interrupted"] else "done"
+    table.add_row("steps", f"{summary['steps']} / {summary['total_steps']} ({state})")
+    if summary.get("last_loss") is not None:
+        table.add_row("last train loss", f"{summary['last_loss']:.4f}")
+    for key, value in (summary.get("last_eval") or {}).items():
+        counted = key.endswith(("_tokens", "_elements"))
+        table.add_row(key.replace("_", " "), f"{int(value):,}" if counted else f"{value:.4f}")
+    if summary.get("best_val_loss") is not None:
+        table.add_row("best val loss", f"{summary['best_val_loss']:.4f}")
+    table.add_row("throughput", f"{summary.get('tokens_per_s', 0.0):,.0f} tokens/s over {summary['train_time_s']:.1f} s")
+    peaks = summary.get("peak_bytes_by_phase") or {}
+    if peaks:
+        table.add_row("peak memory", ", ".join(f"{k} {_gib(v)}" for k, v in peaks.items()))
+    table.add_row("checkpoint", str(summary.get("checkpoint_path")))
+    table.add_row("best weights", str(summary.get("best_dir") or "none yet"))
+    console.print(table)
+
+
+def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, console: Console,
+                   meter: PhaseMeter | None = None) -> int:
+    """Train here; returns the exit code (0 done, 130 stopped by Ctrl-C after saving, 1 out of memory)."""
+    if meter is None and config.resolved_device() == "cuda":
+        from kronos_tune.memory.meters import make_meter
+
+        meter = make_meter(torch.device("cuda", torch.cuda.current_device()))
+    stopper = StopForwarder()
+    trainer: Trainer | None = None
+    try:
+        with stop_on_signals(stopper, second_interrupts=True):
+            trainer = Trainer(config, meter=meter, resume=resume)
+            stopper.attach(trainer)
+            target = trainer.total_steps if steps is None else min(steps, trainer.total_steps)
+            with ProgressView(console, config.what, target) as view:
+                view.progress.update(view.task, completed=trainer.step)
+                trainer.callback = lambda record: view.update(record.to_dict())
+                summary = trainer.fit(steps)
+    except torch.OutOfMemoryError:
+        step = trainer.step if trainer is not None else 0
+        peak = trainer.peak_bytes_seen() if trainer is not None else None
+        console.print(f"[red]error:[/] {oom_message(step, peak, str(trainer.device) if trainer else config.device)}",
+                      highlight=False, soft_wrap=True)
+        return EXIT_OOM
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/] before a checkpoint could be written; the last saved one is "
+                      "unchanged", highlight=False)
+        return EXIT_INTERRUPTED
+    finally:
+        if trainer is not None:
+            trainer.close()
+    print_summary(console, summary.to_dict())
+    if summary.interrupted:
+        console.print(f"stopped at step {summary.steps}; resume with: kronos-tune train --resume "
+                      f"{config.output_dir}", highlight=False, soft_wrap=True)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def planned_steps(config: TrainConfig, nproc: int, nnodes: str | None, steps: int | None) -> int | None:
+    """Optimizer steps a torchrun launch will reach (None when the node count is elastic)."""
+    try:
+        world = nproc * int(nnodes or "1")
+    except ValueError:
+        return steps
+    per_epoch = config.samples_per_epoch // (config.batch_size * config.accumulation_steps * world)
+    total = per_epoch * config.epochs
+    return total if steps is None else min(steps, total)
+
+
+def torchrun_command(config_file: Path, nproc: int, steps: int | None, resume: Path | None,
+                     nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, rdzv_id: str | None,
+                     rdzv_backend: str | None) -> list[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if nnodes is not None and nnodes != "1":
+        if not rdzv_endpoint:
+            raise KronosTuneError(f"train: --nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every "
+                                  f"node, e.g. the first node's address:29400)")
+        command += ["--nnodes", nnodes, "--rdzv-endpoint", rdzv_endpoint,
+                    "--rdzv-backend", rdzv_backend or "c10d", "--rdzv-id", rdzv_id or "kronos-tune"]
+        if node_rank is not None:
+            command += ["--node-rank", str(node_rank)]
+    elif rdzv_endpoint:
+        command += ["--rdzv-endpoint", rdzv_endpoint, "--rdzv-backend", rdzv_backend or "c10d",
+                    "--rdzv-id", rdzv_id or "kronos-tune"]
+    else:
+        command += ["--standalone"]  # a free local port: runs side by side never collide
+    command += ["-m", "kronos_core.train", "--config", str(config_file), "--jsonl"]
+    if steps is not None:
+        command += ["--steps", str(steps)]
+    if resume is not None:
+        command += ["--resume", str(resume)]
+    return command
+
+
+def run_torchrun(config: TrainConfig, command: list[str], total: int | None, console: Console) -> int:
+    """Run torchrun in its own session (Ctrl-C here is forwarded once), draw rank 0's progress."""
+    summary: dict[str, Any] | None = None
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+    forwarded: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not forwarded:
+            forwarded.append(signum)
+            proc.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with ProgressView(console, f"{config.what} (torchrun)", total) as view:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(STEP_PREFIX):
+                    view.update(json.loads(line[len(STEP_PREFIX):]))
+                elif line.startswith(SUMMARY_PREFIX):
+                    summary = json.loads(line[len(SUMMARY_PREFIX):])
+                else:
+                    view.progress.console.print(line.rstrip("\n"), highlight=False, markup=False)
+        code = proc.wait()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if summary is not None:
+        print_summary(console, summary)
+        if summary["interrupted"]:
+            console.print(f"stopped at step {summary['steps']}; resume with: kronos-tune train --resume "
+                          f"{config.output_dir}", highlight=False, soft_wrap=True)
+            return EXIT_INTERRUPTED
+    if code != 0:
+        console.print(f"[red]error:[/] torchrun exited with code {code}; see the worker messages above",
+                      highlight=False)
+        return EXIT_INTERRUPTED if forwarded else (code if 0 < code < 128 else 1)
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        preset: Annotated[Optional[str], typer.Option("--preset", help="Workload from a preset (kronos-tune presets).")] = None,
+        config: Annotated[Optional[Path], typer.Option("--config", help="TOML file of TrainConfig keys.", dir_okay=False)] = None,
+        data: Annotated[Optional[list[str]], typer.Option("--data", help="CSV/Parquet file or folder (repeatable), or 'synthetic'.")] = None,
+        what: Annotated[Optional[str], typer.Option("--what", help="tokenizer, predictor or both (tokenizer, then predictor on it).")] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Stop at this optimizer step (global count).")] = None,
+        resume: Annotated[Optional[Path], typer.Option("--resume", help="Output folder of a run to continue.", file_okay=False)] = None,
+        nproc: Annotated[int, typer.Option("--nproc", min=1, help="Processes (devices) on this node; >1 uses torchrun.")] = 1,
+        out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (checkpoints, best/).", file_okay=False)] = None,
+        device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu or cuda (overrides the config).")] = None,
+        nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
+        node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="torchrun: this node's rank (static rendezvous).")] = None,
+        rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")] = None,
+        rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
+        rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
+    ) -> None:
+        """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves)."""
+        if what is not None and what not in STAGES:
+            raise KronosTuneError(f"train: --what {what!r}; use one of {', '.join(STAGES)}")
+        if what == "both" and resume is not None:
+            raise KronosTuneError("train: --resume continues one stage; use --what tokenizer or --what predictor "
+                                  "with --resume OUT/tokenizer or OUT/predictor")
+        base = build_config(preset, config, resume, data, what, out, device)
+        console = Console()
+        launched = nproc > 1 or any(v is not None for v in (nnodes, node_rank, rdzv_endpoint))
+        for stage in stages(base, what):
+            if launched:
+                config_file = Path(stage.output_dir) / "config.toml"
+                stage.to_toml(config_file)
+                command = torchrun_command(config_file, nproc, steps, resume, nnodes, node_rank, rdzv_endpoint,
+                                           rdzv_id, rdzv_backend)
+                code = run_torchrun(stage, command, planned_steps(stage, nproc, nnodes, steps), console)
+            else:
+                code = run_in_process(stage, steps, resume, console)
+            if code != 0:
+                raise typer.Exit(code)

@@ -1,0 +1,124 @@
+"""`kronos-tune train`: real runs of the command on the tiny model (in process and as a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from kronos_core.model import Kronos
+from kronos_core.tokenizer import KronosTokenizer
+from kronos_core.train import TrainConfig, load_checkpoint
+from kronos_tune.cli import main
+from kronos_tune.commands.train import run_in_process
+
+TINY = """\
+model_size = "tiny"
+lookback_window = 16
+predict_window = 4
+batch_size = 8
+samples_per_epoch = 64
+epochs = 1
+eval_samples = 16
+synthetic_series = 2
+synthetic_rows = 200
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_config(tmp_path: Path, extra: str = "", epochs: int = 1) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("epochs = 1", f"epochs = {epochs}") + extra)
+    return path
+
+
+def run_cli(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    return info.value.code or 0
+
+
+def test_train_both_writes_checkpoints_and_loadable_best(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    code = run_cli(["train", "--config", str(write_config(tmp_path)), "--what", "both", "--steps", "3",
+                    "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "tokenizer training" in printed and "predictor training" in printed and "3 / 8" in printed
+    assert load_checkpoint(out / "tokenizer")["step"] == 3 and load_checkpoint(out / "predictor")["step"] == 3
+    assert isinstance(KronosTokenizer.from_pretrained(out / "tokenizer" / "best"), KronosTokenizer)
+    assert isinstance(Kronos.from_pretrained(out / "predictor" / "best"), Kronos)
+    predictor_config = TrainConfig.from_toml(out / "predictor" / "config.toml")
+    assert predictor_config.tokenizer_dir == str(out / "tokenizer" / "best")
+
+
+def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    bad = write_config(tmp_path, "bach_size = 4\n")
+    assert run_cli(["train", "--config", str(bad), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'batch_size'" in err
+    assert run_cli(["train", "--out", str(tmp_path / "x")]) == 2
+    assert "--preset NAME" in capsys.readouterr().err
+    assert run_cli(["train", "--config", str(write_config(tmp_path)), "--what", "everything"]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_preset_sets_the_workload(tmp_path: Path) -> None:
+    out = tmp_path / "cpu"
+    assert run_cli(["train", "--preset", "cpu", "--steps", "1", "--out", str(out), "--device", "cpu"]) == 0
+    written = tomllib.loads((out / "config.toml").read_text())
+    assert written["model_size"] == "mini" and written["batch_size"] == 16 and written["samples_per_epoch"] == 256
+    assert load_checkpoint(out)["step"] == 1
+
+
+def test_out_of_memory_is_one_message_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    from kronos_tune.memory.meters import CpuExactMeter
+
+    config = TrainConfig.from_toml(write_config(tmp_path)).replace(output_dir=str(tmp_path / "run"))
+    console = Console(record=True, width=400)
+    assert run_in_process(config, 2, None, console) == 0
+    saved = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    small_device = CpuExactMeter(budget_bytes=64 * 1024)  # a simulated 64 KiB device: real OutOfMemoryError
+    assert run_in_process(config, 4, tmp_path / "run", console, meter=small_device) == 1
+    text = console.export_text()
+    assert "out of memory in training step 3" in text and "kronos-tune autobatch" in text and "peak seen" in text
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == saved
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    config = write_config(tmp_path, epochs=500)  # far more steps than the test will wait for
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "kronos_tune.cli", "train", "--config", str(config),
+                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (out / "config.toml").exists() and proc.poll() is None:  # written right before training
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stdout + stderr
+    assert "resume with: kronos-tune train --resume" in stdout
+    state = load_checkpoint(out)
+    assert 1 <= state["step"] < state["config"]["epochs"] * 8
+    resumed = state["step"] + 1
+    assert run_cli(["train", "--resume", str(out), "--steps", str(resumed)]) == 0
+    assert load_checkpoint(out)["step"] == resumed
