@@ -27,6 +27,11 @@ app = typer.Typer(
 COMMAND_MODULES: tuple[str, ...] = (
     "presets",
     "monitor",
+    "predict",
+    "train",
+    "profile",
+    "dashboard",
+    "autobatch",
 )
 
 

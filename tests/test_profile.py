@@ -1,0 +1,85 @@
+"""`kronos-tune profile` on the tiny model: ops table, memory categories, trace file, bad paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kronos_core.train import TrainConfig
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.profiler import profile_training
+
+TINY_PRESET = """
+name = "tiny-profile"
+description = "tiny model on the CPU, for tests"
+[hardware]
+device = "cpu"
+device_count = 1
+memory_per_device_gb = 1.0
+bf16_supported = false
+cuda_context_overhead_gb = 0.0
+[workload]
+model_size = "tiny"
+tokenizer = "tiny"
+lookback_window = 16
+predict_window = 4
+batch_size = 4
+accumulation_steps = 1
+epochs = 1
+samples_per_epoch = 64
+eval_samples = 8
+amp = "none"
+[predict]
+series_count = 2
+lookback = 32
+pred_len = 4
+sample_count = 1
+"""
+
+
+def _tiny_config(tmp_path: Path) -> TrainConfig:
+    return TrainConfig(model_size="tiny", lookback_window=16, predict_window=4, batch_size=4, samples_per_epoch=64,
+                       eval_samples=8, synthetic_series=2, synthetic_rows=200, device="cpu",
+                       output_dir=str(tmp_path / "run"))
+
+
+def test_profile_reports_ops_memory_and_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    result = profile_training(_tiny_config(tmp_path), steps=2, warmup=1, wait=0, top=10, trace_path=trace)
+    names = [op.name for op in result.top_ops]
+    assert any(name in ("aten::mm", "aten::addmm", "aten::bmm") for name in names)
+    assert not any(name.startswith("<built-in") for name in names)
+    assert result.step_time_s["n"] == 2 and result.step_time_s["min"] <= result.step_time_s["median"]
+    assert result.tokens_per_step == 4 * (16 + 4)
+    assert result.memory_at_peak_bytes.get("parameter", 0) > 0
+    assert result.mfu is None  # no peak FLOP/s given
+    assert "traceEvents" in json.loads(trace.read_text())
+
+
+def test_profile_mfu_uses_the_given_peak(tmp_path):
+    result = profile_training(_tiny_config(tmp_path), steps=1, warmup=0, wait=0, peak_flops=1e12)
+    expected = result.tokens_per_s * result.flops_per_token / 1e12
+    assert result.mfu == pytest.approx(expected)
+
+
+def test_trace_in_a_missing_folder_fails_before_work(tmp_path):
+    with pytest.raises(KronosTuneError, match="does not exist"):
+        profile_training(_tiny_config(tmp_path), trace_path=tmp_path / "nope" / "t.json")
+
+
+def test_cli_profile_json_and_bad_trace_path(tmp_path):
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny-profile.toml").write_text(TINY_PRESET)
+    base = [sys.executable, "-m", "kronos_tune.cli", "profile", "--preset", "tiny-profile",
+            "--preset-dir", str(tmp_path / "presets"), "--steps", "1", "--warmup", "0"]
+    ok = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["top_ops"]
+    bad = subprocess.run(base + ["--trace", str(tmp_path / "missing" / "t.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
