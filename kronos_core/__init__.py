@@ -1,6 +1,29 @@
 """Kronos model family: tokenizer, predictor, data, training and fast prediction.
 
-Depends on torch, numpy and pandas only; never imports kronos_tune.
+Depends on torch, numpy and pandas only; never imports kronos_tune. The public
+classes are imported lazily so `import kronos_core` (and the CLI) stays fast.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Kronos": "kronos_core.model",
+    "KronosTokenizer": "kronos_core.tokenizer",
+    "KronosPredictor": "kronos_core.predictor",
+    "KronosError": "kronos_core.errors",
+    "build_model": "kronos_core.sizes",
+    "build_tokenizer": "kronos_core.sizes",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kronos_core' has no attribute {name!r}")

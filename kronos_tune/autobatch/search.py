@@ -1,0 +1,894 @@
+"""The generic search: the largest batch whose real training step fits a memory budget.
+
+``autobatch(step_factory, budget_bytes)`` measures a few batch sizes with the
+real step and picks from a fit, instead of doubling until something breaks:
+
+1. **Probe.** ``step_factory(B)`` builds everything a training run at batch
+   ``B`` needs (model, optimizer, data) and returns a callable that runs one
+   optimizer step. A probe builds it fresh, runs ``steps_per_probe`` steps (the
+   first with a fresh optimizer, whose AdamW state appears lazily inside
+   ``step()``; the second with that state alive) and, with an
+   ``eval_factory``, one evaluation batch, all under a meter: on CPU a
+   ``CpuExactMeter`` whose budget *is* the simulated device (going over raises
+   ``torch.OutOfMemoryError`` like CUDA would), on CUDA a ``CudaMeter`` with
+   the caching allocator capped at the budget when the card is bigger, and
+   with ``estimate=True`` ``estimate_step_peak`` on fake tensors (nothing is
+   allocated). The probe's peak is the highest live-bytes count over all of
+   it, overall and per phase (data/forward/backward/optimizer/eval) when the
+   step reports phases to the meter. Everything is dropped after each probe
+   (``close()``, ``gc.collect()``, ``torch.cuda.empty_cache()``) and the bytes
+   left over are checked.
+2. **Fit.** Per phase and overall, peak = fixed + per_sample x B by least
+   squares. A phase's peak is linear in B, but the overall peak is a maximum
+   of phases (at batch 1 the optimizer step can dominate, at batch 64 the
+   backward pass), so the prediction is the maximum over the phase lines, and
+   over a chord model through the measured points (piecewise linear; above
+   the largest probe it continues the last secant): whichever is higher. That
+   is exact for piecewise-linear peaks, conservative for convex ones inside
+   the probed range, and never below a measured point.
+3. **Pick** the largest B whose prediction is <= budget x (1 - margin), below
+   every size known not to fit. A pick more than 2x the largest probe is an
+   extrapolation: it is probed first (or, when the fit was already wrong about
+   a size that ran out of memory, the geometric middle of the bracket is), at
+   most ``max_probes`` search probes in all.
+4. **Verify** the final batch (after the accumulation adjustment) with a fresh
+   build under a cap of budget x (1 - margin): first optimizer step, the next
+   step and an eval batch. A probe already run at that size under that much
+   memory counts. On out-of-memory it backs off to min(refit, 0.9 x B) and
+   verifies again, never below the largest size already seen to fit.
+
+Known failure modes of the usual tools, and what is done about them here:
+doubling until OOM (Lightning's power scaling) pays one OOM per try and
+fragments the allocator: OOMs here only come from a wrong fit; profiling only
+forward+backward or the first step (Ultralytics' autobatch) misses AdamW
+state and the eval pass: probes run the full step twice plus eval; a
+straight-line extrapolation far past the probes (Ultralytics' polyfit to 60%
+of free memory) is not trusted beyond 2x; halving on OOM (accelerate's
+``find_executable_batch_size`` before 0.9) loses up to half the batch: back
+off is 0.9x or the refit; a smaller batch without more accumulation changes
+the optimization (the global batch): ``effective_batch`` keeps it.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
+from kronos_tune.memory.estimate import CudaEmulation, estimate_step_peak
+from kronos_tune.memory.tracker import StorageTracker
+
+ProbeStatus = Literal["ok", "oom", "verify"]
+ProbeKind = Literal["probe", "verify", "diagnose"]
+StepFactory = Callable[[int], Callable[..., Any]]
+
+TOTAL_SERIES = "total"
+_EXTRAPOLATION_FACTOR = 2.0
+_BACKOFF_FACTOR = 0.9
+_CURVATURE_TOLERANCE = 0.01  # max |residual| of the line, as a fraction of the peak range
+
+
+class OnProbe(Protocol):
+    def __call__(self, probe: Probe) -> None: ...
+
+
+@dataclass
+class Probe:
+    """One measured build + steps (+ eval) at ``batch_size``.
+
+    ``status``: ``ok`` it ran within ``cap_bytes``; ``oom`` it ran out of
+    memory (on a verification: more than the usable budget); ``verify`` this
+    run verified the pick. ``peak_bytes`` is None after an out-of-memory.
+    """
+
+    batch_size: int
+    peak_bytes: int | None
+    status: ProbeStatus
+    kind: ProbeKind = "probe"
+    cap_bytes: int = 0
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
+    reserved_peak_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
+    build_bytes: int | None = None  # live bytes the factory left before the first step
+    steps_run: int = 0
+    step_time_s: float | None = None  # wall time of the last training step (under the meter)
+    wall_time_s: float = 0.0  # build, steps, eval and clean-up
+    leaked_bytes: int = 0  # live bytes still counted after clean-up
+    error: str | None = None  # first line of the out-of-memory message
+
+    @property
+    def fits(self) -> bool:
+        return self.status != "oom" and self.peak_bytes is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AutobatchResult:
+    """The pick and everything measured on the way (bytes, seconds)."""
+
+    batch_size: int
+    accumulation_steps: int
+    budget_bytes: int
+    usable_bytes: int
+    margin: float
+    fixed_bytes: int
+    bytes_per_sample: float
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    probes: list[Probe]
+    headroom_bytes: int
+    search_time_s: float
+    step_time_s: float | None
+    notes: list[str]
+    max_fit_batch_size: int  # the memory pick before the accumulation adjustment
+    effective_batch: int | None
+    device: str
+    estimate: bool
+    governing_series: str  # the phase (or "total") whose line sets the prediction at the pick
+    fit_lines: dict[str, tuple[float, float]]  # series -> (fixed_bytes, bytes_per_sample), least squares
+    curve: list[tuple[int, int]]  # (batch size, predicted peak bytes), for plots
+    probe_steps: int  # training steps run (or traced) by all probes together
+    leftover_bytes: int  # bytes still counted by the meter after the search (0 = everything freed)
+
+    @property
+    def search_probes(self) -> int:
+        return sum(1 for p in self.probes if p.kind == "probe")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["fit_lines"] = {k: list(v) for k, v in self.fit_lines.items()}
+        out["curve"] = [list(point) for point in self.curve]
+        out["search_probes"] = self.search_probes
+        return out
+
+
+@dataclass
+class ProbeStep:
+    """What ``step_factory(B)`` may return instead of a bare callable.
+
+    ``run`` is one training step (it may take ``meter``); ``model`` and
+    ``optimizer`` are needed by ``estimate=True``; ``on_close`` releases what
+    the step holds once its probe is done.
+    """
+
+    run: Callable[..., Any]
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    on_close: Callable[[], None] | None = None
+
+    def __call__(self, meter: Any = None) -> Any:
+        return _call(self.run, meter)
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
+        self.run = _closed
+        self.model = self.optimizer = None
+
+
+def _closed(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("this ProbeStep was closed")
+
+
+# ---------------------------------------------------------------------------- fitting
+@dataclass(frozen=True)
+class SeriesFit:
+    """Peak bytes of one series (a phase, or the overall peak) against batch size."""
+
+    name: str
+    batch_sizes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    fixed_bytes: float
+    bytes_per_sample: float
+    max_residual_bytes: float
+
+    @classmethod
+    def fit(cls, name: str, points: list[tuple[int, int]]) -> SeriesFit:
+        points = sorted(points)
+        xs = np.array([p[0] for p in points], dtype=np.float64)
+        ys = np.array([p[1] for p in points], dtype=np.float64)
+        if len(points) == 1:
+            return cls(name, (int(xs[0]),), (int(ys[0]),), float(ys[0]), 0.0, 0.0)
+        design = np.stack([np.ones_like(xs), xs], axis=1)
+        (intercept, slope), *_ = np.linalg.lstsq(design, ys, rcond=None)
+        residual = float(np.max(np.abs(ys - (intercept + slope * xs))))
+        return cls(name, tuple(int(x) for x in xs), tuple(int(y) for y in ys), float(intercept), float(slope),
+                   residual)
+
+    @property
+    def curved(self) -> bool:
+        span = max(self.peak_bytes) - min(self.peak_bytes)
+        return len(self.batch_sizes) >= 3 and span > 0 and self.max_residual_bytes > _CURVATURE_TOLERANCE * span
+
+    def predict(self, batch_sizes: np.ndarray) -> np.ndarray:
+        b = batch_sizes.astype(np.float64)
+        xs = np.array(self.batch_sizes, dtype=np.float64)
+        ys = np.array(self.peak_bytes, dtype=np.float64)
+        linear = self.fixed_bytes + max(self.bytes_per_sample, 0.0) * b
+        if len(xs) == 1:
+            return np.maximum(linear, ys[0])
+        chord = np.interp(b, xs, ys)
+        secant = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+        above = b > xs[-1]
+        chord[above] = ys[-1] + secant * (b[above] - xs[-1])
+        return np.maximum(linear, chord)
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """Prediction = max over the series fits (each phase's line and the overall peak)."""
+
+    series: tuple[SeriesFit, ...]
+
+    @classmethod
+    def fit(cls, probes: list[Probe]) -> PeakModel | None:
+        fitted = [p for p in probes if p.fits and p.peak_bytes is not None]
+        by_size: dict[int, Probe] = {}
+        for probe in fitted:  # a size measured twice: keep the higher peak
+            if probe.batch_size not in by_size or (probe.peak_bytes or 0) > (by_size[probe.batch_size].peak_bytes or 0):
+                by_size[probe.batch_size] = probe
+        if len(by_size) < 2:
+            return None
+        chosen = list(by_size.values())
+        series = [SeriesFit.fit(TOTAL_SERIES, [(p.batch_size, int(p.peak_bytes or 0)) for p in chosen])]
+        common = set.intersection(*(set(p.phase_peak_bytes) for p in chosen))
+        for name in sorted(common):
+            series.append(SeriesFit.fit(name, [(p.batch_size, p.phase_peak_bytes[name]) for p in chosen]))
+        return cls(tuple(series))
+
+    def predict(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return np.max(np.stack([s.predict(batch_sizes) for s in self.series]), axis=0)
+
+    def predict_one(self, batch_size: int) -> int:
+        return int(math.ceil(float(self.predict(np.array([batch_size]))[0])))
+
+    def governing(self, batch_size: int) -> SeriesFit:
+        values = [float(s.predict(np.array([batch_size]))[0]) for s in self.series]
+        return self.series[int(np.argmax(values))]
+
+    def largest_fitting(self, usable_bytes: int, low: int, high: int) -> int | None:
+        """Largest B in [low, high] with every prediction from low to B within usable_bytes."""
+        if high < low:
+            return None
+        sizes = np.arange(low, high + 1)
+        fits = self.predict(sizes) <= usable_bytes
+        if not fits[0]:
+            return None
+        if fits.all():
+            return high
+        return int(sizes[int(np.argmin(fits)) - 1])
+
+
+# ---------------------------------------------------------------------------- runners
+def _accepts_meter(fn: Callable[..., Any]) -> bool:
+    try:
+        return "meter" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call(fn: Callable[..., Any], meter: Any) -> Any:
+    return fn(meter=meter) if _accepts_meter(fn) else fn()
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OOM, or the RuntimeErrors CUDA libraries raise when an allocation fails."""
+    if isinstance(error, OutOfMemoryError):
+        return True
+    if isinstance(error, RuntimeError):
+        text = str(error)
+        return any(s in text for s in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"))
+    return False
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _close(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+class _Runner:
+    """Runs one probe: fresh build, steps, eval, clean-up; returns its Probe."""
+
+    device: str = "cpu"
+
+    def __init__(self, step_factory: StepFactory, eval_factory: StepFactory | None, steps_per_probe: int) -> None:
+        self.step_factory = step_factory
+        self.eval_factory = eval_factory
+        self.steps_per_probe = steps_per_probe
+
+    def run(self, batch_size: int, cap_bytes: int | None, kind: ProbeKind) -> Probe:
+        raise NotImplementedError
+
+    def current_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Undo anything the runner changed (allocator caps)."""
+
+    def _timed_steps(self, step: Callable[..., Any], meter: Any, sync: Callable[[], None]) -> float | None:
+        last: float | None = None
+        for _ in range(self.steps_per_probe):
+            sync()
+            start = time.perf_counter()
+            _call(step, meter)
+            sync()
+            last = time.perf_counter() - start
+        return last
+
+
+class _CpuRunner(_Runner):
+    """A simulated device: a StorageTracker whose budget raises torch.OutOfMemoryError."""
+
+    def __init__(self, step_factory: StepFactory, eval_factory: StepFactory | None, steps_per_probe: int,
+                 round_bytes: int) -> None:
+        super().__init__(step_factory, eval_factory, steps_per_probe)
+        self.device = "cpu"
+        self.meter = StorageTracker(budget_bytes=None, round_bytes=round_bytes)
+
+    def current_bytes(self) -> int:
+        gc.collect()
+        return self.meter.current_bytes()
+
+    def run(self, batch_size: int, cap_bytes: int | None, kind: ProbeKind) -> Probe:
+        meter = self.meter
+        gc.collect()
+        base_bytes = meter.current_bytes()
+        started = time.perf_counter()
+        step: Any = None
+        evaluate: Any = None
+        probe = Probe(batch_size, None, "oom", kind, cap_bytes or 0)
+        try:
+            with meter:
+                meter.budget = None  # the build is measured, not limited: a too-big model is reported below
+                step = self.step_factory(batch_size)
+                probe.build_bytes = meter.current_bytes() - base_bytes
+                meter.budget = MemoryBudget(cap_bytes) if cap_bytes is not None else None
+                if cap_bytes is not None and meter.current_bytes() > cap_bytes:
+                    raise meter.budget.error(meter.current_bytes(), meter.current_bytes(), op="building the step")
+                meter.reset()
+                probe.step_time_s = self._timed_steps(step, meter, lambda: None)
+                probe.steps_run = self.steps_per_probe
+                if self.eval_factory is not None:
+                    evaluate = self.eval_factory(batch_size)
+                    _call(evaluate, meter)
+            probe.peak_bytes = meter.peak_bytes()
+            probe.phase_peak_bytes = meter.peaks()
+            probe.status = "verify" if kind == "verify" else "ok"
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is a measurement; the rest re-raises
+            if not is_out_of_memory(error):
+                raise
+            probe.error = _first_line(error)
+        finally:
+            meter.budget = None
+            _close(step)
+            step = evaluate = None
+            gc.collect()
+            probe.leaked_bytes = meter.current_bytes() - base_bytes
+            probe.wall_time_s = time.perf_counter() - started
+        return probe
+
+
+class _CudaRunner(_Runner):
+    """A real GPU; capped with set_per_process_memory_fraction when it is bigger than the cap."""
+
+    def __init__(self, step_factory: StepFactory, eval_factory: StepFactory | None, steps_per_probe: int,
+                 device: torch.device) -> None:
+        super().__init__(step_factory, eval_factory, steps_per_probe)
+        from kronos_tune.memory.meters import CudaMeter
+
+        self._meter_type = CudaMeter
+        self.torch_device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        self.device = str(self.torch_device)
+        self.total_bytes = torch.cuda.get_device_properties(self.torch_device).total_memory
+        self.capped = False
+        self.notes: list[str] = []
+
+    def current_bytes(self) -> int:
+        gc.collect()
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_allocated(self.torch_device)
+
+    def _cap(self, cap_bytes: int | None) -> None:
+        from kronos_tune.memory.budget import apply_cuda_budget
+
+        if cap_bytes is not None and cap_bytes < self.total_bytes:
+            note = apply_cuda_budget(cap_bytes, self.torch_device)
+            if not self.notes:
+                self.notes.append(note)
+            self.capped = True
+        elif self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.torch_device)
+            self.capped = False
+
+    def run(self, batch_size: int, cap_bytes: int | None, kind: ProbeKind) -> Probe:
+        dev = self.torch_device
+        base_bytes = self.current_bytes()
+        started = time.perf_counter()
+        self._cap(cap_bytes)
+        step: Any = None
+        evaluate: Any = None
+        probe = Probe(batch_size, None, "oom", kind, cap_bytes or 0)
+        try:
+            meter = self._meter_type(dev)
+            step = self.step_factory(batch_size)
+            probe.build_bytes = torch.cuda.memory_allocated(dev) - base_bytes
+            meter.reset()
+            probe.step_time_s = self._timed_steps(step, meter, lambda: torch.cuda.synchronize(dev))
+            probe.steps_run = self.steps_per_probe
+            if self.eval_factory is not None:
+                evaluate = self.eval_factory(batch_size)
+                _call(evaluate, meter)
+            probe.peak_bytes = meter.peak_bytes()
+            probe.reserved_peak_bytes = meter.peak_reserved_bytes()
+            probe.phase_peak_bytes = meter.peaks()
+            probe.status = "verify" if kind == "verify" else "ok"
+        except Exception as error:  # noqa: BLE001
+            if not is_out_of_memory(error):
+                raise
+            probe.error = _first_line(error)
+        finally:
+            _close(step)
+            step = evaluate = None
+            probe.leaked_bytes = self.current_bytes() - base_bytes
+            probe.wall_time_s = time.perf_counter() - started
+        return probe
+
+    def close(self) -> None:
+        if self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.torch_device)
+            self.capped = False
+
+
+class _EstimateRunner(_Runner):
+    """Fake tensors through estimate_step_peak: the same search, nothing allocated.
+
+    The returned step must expose ``.model`` and ``.optimizer`` (what
+    ``estimate_step_peak``'s build returns) and create its inputs with torch
+    ops, so that everything is fake inside the estimate.
+    """
+
+    def __init__(self, step_factory: StepFactory, eval_factory: StepFactory | None, steps_per_probe: int,
+                 cuda_emulation: CudaEmulation | None) -> None:
+        super().__init__(step_factory, eval_factory, steps_per_probe)
+        self.cuda_emulation = cuda_emulation
+        self.device = "fake-cuda" if cuda_emulation is not None else "fake-cpu"
+
+    def run(self, batch_size: int, cap_bytes: int | None, kind: ProbeKind) -> Probe:
+        started = time.perf_counter()
+        holder: dict[str, Any] = {}
+        probe = Probe(batch_size, None, "oom", kind, cap_bytes or 0)
+        steps = self.steps_per_probe
+        eval_factory = self.eval_factory
+
+        def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+            step = self.step_factory(batch_size)
+            model, optimizer = getattr(step, "model", None), getattr(step, "optimizer", None)
+            if not isinstance(model, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+                raise KronosTuneError("estimate mode needs step_factory(B) to return a step with .model and "
+                                      ".optimizer attributes (see kronos_tune.autobatch.ProbeStep)")
+            holder["step"] = step
+            holder["calls"] = 0
+            return model, optimizer
+
+        def fake_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, size: int, meter: Any = None) -> None:
+            holder["calls"] += 1
+            _call(holder["step"], meter)
+            if holder["calls"] == steps and eval_factory is not None:
+                _call(eval_factory(size), meter)
+
+        try:
+            with warnings.catch_warnings():  # caches keyed on data_ptr() warn on fake tensors; harmless here
+                warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+                result = estimate_step_peak(build, fake_step, batch_size, steps=steps,
+                                            cuda_emulation=self.cuda_emulation, budget_bytes=cap_bytes)
+            probe.peak_bytes = result.peak_bytes
+            probe.phase_peak_bytes = {k: v + result.overhead_bytes for k, v in result.phase_peaks.items()}
+            probe.build_bytes = result.param_bytes + result.buffer_bytes
+            probe.steps_run = steps
+            probe.status = "verify" if kind == "verify" else "ok"
+        except Exception as error:  # noqa: BLE001
+            if not is_out_of_memory(error):
+                raise
+            probe.error = _first_line(error)
+        finally:
+            _close(holder.get("step"))
+            holder.clear()
+            gc.collect()
+            probe.wall_time_s = time.perf_counter() - started
+        return probe
+
+
+# ---------------------------------------------------------------------------- helpers
+def format_bytes(nbytes: float | int | None) -> str:
+    if nbytes is None:
+        return "n/a"
+    value = float(nbytes)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def split_effective_batch(max_batch_size: int, effective_batch: int) -> tuple[int, int, str]:
+    """(batch_size, accumulation_steps, what was done) for a memory limit and a global batch to keep.
+
+    accumulation = ceil(effective / max); the batch then shrinks to the largest
+    size <= max that divides the effective batch with at most twice that many
+    micro-steps, else to ceil(effective / accumulation) (product within one
+    micro-batch of the target, said in the note).
+    """
+    if max_batch_size >= effective_batch:
+        return effective_batch, 1, f"effective batch {effective_batch} fits in one micro-batch"
+    accumulation = math.ceil(effective_batch / max_batch_size)
+    for steps in range(accumulation, 2 * accumulation + 1):
+        if effective_batch % steps == 0 and effective_batch // steps <= max_batch_size:
+            batch = effective_batch // steps
+            how = "" if batch == max_batch_size else f", batch reduced from {max_batch_size}"
+            return batch, steps, (f"{batch} x {steps} accumulation steps = effective batch {effective_batch} "
+                                  f"exactly{how}")
+    batch = math.ceil(effective_batch / accumulation)
+    return batch, accumulation, (f"effective batch {effective_batch} has no divisor <= {max_batch_size} within "
+                                 f"{2 * accumulation} micro-steps; using {batch} x {accumulation} = "
+                                 f"{batch * accumulation} per optimizer step")
+
+
+def _checked_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise KronosTuneError(f"autobatch: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def validate_margin(margin: Any) -> float:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
+        raise KronosTuneError(f"margin must be >= 0 and < 1 (a fraction of the budget kept free), got {margin!r}")
+    return float(margin)
+
+
+def _make_runner(step_factory: StepFactory, eval_factory: StepFactory | None, device: str | torch.device | None,
+                 estimate: bool, steps_per_probe: int, cuda_emulation: CudaEmulation | None,
+                 round_bytes: int) -> _Runner:
+    if estimate:
+        return _EstimateRunner(step_factory, eval_factory, steps_per_probe, cuda_emulation)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise KronosTuneError("autobatch: device cuda requested but no CUDA device is visible; use device='cpu' "
+                                  "(simulated budget) or estimate=True")
+        return _CudaRunner(step_factory, eval_factory, steps_per_probe, dev)
+    if dev.type != "cpu":
+        raise KronosTuneError(f"autobatch: device {dev} is not supported; use cpu or cuda")
+    return _CpuRunner(step_factory, eval_factory, steps_per_probe, round_bytes)
+
+
+# ---------------------------------------------------------------------------- the search
+class _Search:
+    def __init__(self, runner: _Runner, budget_bytes: int, usable_bytes: int, min_batch: int, max_batch: int,
+                 max_probes: int, on_probe: OnProbe | None) -> None:
+        self.runner = runner
+        self.budget_bytes = budget_bytes
+        self.usable_bytes = usable_bytes
+        self.min_batch = min_batch
+        self.max_batch = max_batch
+        self.max_probes = max_probes
+        self.on_probe = on_probe
+        self.probes: list[Probe] = []
+        self.notes: list[str] = []
+        self.bad_batch: int | None = None  # smallest size known not to fit the usable budget
+
+    # bookkeeping -------------------------------------------------------------------
+    def probe(self, batch_size: int, kind: ProbeKind = "probe") -> Probe:
+        cap = self.usable_bytes if kind == "verify" else self.budget_bytes
+        result = self.runner.run(batch_size, cap, kind)
+        self.probes.append(result)
+        if self.on_probe is not None:
+            self.on_probe(result)
+        if not self.within_usable(result):
+            self.bad_batch = batch_size if self.bad_batch is None else min(self.bad_batch, batch_size)
+        if result.leaked_bytes > 0:
+            self.notes.append(f"probe at {batch_size} left {format_bytes(result.leaked_bytes)} allocated after "
+                              "clean-up (later probes read that much higher)")
+        return result
+
+    @property
+    def search_probes(self) -> int:
+        return sum(1 for p in self.probes if p.kind == "probe")
+
+    def measured(self) -> list[Probe]:
+        return [p for p in self.probes if p.fits]
+
+    def within_usable(self, probe: Probe) -> bool:
+        if not probe.fits or (probe.peak_bytes or 0) > self.usable_bytes:
+            return False
+        return probe.reserved_peak_bytes is None or probe.reserved_peak_bytes <= self.usable_bytes
+
+    def known_good(self) -> Probe | None:
+        """Largest size measured within the usable budget (each probe ran a fresh optimizer and the eval)."""
+        good = [p for p in self.measured() if self.within_usable(p)]
+        return max(good, key=lambda p: (p.batch_size, p.kind == "verify")) if good else None
+
+    def upper(self) -> int:
+        return self.max_batch if self.bad_batch is None else min(self.max_batch, self.bad_batch - 1)
+
+    def fitted_pick(self, model: PeakModel | None) -> int | None:
+        if model is None:
+            return None
+        return model.largest_fitting(self.usable_bytes, self.min_batch, self.upper())
+
+    # phases -----------------------------------------------------------------------
+    def search(self, effective_batch: int | None = None) -> tuple[int, PeakModel | None]:
+        """Probe until the batch to run is within 2x of a measured size; returns (memory pick, model).
+
+        With ``effective_batch`` the batch to run is the pick's micro-batch
+        after the accumulation split, so that is what gets probed.
+        """
+        first = self.probe(self.min_batch)
+        if not self.within_usable(first):
+            raise _FixedCostTooBig(first)
+        if self.max_batch == self.min_batch:
+            return self.min_batch, None
+        next_size = min(self.max_batch, max(self.min_batch + 1, 8 * self.min_batch))
+        while True:
+            self.probe(next_size)
+            model = PeakModel.fit(self.measured())
+            pick = self.fitted_pick(model)
+            good = self.known_good()
+            lo = good.batch_size if good is not None else self.min_batch
+            if pick is None or pick < lo:
+                pick = lo
+            largest = max(p.batch_size for p in self.measured())
+            wrong_about_bad = (model is not None and self.bad_batch is not None
+                               and model.predict_one(self.bad_batch) <= self.usable_bytes)
+            if model is None or wrong_about_bad:
+                candidate = self._middle(lo) if self.bad_batch is not None else None
+            elif _split(pick, effective_batch)[0] > _EXTRAPOLATION_FACTOR * largest:
+                candidate = _split(pick, effective_batch)[0]
+            else:
+                candidate = None
+            if candidate is None or candidate in {p.batch_size for p in self.probes}:
+                return pick, model
+            if self.search_probes >= self.max_probes:
+                capped = min(pick, int(_EXTRAPOLATION_FACTOR * largest))  # the split only shrinks it further
+                self.notes.append(f"probe budget ({self.max_probes}) spent with the fit pointing at {pick}; "
+                                  f"not extrapolating past 2x the largest probe: {capped}")
+                return max(capped, lo), model
+            if wrong_about_bad:
+                self.notes.append(f"the fit predicted {self.bad_batch} would fit but it did not; bisecting")
+            next_size = candidate
+
+    def _middle(self, lo: int) -> int | None:
+        hi = self.bad_batch
+        if hi is None or hi - lo <= 1:
+            return None
+        middle = int(round(math.sqrt(lo * hi)))
+        return min(max(middle, lo + 1), hi - 1)
+
+
+class _FixedCostTooBig(Exception):
+    def __init__(self, probe: Probe) -> None:
+        super().__init__("fixed cost exceeds the budget")
+        self.probe = probe
+
+
+def _fixed_cost_error(search: _Search, runner: _Runner, first: Probe, margin: float) -> KronosTuneError:
+    """One line: what the smallest batch needs, the fixed part, and what would make it fit."""
+    b = search.min_batch
+    budget, usable = search.budget_bytes, search.usable_bytes
+    where = f"budget {format_bytes(budget)} (usable {format_bytes(usable)} with the {margin:.0%} margin)"
+    need: int | None = first.peak_bytes
+    fixed: float | None = None
+    per_sample: float | None = None
+    if not isinstance(runner, _CudaRunner):  # diagnose without a cap: the bytes are host RAM or fake
+        one = runner.run(b, None, "diagnose")
+        two = runner.run(b + 1, None, "diagnose")
+        search.probes += [one, two]
+        if one.fits and two.fits and one.peak_bytes is not None and two.peak_bytes is not None:
+            need = one.peak_bytes
+            per_sample = max(two.peak_bytes - one.peak_bytes, 0)
+            fixed = one.peak_bytes - per_sample * b
+    if need is None:
+        return KronosTuneError(f"{where} does not hold one training step at batch size {b} (it ran out of memory "
+                               f"at {format_bytes(first.cap_bytes)}); use a smaller model_size, amp = \"bf16\", "
+                               f"activation_checkpointing = \"all\" or a larger budget")
+    minimum = math.ceil(need / (1 - margin))
+    if fixed is not None and per_sample is not None:
+        if fixed >= usable:
+            fix = ("use a smaller model_size (weights, gradients and optimizer state alone exceed it; amp and "
+                   "checkpointing only shrink the per-sample part)")
+        else:
+            fix = (f"use amp = \"bf16\" or activation_checkpointing = \"all\" to shrink the "
+                   f"{format_bytes(per_sample)} per sample, or a smaller model_size")
+        return KronosTuneError(f"{where} is smaller than the fixed cost of a training step: "
+                               f"{format_bytes(fixed)} before any sample, {format_bytes(need)} at batch size {b}; "
+                               f"{fix}, or a budget of at least {format_bytes(minimum)}")
+    return KronosTuneError(f"{where} is smaller than the fixed cost of a training step: batch size {b} needs "
+                           f"{format_bytes(need)}; use a smaller model_size, amp = \"bf16\", activation_checkpointing "
+                           f"= \"all\" or a budget of at least {format_bytes(minimum)}")
+
+
+def _curve(model: PeakModel | None, probes: list[Probe], pick: int, points: int = 48) -> list[tuple[int, int]]:
+    if model is None:
+        return [(p.batch_size, int(p.peak_bytes)) for p in probes if p.peak_bytes is not None]
+    top = max([pick, *(p.batch_size for p in probes)])
+    sizes = sorted({max(1, round(top * 1.15 * i / (points - 1))) for i in range(points)})
+    values = model.predict(np.array(sizes))
+    return [(int(b), int(v)) for b, v in zip(sizes, values)]
+
+
+def autobatch(
+    step_factory: StepFactory,
+    budget_bytes: int,
+    margin: float = 0.1,
+    max_probes: int = 6,
+    min_batch: int = 1,
+    max_batch: int = 4096,
+    eval_factory: StepFactory | None = None,
+    device: str | torch.device | None = None,
+    estimate: bool = False,
+    effective_batch: int | None = None,
+    *,
+    steps_per_probe: int = 2,
+    cuda_emulation: CudaEmulation | None = None,
+    round_bytes: int = 1,
+    max_verify: int = 4,
+    on_probe: OnProbe | None = None,
+) -> AutobatchResult:
+    """The largest batch size whose real training step (and eval batch) fits ``budget_bytes``.
+
+    Args:
+        step_factory: ``step_factory(B)`` builds a training run at batch ``B``
+            and returns a callable running one full step (forward, backward,
+            optimizer step, zero_grad). If the callable takes a ``meter``
+            keyword it gets the meter, for ``meter.phase(name)`` blocks. It may
+            have ``close()`` (called after the probe) and, for ``estimate``,
+            must have ``.model`` and ``.optimizer``.
+        budget_bytes: the device's memory for this process (CPU: simulated).
+        margin: fraction of the budget the pick keeps free (0 <= margin < 1).
+        max_probes: search probes at most (verification runs come on top, at
+            most ``max_verify``).
+        min_batch, max_batch: the range searched.
+        eval_factory: ``eval_factory(B)`` -> callable running one eval batch;
+            called while the probe's training objects are still alive.
+        device: ``cpu`` (default: simulated device of ``budget_bytes``) or
+            ``cuda`` (the real card, capped to the budget when bigger).
+        estimate: run the whole search on fake tensors (no allocation) with
+            ``cuda_emulation`` applied (None: plain CPU accounting).
+        effective_batch: keep batch x accumulation at this global batch: the
+            search stops at it and the result says how it was split.
+        steps_per_probe: training steps per probe (>= 2 measures with AdamW
+            state alive; 1 for inference-only steps).
+        round_bytes: CPU meter rounding per storage (512 emulates CUDA blocks).
+        on_probe: called with each Probe as it completes (progress display).
+
+    On the CPU only what the factory and the steps allocate while the meter
+    runs is counted: build the model inside ``step_factory``, not before.
+    """
+    started = time.perf_counter()
+    budget_bytes = _checked_int("budget_bytes", budget_bytes, 1)
+    margin = validate_margin(margin)
+    max_probes = _checked_int("max_probes", max_probes, 2)
+    min_batch = _checked_int("min_batch", min_batch, 1)
+    max_batch = _checked_int("max_batch", max_batch, min_batch)
+    steps_per_probe = _checked_int("steps_per_probe", steps_per_probe, 1)
+    max_verify = _checked_int("max_verify", max_verify, 1)
+    notes: list[str] = []
+    search_limit = max_batch
+    if effective_batch is not None:
+        effective_batch = _checked_int("effective_batch", effective_batch, min_batch)
+        if effective_batch < max_batch:
+            max_batch = effective_batch
+            notes.append(f"search capped at the effective batch {effective_batch}: a larger micro-batch would "
+                         "change the optimization")
+    usable_bytes = int(budget_bytes * (1.0 - margin))
+    runner = _make_runner(step_factory, eval_factory, device, estimate, steps_per_probe, cuda_emulation, round_bytes)
+    search = _Search(runner, budget_bytes, usable_bytes, min_batch, max_batch, max_probes, on_probe)
+    before_bytes = runner.current_bytes()
+    try:
+        try:
+            pick, model = search.search(effective_batch)
+        except _FixedCostTooBig as failure:
+            raise _fixed_cost_error(search, runner, failure.probe, margin) from None
+        final, accumulation, verified_by, max_fit = _verify(search, model, pick, effective_batch, max_verify)
+        leftover_bytes = runner.current_bytes() - before_bytes
+    finally:
+        runner.close()
+    if isinstance(runner, _CudaRunner):
+        notes.extend(runner.notes)
+    notes.extend(search.notes)
+    with_eval = " and one eval batch" if eval_factory else ""
+    if steps_per_probe >= 2:
+        notes.append(f"probe peaks: max over {steps_per_probe} steps from a fresh build (the first optimizer step "
+                     f"creates AdamW's state, the second runs with it){with_eval}")
+    else:
+        notes.append(f"probe peaks: one step per fresh build{with_eval}")
+    model = PeakModel.fit(search.measured()) or model
+    predicted = model.predict_one(final) if model is not None else int(verified_by.peak_bytes or 0)
+    governing = model.governing(final) if model is not None else None
+    if model is not None:
+        curved = [s.name for s in model.series if s.curved]
+        if curved:
+            notes.append(f"peak not a straight line in batch size for {', '.join(curved)}: predicted with the "
+                         "chord through the probes (conservative between probes)")
+    if model is not None and search.max_batch < search_limit and search.bad_batch is None:
+        beyond = model.largest_fitting(usable_bytes, min_batch, search_limit)
+        if beyond is not None and beyond > search.max_batch:
+            notes.append(f"the fit predicts micro-batches up to about {beyond} would fit (not verified): room for "
+                         "a larger effective batch")
+    measured = int(verified_by.peak_bytes or 0)
+    fit_lines = {s.name: (s.fixed_bytes, s.bytes_per_sample) for s in model.series} if model else {}
+    fixed, per_sample = (governing.fixed_bytes, governing.bytes_per_sample) if governing else (float(measured), 0.0)
+    probe_steps = sum(p.steps_run for p in search.probes)
+    return AutobatchResult(
+        batch_size=final, accumulation_steps=accumulation, budget_bytes=budget_bytes, usable_bytes=usable_bytes,
+        margin=margin, fixed_bytes=int(round(fixed)), bytes_per_sample=float(per_sample),
+        predicted_peak_bytes=predicted, measured_peak_bytes=measured, probes=search.probes,
+        headroom_bytes=budget_bytes - measured, search_time_s=time.perf_counter() - started,
+        step_time_s=verified_by.step_time_s, notes=notes, max_fit_batch_size=max_fit,
+        effective_batch=effective_batch, device=runner.device, estimate=estimate,
+        governing_series=governing.name if governing else TOTAL_SERIES, fit_lines=fit_lines,
+        curve=_curve(model, search.probes, final), probe_steps=probe_steps, leftover_bytes=leftover_bytes,
+    )
+
+
+def _verify(search: _Search, model: PeakModel | None, pick: int, effective_batch: int | None,
+            max_verify: int) -> tuple[int, int, Probe, int]:
+    """Verify the final micro-batch under the usable cap, backing off on OOM.
+
+    Returns (batch, accumulation, the run that proves it fits, the memory pick it came from).
+    """
+    candidate = pick
+    while True:
+        batch, accumulation, how = _split(candidate, effective_batch)
+        good = search.known_good()
+        assert good is not None, "the first probe is within the usable budget"
+        if good.batch_size == batch:
+            proof = good
+            break
+        if sum(1 for p in search.probes if p.kind == "verify") >= max_verify:
+            candidate = good.batch_size
+            batch, accumulation, how = _split(candidate, effective_batch)
+            proof = good
+            smaller = "" if batch == good.batch_size else f" (micro-batch {batch} is smaller still)"
+            search.notes.append(f"{max_verify} verification runs failed; falling back to {good.batch_size}, the "
+                                f"largest size measured within the usable budget{smaller}")
+            break
+        proof = search.probe(batch, kind="verify")
+        if proof.fits:
+            break
+        refit = PeakModel.fit(search.measured()) or model
+        backed_off = int(_BACKOFF_FACTOR * batch)
+        fitted = search.fitted_pick(refit)
+        if fitted is not None:
+            backed_off = min(backed_off, fitted)
+        candidate = max(backed_off, good.batch_size)
+        search.notes.append(f"verification at {batch} ran out of the usable {format_bytes(search.usable_bytes)}; "
+                            f"backed off to {candidate}")
+    if proof.kind == "probe":
+        proof.status = "verify"
+        search.notes.append(f"batch {batch} was already measured by a probe (the same fresh build and steps) within "
+                            "the usable budget: that probe is its verification")
+    if how:
+        search.notes.append(how)
+    return batch, accumulation, proof, candidate
+
+
+def _split(candidate: int, effective_batch: int | None) -> tuple[int, int, str]:
+    if effective_batch is None:
+        return candidate, 1, ""
+    return split_effective_batch(candidate, effective_batch)

@@ -1,0 +1,249 @@
+"""Step and eval factories for Kronos fine-tuning at any batch size.
+
+Real probes run kronos_core's own ``Trainer.train_step()`` / ``eval_batch()``
+(data loader, tokenizer pass, forward, backward, gradient clipping, AdamW,
+``zero_grad(set_to_none=True)``), so what is measured is the training step
+itself. The config's model size, windows, amp, activation checkpointing,
+optimizer implementation and teacher forcing are kept; what only changes the
+run's length or files is replaced for the probe (synthetic data with enough
+windows for a full batch, a temporary output folder, one epoch, no workers).
+
+Estimate probes (``estimate=True``) cannot run the Trainer on fake tensors
+(its loader yields real tensors and it writes files), so they run the same
+calls in the same order on inputs made by torch ops: ``PredictorSteps``/
+``TokenizerSteps`` from kronos_core, ``build_models``, ``build_optimizer``,
+``autocast_context``, ``clip_grad_norm_``. ``tests/test_autobatch.py`` checks
+that its peak matches the Trainer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ContextManager
+
+import torch
+
+from kronos_core.errors import KronosError
+from kronos_core.train import TrainConfig, Trainer
+from kronos_core.train.builders import autocast_context, build_models, build_optimizer
+from kronos_core.train.steps import PredictorSteps, TokenizerSteps
+from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
+from kronos_tune.memory.estimate import CudaEmulation
+from kronos_tune.presets import Preset
+
+MIN_VAL_WINDOWS_PER_SERIES = 64
+OPTIMIZER_EMULATION = {"auto": "fused", "fused": "fused", "foreach": "foreach", "for-loop": "as_built"}
+
+
+class MeterSlot:
+    """A PhaseMeter for the Trainer that forwards to whichever meter the current probe passes in."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+
+    def phase(self, name: str) -> ContextManager[None]:
+        return self.target.phase(name) if self.target is not None else contextlib.nullcontext()
+
+    def peaks(self) -> dict[str, int]:
+        return dict(self.target.peaks()) if self.target is not None else {}
+
+    def peak_bytes(self) -> int:
+        return int(self.target.peak_bytes()) if self.target is not None else 0
+
+    def reset(self) -> None:
+        if self.target is not None:
+            self.target.reset()
+
+
+def train_config_from_preset(preset: Preset) -> tuple[TrainConfig, list[str]]:
+    """The preset's fine-tuning workload as a TrainConfig (device "auto"), plus notes on what was adapted."""
+    work = preset.workload
+    notes: list[str] = []
+    values: dict[str, Any] = dict(
+        model_size=work.model_size, lookback_window=work.lookback_window, predict_window=work.predict_window,
+        batch_size=work.batch_size, accumulation_steps=work.accumulation_steps, amp=work.amp, epochs=work.epochs,
+        samples_per_epoch=work.samples_per_epoch, eval_samples=max(work.eval_samples, 1), device="auto",
+        output_dir=str(Path("runs") / preset.name),
+    )
+    try:
+        return TrainConfig(**values), notes
+    except KronosError:
+        if work.amp != "fp16":
+            raise
+    values["amp"] = "bf16"
+    notes.append("amp fp16 needs a CUDA device, none is visible: the config uses bf16 (same activation bytes); "
+                 "set amp = \"fp16\" again on the GPU")
+    return TrainConfig(**values), notes
+
+
+class TrainTask:
+    """Factories for ``autobatch`` at any batch size, for one TrainConfig on one device.
+
+    Use as a context manager (or call ``close()``): probes write the Trainer's
+    files into a temporary folder that is removed at the end.
+    """
+
+    def __init__(self, config: TrainConfig, device: str = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device).type
+        self.notes: list[str] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="kronos-autobatch-")
+        self.work_dir = Path(self._tmp.name)
+        self._current: tuple[int, Any] | None = None  # (batch size, trainer or fake-safe step) of the open probe
+        amp = config.amp
+        if amp == "fp16" and self.device == "cpu":
+            amp = "bf16"
+            self.notes.append("amp fp16 probed as bf16 on the CPU (same 2-byte activations; the fp16 grad scaler "
+                              "adds a few scalars on CUDA)")
+        self.amp = amp
+        if config.compile != "off":
+            self.notes.append(f"compile={config.compile} is off in the probes (a compiled step usually needs less "
+                              "memory, so the pick is on the safe side)")
+        if not config.is_synthetic:
+            self.notes.append("probes train on synthetic windows of the same shape as the configured data "
+                              "(memory depends on shapes, not values)")
+
+    # configs ------------------------------------------------------------------------------
+    def probe_config(self, batch_size: int, estimate: bool = False) -> TrainConfig:
+        """The config a probe at ``batch_size`` runs: same model and step, enough synthetic windows for one batch."""
+        c = self.config
+        length = c.window_length
+        val_rows = length + MIN_VAL_WINDOWS_PER_SERIES
+        rows = max(c.synthetic_rows, math.ceil(val_rows / c.val_fraction) + length + 1)
+        series = max(c.synthetic_series, math.ceil(batch_size / MIN_VAL_WINDOWS_PER_SERIES) + 1)
+        changes: dict[str, Any] = dict(
+            batch_size=batch_size, accumulation_steps=1, data=["synthetic"], synthetic_series=series,
+            synthetic_rows=rows, samples_per_epoch=4 * batch_size, epochs=1, eval_samples=batch_size,
+            eval_every=0, checkpoint_every=0, num_workers=0, pin_memory=False, compile="off",
+            output_dir=str(self.work_dir / "probe"), device=self.device, amp=self.amp,
+        )
+        if estimate:
+            changes.update(tokenizer_dir=None, predictor_dir=None, device="cpu")
+        return c.replace(**changes)
+
+    def final_config(self, batch_size: int, accumulation_steps: int) -> TrainConfig:
+        """The user's config at the pick (samples_per_epoch raised if one optimizer step would not fit in it)."""
+        c = self.config
+        return c.replace(batch_size=batch_size, accumulation_steps=accumulation_steps,
+                         samples_per_epoch=max(c.samples_per_epoch, batch_size * accumulation_steps))
+
+    def cuda_emulation(self) -> CudaEmulation:
+        """How a fake CPU run approximates this config on CUDA (the budget is already net of the context)."""
+        return CudaEmulation(context_overhead_bytes=0,
+                             optimizer_impl=OPTIMIZER_EMULATION[self.config.optimizer_impl])  # type: ignore[arg-type]
+
+    # real probes (kronos_core's Trainer) ---------------------------------------------------
+    def step_factory(self, batch_size: int) -> ProbeStep:
+        slot = MeterSlot()
+        trainer = Trainer(self.probe_config(batch_size), meter=slot)
+        self._current = (batch_size, (trainer, slot))
+
+        def run(meter: Any = None) -> None:
+            slot.target = meter
+            trainer.train_step()
+
+        def close() -> None:
+            trainer.close()
+            slot.target = None
+            self._current = None
+
+        return ProbeStep(run, trainer.model, trainer.optimizer, on_close=close)
+
+    def eval_factory(self, batch_size: int) -> Callable[..., Any]:
+        trainer, slot = self._open(batch_size)
+
+        def evaluate(meter: Any = None) -> None:
+            slot.target = meter
+            trainer.eval_batch()
+
+        return evaluate
+
+    def _open(self, batch_size: int) -> Any:
+        if self._current is None or self._current[0] != batch_size:
+            raise RuntimeError(f"eval_factory({batch_size}) needs the probe step of the same batch size first")
+        return self._current[1]
+
+    # estimate probes (fake-safe replica of Trainer.train_step) -----------------------------
+    def estimate_step_factory(self, batch_size: int) -> ProbeStep:
+        config = self.probe_config(batch_size, estimate=True)
+        cpu = torch.device("cpu")
+        model, tokenizer = build_models(config)
+        model.set_activation_checkpointing(config.checkpoint_blocks)
+        steps: PredictorSteps | TokenizerSteps
+        steps = PredictorSteps(tokenizer, config.teacher_forcing) if tokenizer is not None else TokenizerSteps()
+        optimizer = build_optimizer(model, config, cpu)
+        slot = MeterSlot()
+        length = config.window_length
+        clip = config.effective_grad_clip
+
+        def batch() -> Any:
+            return steps.prepare(torch.randn(batch_size, length, 6), torch.zeros(batch_size, length, 5))
+
+        def run(meter: Any = None) -> None:
+            slot.target = meter
+            model.train()
+            with slot.phase("data"):
+                micro = batch()
+            with slot.phase("forward"), autocast_context(config, cpu):
+                loss = steps.loss(model, model, micro)
+            with slot.phase("backward"):
+                (loss / config.accumulation_steps).backward()
+            loss_sum = loss.detach().double()
+            with slot.phase("optimizer"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            del loss_sum
+
+        def evaluate(meter: Any = None) -> None:
+            slot.target = meter
+            model.eval()
+            try:
+                with slot.phase("eval"):
+                    micro = batch()
+                    with torch.no_grad(), autocast_context(config, cpu):
+                        steps.eval_sums(model, micro)
+            finally:
+                model.train()
+
+        def close() -> None:
+            slot.target = None
+            self._current = None
+
+        self._current = (batch_size, evaluate)
+        return ProbeStep(run, model, optimizer, on_close=close)
+
+    def estimate_eval_factory(self, batch_size: int) -> Callable[..., Any]:
+        return self._open(batch_size)
+
+    # running ----------------------------------------------------------------------------------
+    def run(self, budget_bytes: int, margin: float = 0.1, max_probes: int = 6, estimate: bool = False,
+            cuda_emulation: CudaEmulation | None = None, effective_batch: int | None = None, min_batch: int = 1,
+            max_batch: int = 4096, round_bytes: int = 1, on_probe: OnProbe | None = None) -> AutobatchResult:
+        """autobatch over this config: real Trainer steps on ``self.device``, or fake ones with ``estimate``."""
+        if estimate:
+            result = autobatch(self.estimate_step_factory, budget_bytes, margin=margin, max_probes=max_probes,
+                               min_batch=min_batch, max_batch=max_batch, eval_factory=self.estimate_eval_factory,
+                               estimate=True, effective_batch=effective_batch, cuda_emulation=cuda_emulation,
+                               on_probe=on_probe)
+        else:
+            result = autobatch(self.step_factory, budget_bytes, margin=margin, max_probes=max_probes,
+                               min_batch=min_batch, max_batch=max_batch, eval_factory=self.eval_factory,
+                               device=self.device, effective_batch=effective_batch, round_bytes=round_bytes,
+                               on_probe=on_probe)
+        result.notes[:0] = self.notes
+        return result
+
+    def close(self) -> None:
+        self._current = None
+        self._tmp.cleanup()
+
+    def __enter__(self) -> TrainTask:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

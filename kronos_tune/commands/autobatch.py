@@ -1,0 +1,234 @@
+"""`kronos-tune autobatch`: the largest batch (or prediction chunk) that fits a preset's device memory.
+
+Without a GPU of the preset's kind the probes run on the CPU against a
+simulated device of the preset's budget (exact live-tensor bytes, failing like
+CUDA when exceeded); `--estimate` runs them on fake tensors instead (nothing
+allocated, CUDA emulated for CUDA presets). Heavy imports happen inside the
+command so that `kronos-tune --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+
+from kronos_tune.errors import KronosTuneError
+
+if TYPE_CHECKING:
+    from kronos_tune.autobatch.search import AutobatchResult, Probe
+    from kronos_tune.presets import Preset
+
+TASKS = ("train", "predict")
+
+
+def _budget(preset: Preset, budget_gb: float | None) -> tuple[int, str]:
+    from kronos_tune.presets import BYTES_PER_GIB
+
+    if budget_gb is None:
+        hw = preset.hardware
+        overhead = f" minus {hw.cuda_context_overhead_gb:g} GiB CUDA context" if hw.cuda_context_overhead_gb else ""
+        return preset.budget_bytes, f"preset: {hw.memory_per_device_gb:g} GiB per device{overhead}"
+    if not math.isfinite(budget_gb) or budget_gb <= 0:
+        raise KronosTuneError(f"--budget-gb must be a positive number of GiB, got {budget_gb}")
+    return int(round(budget_gb * BYTES_PER_GIB)), f"--budget-gb {budget_gb:g} (GiB for tensors, no context subtracted)"
+
+
+def _probe_dict(probe: Probe) -> dict[str, Any]:
+    return {"batch_size": probe.batch_size, "peak_bytes": probe.peak_bytes, "status": probe.status,
+            "kind": probe.kind}
+
+
+def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions: list[str]) -> dict[str, Any]:
+    return {
+        "batch_size": result.batch_size,
+        "accumulation_steps": result.accumulation_steps,
+        "budget_bytes": result.budget_bytes,
+        "usable_bytes": result.usable_bytes,
+        "margin": result.margin,
+        "predicted_peak_bytes": result.predicted_peak_bytes,
+        "measured_peak_bytes": result.measured_peak_bytes,
+        "headroom_bytes": result.headroom_bytes,
+        "fixed_bytes": result.fixed_bytes,
+        "bytes_per_sample": result.bytes_per_sample,
+        "max_fit_batch_size": result.max_fit_batch_size,
+        "probes": [_probe_dict(p) for p in result.probes],
+        "search_time_s": result.search_time_s,
+        "step_time_s": result.step_time_s,
+        "device": device,
+        "simulated": simulated,
+        "estimate": result.estimate,
+        "notes": result.notes,
+        "assumptions": assumptions,
+    }
+
+
+def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: float, estimate: bool,
+                  as_json: bool, preset_dirs: list[Path] | None, max_probes: int) -> None:
+    from kronos_tune.autobatch.search import validate_margin
+
+    margin = validate_margin(margin)
+    if task not in TASKS:
+        raise KronosTuneError(f"--task must be one of {', '.join(TASKS)}, got '{task}'")
+    if max_probes < 2:
+        raise KronosTuneError(f"--max-probes must be at least 2 (a line needs two points), got {max_probes}")
+    from kronos_tune.presets import resolve_preset
+
+    preset = resolve_preset(preset_name, preset_dirs)
+    budget_bytes, budget_source = _budget(preset, budget_gb)
+    if estimate and task == "predict":
+        raise KronosTuneError("--estimate covers --task train only (prediction turns tensors into numpy arrays, "
+                              "which fake tensors cannot do); drop --estimate to measure the predict chunk")
+
+    import torch
+
+    from kronos_tune.autobatch import render
+
+    hw = preset.hardware
+    wants_cuda = hw.device == "cuda"
+    if estimate:
+        run_device = "cpu"
+        device = "fake tensors, CUDA emulated" if wants_cuda else "fake tensors, CPU accounting"
+        simulated = True
+    elif wants_cuda and torch.cuda.is_available():
+        run_device, device, simulated = "cuda", f"cuda ({torch.cuda.get_device_name()})", False
+    else:
+        run_device, device, simulated = "cpu", "cpu", wants_cuda
+    round_bytes = 512 if simulated and wants_cuda and not estimate else 1
+    assumptions = [f"budget {budget_bytes} bytes from {budget_source}"]
+    if simulated and not estimate:
+        assumptions.append(f"no CUDA device here: probes run for real on the CPU against a simulated "
+                           f"{budget_bytes / 2**30:.2f} GiB {hw.device} device (live tensor bytes counted exactly, "
+                           "in 512-byte blocks like CUDA's allocator; going over raises OutOfMemoryError); "
+                           "--estimate is faster")
+    if estimate:
+        assumptions.append("estimate: every probe runs on fake tensors (nothing allocated)")
+
+    console = Console(stderr=True) if as_json else Console()
+    progress = Console(stderr=True)
+    unit = "series per chunk" if task == "predict" else "batch size"
+
+    def on_probe(probe: Probe) -> None:
+        progress.print(f"[dim]  {render.probe_line(probe, unit)}[/]")
+
+    progress.print(f"[dim]autobatch {task} on preset {preset.name}: probing on {device}...[/]")
+    if task == "train":
+        payload, renderables = _train(preset, budget_bytes, margin, max_probes, estimate, run_device, round_bytes,
+                                      device, simulated, assumptions, on_probe)
+    else:
+        payload, renderables = _predict(preset, budget_bytes, margin, max_probes, run_device, round_bytes, device,
+                                        simulated, assumptions, on_probe)
+    if as_json:
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    console.print(*renderables)
+
+
+def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
+           round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
+    from kronos_tune.autobatch import render
+    from kronos_tune.autobatch.train_task import TrainTask, train_config_from_preset
+
+    config, config_notes = train_config_from_preset(preset)
+    effective = preset.workload.batch_size * preset.workload.accumulation_steps
+    with TrainTask(config, device=run_device) as task:
+        emulation = task.cuda_emulation() if estimate and preset.hardware.device == "cuda" else None
+        if emulation is not None:
+            assumptions.append(f"the CUDA context ({preset.hardware.cuda_context_overhead_gb:g} GiB) is already "
+                               "subtracted from the budget, so the emulation adds no context on top")
+            assumptions.extend(emulation.assumptions())
+        result = task.run(budget_bytes, margin=margin, max_probes=max_probes, estimate=estimate,
+                          cuda_emulation=emulation, effective_batch=effective, round_bytes=round_bytes,
+                          on_probe=on_probe)
+        final = task.final_config(result.batch_size, result.accumulation_steps)
+    result.notes[:0] = config_notes
+    assumptions.append(f"effective batch per device {effective} = preset batch_size x accumulation_steps, kept")
+    payload = _payload(result, device, simulated, assumptions)
+    payload["task"] = "train"
+    payload["preset"] = preset.name
+    payload["train_config"] = final.to_dict()
+    title = (f"autobatch: fine-tune Kronos-{config.model_size} on {preset.name} "
+             f"({'simulated on the CPU' if simulated and not estimate else device})")
+    snippet = render.toml_snippet(result.batch_size, result.accumulation_steps)
+    renderables = [
+        render.summary_table(result, title),
+        render.probes_table(result),
+        Panel(render.memory_plot(result), title="peak memory vs batch size", title_align="left", expand=False),
+        Panel(Syntax(snippet, "toml", theme="ansi_dark", background_color="default"),
+              title="paste into the preset's \\[workload] or a training config", title_align="left",
+              expand=False),
+        _notes(result.notes + assumptions),
+    ]
+    return payload, renderables
+
+
+def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, run_device: str, round_bytes: int,
+             device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
+    from kronos_tune.autobatch import render
+    from kronos_tune.autobatch.predict_task import PredictTask
+
+    task = PredictTask.from_preset(preset, device=run_device)
+    pick = task.run(budget_bytes, margin=margin, max_probes=max_probes, round_bytes=round_bytes, on_probe=on_probe)
+    result = pick.result
+    payload = _payload(result, device, simulated, assumptions)
+    payload["task"] = "predict"
+    payload["preset"] = preset.name
+    payload["batch_size"] = pick.max_batch_size  # sequences, what max_batch_size takes
+    payload["series_per_chunk"] = pick.series_per_chunk
+    payload["series_per_s"] = pick.median_series_per_s
+    payload["train_config"] = None
+    payload["predict_config"] = task.predict_config(pick)
+    rate = pick.median_series_per_s
+    extra = [("max_batch_size", f"[bold green]{pick.max_batch_size}[/] sequences "
+                                f"({pick.series_per_chunk} series x {pick.sample_count} samples)"),
+             ("throughput", f"{rate:.2f} series/s at the pick (without the meter)" if rate else "n/a")]
+    title = (f"autobatch: predict {preset.predict.series_count} series with Kronos-{task.model_size} on "
+             f"{preset.name} ({'simulated on the CPU' if simulated else device})")
+    snippet = f"max_batch_size = {pick.max_batch_size}\n"
+    renderables = [
+        render.summary_table(result, title, unit="series per chunk", per="per series", extra=extra),
+        render.probes_table(result, unit="series"),
+        Panel(render.memory_plot(result), title="peak memory vs series per chunk", title_align="left", expand=False),
+        Panel(Syntax(snippet, "toml", theme="ansi_dark", background_color="default"),
+              title="KronosPredictor(max_batch_size=...) / predict_batch(max_batch_size=...)", title_align="left",
+              expand=False),
+        _notes(result.notes + assumptions),
+    ]
+    return payload, renderables
+
+
+def _notes(lines: list[str]) -> Group:
+    from rich.text import Text
+
+    return Group(*(Text(f"• {line}", style="dim") for line in lines))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("autobatch")
+    def autobatch_command(
+        preset: Annotated[str, typer.Option("--preset", help="Preset name or .toml path (kronos-tune presets).")],
+        task: Annotated[str, typer.Option("--task", help="train: batch_size x accumulation_steps; predict: the "
+                                                         "prediction chunk (max_batch_size).")] = "train",
+        budget_gb: Annotated[Optional[float], typer.Option(
+            "--budget-gb", help="Device memory for tensors in GiB, replacing the preset's (memory minus CUDA "
+                                "context).")] = None,
+        margin: Annotated[float, typer.Option("--margin", help="Fraction of the budget to keep free, 0 <= F < 1.")]
+        = 0.1,
+        estimate: Annotated[bool, typer.Option("--estimate", help="Fake tensors instead of real steps: no "
+                                                                  "allocation, CUDA emulated for CUDA presets.")]
+        = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+        preset_dir: Annotated[Optional[list[Path]], typer.Option(
+            "--preset-dir", help="Extra folder of *.toml presets (repeatable).", file_okay=False)] = None,
+        max_probes: Annotated[int, typer.Option("--max-probes", help="Search probes at most (verification runs "
+                                                                     "come on top).")] = 6,
+    ) -> None:
+        """Find the largest batch size (or prediction chunk) that fits the preset's device memory."""
+        run_autobatch(preset, task, budget_gb, margin, estimate, as_json, preset_dir, max_probes)
