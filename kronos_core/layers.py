@@ -64,7 +64,8 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, length: int, start: int = 0) -> tuple[Tensor, Tensor]:
         """cos/sin tables of shape [1, 1, length, head_dim] for positions start..start+length-1."""
         end = start + length
-        key = (self.inv_freq.device, self.inv_freq.dtype, self.inv_freq.data_ptr())
+        # Rebuild when the buffer is replaced (moved, loaded, or a fake tensor in a memory estimate).
+        key = (self.inv_freq.device, self.inv_freq.dtype, type(self.inv_freq), id(self.inv_freq))
         if self._table_key != key or self._cos is None or self._cos.shape[2] < end:
             size = max(end, 64 if self._cos is None else 2 * self._cos.shape[2])
             positions = torch.arange(size, device=self.inv_freq.device).type_as(self.inv_freq)
