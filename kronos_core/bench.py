@@ -52,6 +52,8 @@ def _summary(values: list[float]) -> str:
 
 
 def bench_predict(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tokenizer = build_model(args.size, seed=args.seed), build_tokenizer(args.size, seed=args.seed)
     context = args.max_context or size_spec(args.size).context
@@ -61,15 +63,18 @@ def bench_predict(args: argparse.Namespace) -> int:
     paths = {"cached": True, "recompute": False}
     selected = [name for name in paths if args.paths in (name, "both")]
     predictors = {name: KronosPredictor(model, tokenizer, device=device, max_context=context, amp=amp,
-                                        use_cache=paths[name], max_batch_size=args.max_batch_size)
+                                        use_cache=paths[name], max_batch_size=args.max_batch_size,
+                                        window_mode=args.window_mode)
                   for name in selected}
     source = args.csv or "synthetic"
     print(f"Kronos-{args.size}, {args.series} series from {source}, lookback {args.lookback}, "
           f"pred_len {args.pred_len}, sample_count 1, greedy top_k=1, device {device}, amp {args.amp}, "
+          f"window mode {args.window_mode}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} repeats + 1 warm-up")
     if args.lookback + args.pred_len > context:
-        print(f"note: window slides after {context - args.lookback} steps (max_context {context}); "
-              f"the cached path re-fills exactly from then on")
+        after = "re-fills exactly" if args.window_mode == "refill" else "shifts (approximate)"
+        print(f"note: the window slides after {context - args.lookback} steps (max_context {context}); "
+              f"the cached path {after} from then on")
 
     def run(name: str):
         start = time.perf_counter()
@@ -119,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--max-context", type=int, default=None)
     predict.add_argument("--max-batch-size", type=int, default=None)
     predict.add_argument("--seed", type=int, default=0)
+    predict.add_argument("--window-mode", choices=["refill", "shift"], default="refill",
+                         help="after the window slides: exact re-fill (default) or approximate shift")
+    predict.add_argument("--threads", type=int, default=None, help="intra-op CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     return bench_predict(args)
 

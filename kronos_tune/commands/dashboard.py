@@ -1,0 +1,43 @@
+"""`kronos-tune dashboard`: the interactive terminal UI over telemetry, presets, the protocol and training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kronos_tune.telemetry import Sampler, validate_interval
+
+def dashboard(
+    preset: Annotated[Optional[str], typer.Option(
+        "--preset", help="Preset to start with (kronos-tune presets).")] = None,
+    preset_dir: Annotated[Optional[list[Path]], typer.Option(
+        "--preset-dir", help="Extra folder of preset TOML files (repeatable).")] = None,
+    interval: Annotated[float, typer.Option(
+        "--interval", help="Seconds between telemetry samples (0.05 to 10).")] = 0.5,
+    out: Annotated[Path, typer.Option("--out", help="Folder for benchmark runs, exported reports and training.",
+                                      file_okay=False)] = Path("runs/dashboard"),
+) -> None:
+    """Live GPU/host telemetry, the benchmark protocol, autobatch and training in one screen (? lists the keys)."""
+    from kronos_tune.presets import preset_dirs, resolve_preset
+
+    dirs = list(preset_dir or [])
+    interval_s = validate_interval(interval, where="--interval")
+    chosen = resolve_preset(preset, dirs) if preset is not None else None  # errors before the app starts
+    preset_dirs(dirs)  # a missing --preset-dir is an error now, not when the picker opens
+
+    from kronos_tune.tui.app import DashboardApp
+    from kronos_tune.tui.model import HISTORY_LENGTH
+
+    sampler = Sampler(interval_s=interval_s, capacity=HISTORY_LENGTH)
+    app = DashboardApp(preset=chosen, preset_dirs=dirs, sampler=sampler, out_dir=out)
+    try:
+        code = app.run()
+    finally:
+        sampler.close()
+    raise typer.Exit(code or 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dashboard")(dashboard)

@@ -1,0 +1,5 @@
+"""The `kronos-tune dashboard` Textual app: a view over telemetry, presets, the protocol, autobatch and training.
+
+Nothing in this package decides anything: it calls the same public functions
+the CLI calls and draws what they return or report.
+"""

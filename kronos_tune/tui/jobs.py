@@ -1,0 +1,136 @@
+"""The bodies of the dashboard's background jobs: the same public calls the CLI makes, reported as messages.
+
+Each function runs in a worker thread, takes `post` (the app's thread-safe
+`post_message`) and a `cancel` event, and ends by posting exactly one
+JobFinished. Nothing here touches a widget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual.message import Message
+
+from kronos_tune.presets import Preset
+from kronos_tune.tui.messages import JobFinished, LogLine, ProtocolEvent, TrainingStep
+
+if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
+    from kronos_core.train import StepRecord
+    from kronos_tune.autobatch import Probe
+    from kronos_tune.protocol import ProtocolOptions
+
+Post = Callable[[Message], object]
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: its first line, with the type when that is not a project error."""
+    from kronos_core.errors import KronosError
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, KronosError):
+        return text
+    name = type(error).__name__
+    return f"{name}: {text}" if text else name
+
+
+def _finish(post: Post, job: str, cancel: threading.Event, outcome: str, result: Any = None) -> None:
+    phase = "cancelled" if cancel.is_set() else "done"
+    post(JobFinished(job, phase, outcome, result))
+
+
+def benchmark(post: Post, preset: Preset, task: str, options: ProtocolOptions | None, out_dir: Path,
+              cancel: threading.Event) -> None:
+    """run_protocol for `task` ("train" or "predict") into `out_dir` (results.jsonl, reports, recommended.toml);
+    every protocol event is forwarded as a ProtocolEvent."""
+    job = f"benchmark {task}"
+    try:
+        from kronos_tune.protocol import ProtocolOptions, run_protocol
+
+        report = run_protocol(preset, task=task, options=options or ProtocolOptions(), out_dir=out_dir,
+                              resume=False, on_event=lambda event: post(ProtocolEvent(event)), cancel=cancel)
+    except Exception as error:  # the app stays up and shows the reason
+        post(JobFinished(job, "failed", one_line(error)))
+        return
+    counts: dict[str, int] = {}
+    for trial in report.trials:
+        counts[trial.status] = counts.get(trial.status, 0) + 1
+    summary = ", ".join(f"{count} {status}" for status, count in counts.items()) or "no trials"
+    _finish(post, job, cancel, f"{summary}; reports in {out_dir}", report)
+
+
+def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
+    """The largest training batch that fits the preset's per-device budget, probed with real training steps
+    (as `kronos-tune autobatch --preset NAME` does); each probe is a log line."""
+    job = "autobatch"
+    try:
+        import torch
+
+        from kronos_tune.autobatch import format_bytes, render
+        from kronos_tune.autobatch.train_task import TrainTask, train_config_from_preset
+
+        config, notes = train_config_from_preset(preset)
+        for note in notes:
+            post(LogLine(f"autobatch: {note}", "warning"))
+        wants_cuda = preset.hardware.device == "cuda"
+        device = "cuda" if wants_cuda and torch.cuda.is_available() else "cpu"
+        round_bytes = 512 if wants_cuda and device == "cpu" else 1  # a simulated CUDA allocator's blocks
+        effective = preset.workload.batch_size * preset.workload.accumulation_steps
+
+        def on_probe(probe: Probe) -> None:
+            post(LogLine(f"autobatch: {render.probe_line(probe)}"))
+            if cancel.is_set():
+                raise _Cancelled
+
+        with TrainTask(config, device=device) as task:
+            result = task.run(preset.budget_bytes, effective_batch=effective, round_bytes=round_bytes,
+                              on_probe=on_probe)
+    except _Cancelled:
+        post(JobFinished(job, "cancelled", "stopped after a probe"))
+        return
+    except Exception as error:
+        post(JobFinished(job, "failed", one_line(error)))
+        return
+    for note in result.notes:
+        post(LogLine(f"autobatch: {note}"))
+    outcome = (f"batch_size {result.batch_size} x accumulation {result.accumulation_steps} on {device}, "
+               f"predicted peak {format_bytes(result.predicted_peak_bytes)}, "
+               f"measured {format_bytes(result.measured_peak_bytes)} of {format_bytes(preset.budget_bytes)}")
+    _finish(post, job, cancel, outcome, result)
+
+
+class _Cancelled(Exception):
+    """Raised from a progress callback to leave a job that has no cancel argument of its own."""
+
+
+def train(post: Post, config_path: Path, out_dir: Path, cancel: threading.Event) -> None:
+    """kronos_core's Trainer on a TrainConfig TOML (recommended.toml); cancel stops at a step boundary."""
+    job = "training"
+    try:
+        from kronos_core.train import TrainConfig, Trainer
+
+        config = TrainConfig.from_toml(config_path).replace(output_dir=str(out_dir))
+        post(LogLine(f"training: {config.model_size} {config.what}, batch {config.batch_size} x "
+                     f"{config.accumulation_steps}, output {out_dir}"))
+        if cancel.is_set():
+            post(JobFinished(job, "cancelled", "cancelled before the first step"))
+            return
+        with Trainer(config) as trainer:
+            target = trainer.total_steps
+
+            def on_step(record: StepRecord) -> None:
+                post(TrainingStep(record, target))
+                if cancel.is_set():
+                    trainer.request_stop()
+
+            trainer.callback = on_step
+            summary = trainer.fit()
+    except Exception as error:
+        post(JobFinished(job, "failed", one_line(error)))
+        return
+    state = "stopped early (resumable)" if summary.interrupted else "done"
+    loss = "n/a" if summary.best_val_loss is None else f"{summary.best_val_loss:.4f}"
+    _finish(post, job, cancel, f"{summary.steps}/{summary.total_steps} steps, {state}, best val loss {loss}",
+            summary)

@@ -1,0 +1,152 @@
+"""What the dashboard shows, kept apart from how: telemetry history, the run in progress, finished trials.
+
+Plain Python (no Textual): the app feeds it snapshots and events, the widgets
+read it. Nothing here measures or decides anything about a run; it only
+remembers what the sampler, the protocol and the trainer reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kronos_tune.telemetry import Snapshot
+from kronos_tune.tui.format import ratio
+
+HISTORY_LENGTH = 240
+
+
+def _number(value: float | int | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class TelemetryHistory:
+    """The last `length` readings of every plotted series, keyed `ram`, `cpu`, `rss`, `gpu0.memory`..."""
+
+    def __init__(self, length: int = HISTORY_LENGTH) -> None:
+        self.length = length
+        self._series: dict[str, deque[float]] = {}
+        self.latest: Snapshot | None = None
+
+    def _push(self, key: str, value: float | int | None) -> None:
+        self._series.setdefault(key, deque(maxlen=self.length)).append(_number(value))
+
+    def add(self, snapshot: Snapshot) -> None:
+        host = snapshot.host
+        memory = ratio(host.ram_used_bytes, host.ram_total_bytes)
+        self._push("ram", None if memory is None else 100.0 * memory)
+        self._push("cpu", host.cpu_percent_total)
+        self._push("rss", host.process_tree_rss_bytes)
+        for gpu in snapshot.gpus:
+            used = ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)
+            self._push(f"gpu{gpu.index}.memory", None if used is None else 100.0 * used)
+            self._push(f"gpu{gpu.index}.util", gpu.utilization_pct)
+            self._push(f"gpu{gpu.index}.power", gpu.power_w)
+        self.latest = snapshot
+
+    def series(self, key: str) -> list[float]:
+        return list(self._series.get(key, ()))
+
+
+@dataclass
+class RunState:
+    """The job in progress (or the last one): which, how far, and its live step series."""
+
+    job: str | None = None  # "benchmark train", "benchmark predict", "autobatch", "training"
+    phase: str = "idle"  # idle, running, cancelling, done, cancelled, failed
+    outcome: str = ""  # one line about how the last job ended
+    trial: str | None = None
+    trial_index: int = 0  # 1-based
+    trial_total: int = 0
+    step: int = 0
+    steps_target: int | None = None
+    loss: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
+    step_time_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
+    tokens_per_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
+
+    @property
+    def busy(self) -> bool:
+        return self.phase in ("running", "cancelling")
+
+    def begin(self, job: str) -> None:
+        self.job, self.phase, self.outcome = job, "running", ""
+        self.trial, self.trial_index, self.trial_total = None, 0, 0
+        self._reset_steps(None)
+
+    def _reset_steps(self, target: int | None) -> None:
+        self.step, self.steps_target = 0, target
+        self.loss.clear()
+        self.step_time_s.clear()
+        self.tokens_per_s.clear()
+
+    def begin_trial(self, name: str, index: int, total: int, steps_target: int | None = None) -> None:
+        self.trial, self.trial_index, self.trial_total = name, index, total
+        self._reset_steps(steps_target)
+
+    def add_step(self, step: int, loss: float, step_time_s: float, tokens_per_s: float) -> None:
+        self.step = step
+        self.loss.append(loss)
+        self.step_time_s.append(step_time_s)
+        self.tokens_per_s.append(tokens_per_s)
+
+    def cancelling(self) -> None:
+        if self.busy:
+            self.phase = "cancelling"
+
+    def end(self, phase: str, outcome: str) -> None:
+        self.phase, self.outcome = phase, outcome
+
+
+@dataclass(frozen=True)
+class Column:
+    """One results-table column: its key, header, and how to sort by it (None values sort last)."""
+
+    key: str
+    label: str
+    sort_value: Callable[[Any], Any]
+
+
+class ResultsModel:
+    """Finished trials in arrival order, shown sorted by one column (arrival order when none)."""
+
+    def __init__(self, columns: Sequence[Column]) -> None:
+        self.columns = {column.key: column for column in columns}
+        self.results: list[Any] = []
+        self.sort_key: str | None = None
+        self.reverse = False
+
+    def add(self, result: Any) -> None:
+        """A finished trial; a second result with the same name replaces the first (a resumed run)."""
+        self.results = [r for r in self.results if r.name != result.name]
+        self.results.append(result)
+
+    def sort_by(self, key: str | None) -> None:
+        """Sort by `key`; asking for the current key again flips the order; None restores arrival order."""
+        if key is not None and key not in self.columns:
+            raise KeyError(key)
+        if key == self.sort_key and key is not None:
+            self.reverse = not self.reverse
+        else:
+            self.sort_key, self.reverse = key, False
+
+    def cycle_sort(self) -> None:
+        """The next column (after the last one: arrival order)."""
+        keys = list(self.columns)
+        if self.sort_key is None:
+            self.sort_by(keys[0])
+        else:
+            index = keys.index(self.sort_key) + 1
+            self.sort_key, self.reverse = (keys[index] if index < len(keys) else None), False
+
+    def rows(self) -> list[Any]:
+        """The trials in display order; the ones without a value in the sort column go last."""
+        if self.sort_key is None:
+            return list(reversed(self.results)) if self.reverse else list(self.results)
+        column = self.columns[self.sort_key]
+        known = [r for r in self.results if column.sort_value(r) is not None]
+        unknown = [r for r in self.results if column.sort_value(r) is None]
+        known.sort(key=column.sort_value, reverse=self.reverse)
+        return known + unknown

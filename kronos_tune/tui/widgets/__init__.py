@@ -1,0 +1,10 @@
+"""Dashboard widgets: each receives ready data through a `show(...)` method and only draws it."""
+
+from kronos_tune.tui.widgets.gpu import GpuPanel, NoGpuPanel
+from kronos_tune.tui.widgets.header import StatusBar
+from kronos_tune.tui.widgets.host import HostPanel
+from kronos_tune.tui.widgets.log import LogPane
+from kronos_tune.tui.widgets.results import ResultsTable, columns
+from kronos_tune.tui.widgets.run import RunPanel
+
+__all__ = ["GpuPanel", "HostPanel", "LogPane", "NoGpuPanel", "ResultsTable", "RunPanel", "StatusBar", "columns"]

@@ -1,0 +1,131 @@
+"""The protocol's trials as a table, one row per finished trial; sorting is the ResultsModel's job.
+
+Each figure cell shows the value and, for trials other than the baseline, its
+change vs the baseline as the protocol's report classifies it: green when
+better, red when worse, dim with "~" when inside the noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
+
+from kronos_tune.tui.format import duration, gib, rate
+from kronos_tune.tui.model import Column
+
+if TYPE_CHECKING:
+    from kronos_tune.protocol import TrialResult
+
+STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skipped": "dim", "cancelled": "yellow"}
+NOTE_WIDTH = 44  # the reason column wraps at this width
+TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
+
+
+def figure(result: TrialResult, key: str, render: Callable[[Any], str]) -> Text:
+    """The value of `key` and its delta, right-aligned; '–' when the trial has no such figure."""
+    from kronos_tune.protocol.report import delta_cell  # only imported once there are results to draw
+
+    value = getattr(result, key)
+    text = Text("–" if value is None else render(value), style="dim" if value is None else "")
+    delta = delta_cell(result.deltas.get(key), key)  # the protocol's verdict: good, bad or noise ("~")
+    if delta.text:
+        text.append(" " + delta.text, style=TONE_STYLES.get(delta.tone, ""))
+    text.justify = "right"
+    return text
+
+
+def _loss(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def _mfu(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _speedup(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+# (key, header, how to draw the value) per task; the first three columns are the same for both.
+FIGURES: dict[str, tuple[tuple[str, str, Callable[[Any], str]], ...]] = {
+    "train": (
+        ("step_time_s", "step time", duration),
+        ("tokens_per_s", "tokens/s", rate),
+        ("peak_memory_bytes", "peak mem", gib),
+        ("val_loss", "val loss", _loss),
+        ("projected_train_time_s", "full run", duration),
+        ("mfu", "MFU", _mfu),
+    ),
+    "predict": (
+        ("series_per_s", "series/s", rate),
+        ("tokens_per_s", "tokens/s", rate),
+        ("peak_memory_bytes", "peak mem", gib),
+        ("speedup", "speed-up", _speedup),
+        ("projected_predict_time_s", "full run", duration),
+        ("output_max_abs_diff", "max diff", lambda v: f"{v:.2g}"),
+    ),
+}
+
+
+def columns(task: str) -> tuple[Column, ...]:
+    """The sortable columns for `task` (train or predict); None values sort last."""
+    head = (
+        Column("name", "trial", lambda r: r.name),
+        Column("stage", "stage", lambda r: r.stage),
+        Column("status", "status", lambda r: r.status),
+    )
+    body = tuple(Column(key, label, lambda r, key=key: getattr(r, key)) for key, label, _ in FIGURES[task])
+    return head + body + (Column("reason", "note", lambda r: r.reason or ""),)
+
+
+def note(result: TrialResult) -> Text:
+    """Why a trial did not run ok (its one-line reason), or that it failed the protocol's quality guard."""
+    if result.reason:
+        return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
+    if result.quality is not None and not result.quality.get("passed", True):
+        return Text("quality guard: val loss worse than the noise allows", style="red")
+    return Text("")
+
+
+def row_cells(result: TrialResult, task: str) -> list[Text]:
+    """One table row: name, stage, status, the task's figures with their deltas, the note."""
+    cells = [
+        Text(result.name, style="bold"),
+        Text(result.stage, style="dim"),
+        Text(result.status, style=STATUS_STYLES.get(result.status, "")),
+    ]
+    cells += [figure(result, key, render) for key, _, render in FIGURES[task]]
+    cells.append(note(result))
+    return cells
+
+
+class ResultsTable(DataTable):
+    """Rebuilt from the model's sorted rows whenever a trial finishes or the order changes."""
+
+    def __init__(self) -> None:
+        super().__init__(id="results", cursor_type="row", zebra_stripes=True)
+        self.border_title = "Results"
+        self.shown_task: str | None = None
+
+    def show(self, task: str, rows: Sequence[TrialResult], sort_key: str | None, reverse: bool) -> None:
+        if task != self.shown_task:
+            self.clear(columns=True)
+            for column in columns(task):
+                width = NOTE_WIDTH if column.key == "reason" else None
+                self.add_column(column.label, key=column.key, width=width)
+            self.shown_task = task
+        arrow = "▼" if reverse else "▲"
+        for column in columns(task):  # the sorted column's header carries the arrow
+            self.columns[ColumnKey(column.key)].label = Text(
+                f"{column.label} {arrow}" if column.key == sort_key else column.label)
+        self.clear()
+        for result in rows:
+            self.add_row(*row_cells(result, task), key=result.name, height=None)  # long notes wrap
+        labels = {c.key: c.label for c in columns(task)}
+        order = "arrival order" if sort_key is None else f"by {labels[sort_key]} {arrow}"
+        count = f"{len(rows)} trial" + ("" if len(rows) == 1 else "s")
+        self.border_title = f"Results ({task}) · {count} · {order}"

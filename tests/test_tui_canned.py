@@ -1,0 +1,136 @@
+"""Canned telemetry and presets for the dashboard tests (no tests here; imported by the test_tui_* modules)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from kronos_tune.nvml import GpuProcessMemory, GpuSnapshot
+from kronos_tune.telemetry import HostSnapshot, Snapshot
+
+GIB = 2**30
+NO_GPU_REASON = "NVML library not found: no NVIDIA driver on this machine"
+
+TINY_PRESET = """\
+name = "{name}"
+description = "Test-only: the tiny model on the CPU, a few seconds per trial."
+
+[hardware]
+device = "cpu"
+device_count = 1
+memory_per_device_gb = {memory_gb}
+bf16_supported = false
+cuda_context_overhead_gb = 0.0
+
+[workload]
+model_size = "tiny"
+tokenizer = "tiny"
+lookback_window = 16
+predict_window = 4
+batch_size = 8
+accumulation_steps = 1
+epochs = 1
+samples_per_epoch = 32
+eval_samples = 16
+
+[predict]
+series_count = 2
+lookback = 32
+pred_len = 4
+sample_count = 1
+"""
+
+
+def write_tiny_preset(folder: Path, name: str = "tiny-cpu", memory_gb: float = 0.5) -> Path:
+    """A preset TOML for the tiny model in `folder`; returns the folder (for --preset-dir)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.toml").write_text(TINY_PRESET.format(name=name, memory_gb=memory_gb), encoding="utf-8")
+    return folder
+
+
+def host(i: int, cores: int = 8) -> HostSnapshot:
+    """A host whose readings move with `i` (fixed numbers: the same `i` always gives the same snapshot)."""
+    return HostSnapshot(
+        ram_used_bytes=int((6 + 2 * math.sin(i / 3)) * GIB), ram_total_bytes=16 * GIB,
+        ram_available_bytes=8 * GIB, swap_used_bytes=GIB // 4, swap_total_bytes=2 * GIB,
+        cpu_percent_per_core=tuple(float((i * 7 + core * 23) % 100) for core in range(cores)),
+        cpu_percent_total=float((i * 11) % 100), process_rss_bytes=int(1.5 * GIB),
+        process_tree_rss_bytes=int((1.5 + 0.02 * i) * GIB), child_count=2,
+    )
+
+
+def two_gpus(i: int) -> tuple[GpuSnapshot, ...]:
+    """Two H100s: the first busy with our job, the second nearly idle and without a power sensor."""
+    return (
+        GpuSnapshot(0, "NVIDIA H100 80GB HBM3", int((20 + i) * GIB), 80 * GIB, float((i * 13) % 100), 64.0, 512.0,
+                    700.0, 12 * GIB, 2 * GIB, (GpuProcessMemory(1234, 12 * GIB, True),)),
+        GpuSnapshot(1, "NVIDIA H100 80GB HBM3", 3 * GIB, 80 * GIB, 0.0, 41.0, None, 700.0, 1 * GIB, 0,
+                    (GpuProcessMemory(1235, 1 * GIB, True),)),
+    )
+
+
+def snapshot(i: int, gpus: bool = True) -> Snapshot:
+    return Snapshot(
+        timestamp_s=1_700_000_000.0 + i, host=host(i), gpus=two_gpus(i) if gpus else (),
+        gpu_unavailable_reason=None if gpus else NO_GPU_REASON, torch_cuda=None, sample_cost_s=0.001,
+    )
+
+
+def series(count: int, gpus: bool = True) -> list[Snapshot]:
+    return [snapshot(i, gpus) for i in range(count)]
+
+
+def trial_results() -> list:
+    """Eight finished train trials as the protocol reports them: ok with deltas (some inside the noise),
+    skipped, out of memory and failed with their one-line reasons."""
+    from kronos_tune.protocol.records import Delta, Spread, TrialResult
+
+    def ok(name: str, stage: str, step: float, spread: float, tokens: float, peak_gib: float, loss: float,
+           deltas: dict[str, Delta]) -> TrialResult:
+        return TrialResult(
+            name=name, stage=stage, status="ok", step_time_s=Spread(step, step - spread, step + spread, 5),
+            samples_per_s=Spread(16 / step, 16 / (step + spread), 16 / (step - spread), 5),
+            tokens_per_s=Spread(tokens, tokens * 0.97, tokens * 1.03, 5), peak_memory_bytes=int(peak_gib * GIB),
+            val_loss=loss, projected_train_time_s=16 * step, mfu=None, deltas=deltas)
+
+    return [
+        ok("baseline", "baseline", 1.52, 0.04, 1060.0, 2.41, 7.0412, {}),
+        ok("noise-probe", "baseline", 1.54, 0.05, 1046.0, 2.41, 7.0412,
+           {"step_time_s": Delta(1.3, True), "tokens_per_s": Delta(-1.3, True),
+            "peak_memory_bytes": Delta(0.0, True), "val_loss": Delta(0.0, True)}),
+        TrialResult(name="bf16", stage="single", status="skipped",
+                    reason="the preset's hardware has no bf16 (hardware.bf16_supported = false)"),
+        ok("checkpointing", "single", 1.71, 0.03, 943.0, 1.62, 7.0409,
+           {"step_time_s": Delta(12.5, False), "tokens_per_s": Delta(-11.0, False),
+            "peak_memory_bytes": Delta(-32.8, False), "val_loss": Delta(-0.004, True),
+            "projected_train_time_s": Delta(12.5, False)}),
+        ok("dataloader", "single", 1.31, 0.06, 1230.0, 2.45, 7.0412,
+           {"step_time_s": Delta(-13.8, False), "tokens_per_s": Delta(16.0, False),
+            "peak_memory_bytes": Delta(1.7, True), "val_loss": Delta(0.0, True),
+            "projected_train_time_s": Delta(-13.8, False)}),
+        TrialResult(name="autobatch", stage="single", status="oom",
+                    reason="simulated device out of memory in backward: tried to reach 8.41 GiB, budget 8.00 GiB"),
+        TrialResult(name="compile", stage="single", status="failed",
+                    reason="torch.compile needs a C compiler: install gcc or skip the compile trial"),
+        ok("combined", "combined", 1.30, 0.05, 1240.0, 2.45, 7.0413,
+           {"step_time_s": Delta(-14.5, False), "tokens_per_s": Delta(17.0, False),
+            "peak_memory_bytes": Delta(1.7, True), "val_loss": Delta(0.001, True),
+            "projected_train_time_s": Delta(-14.5, False)}),
+    ]
+
+
+def trial_in_flight() -> list:
+    """The protocol's events for a trial four steps into its 1 warm-up + 5 measured steps."""
+    from kronos_core.train import StepRecord
+    from kronos_tune.protocol.records import TrialSpec, TrialStarted, TrialStep
+
+    spec = TrialSpec("checkpointing", "single", {"activation_checkpointing": "all"}, None,
+                     description="activation checkpointing of every transformer block", warmup_steps=1,
+                     measured_steps=5)
+    events: list = [TrialStarted(spec, 4, 13)]
+    for step, (loss, seconds) in enumerate([(7.21, 9.8), (7.12, 6.1), (7.05, 5.9), (6.98, 6.0)], start=1):
+        record = StepRecord(step=step, epoch=0, micro_steps=1, samples=16, tokens=16 * 100, loss=loss, lr=4e-5,
+                            grad_norm=1.0, data_time_s=0.01, forward_time_s=seconds / 3, backward_time_s=seconds / 2,
+                            optimizer_time_s=0.1, step_time_s=seconds)
+        events.append(TrialStep(spec.name, record))
+    return events

@@ -1,0 +1,235 @@
+"""Dashboard jobs for real on the tiny preset: autobatch, the benchmark protocol, training, cancel, export, quit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from textual import events
+
+from kronos_tune.presets import resolve_preset
+from kronos_tune.protocol import ProtocolOptions, plan_trials
+from kronos_tune.telemetry import Sampler
+from kronos_tune.tui.app import DashboardApp
+from kronos_tune.tui.widgets import LogPane, ResultsTable, RunPanel, StatusBar
+from test_tui_canned import write_tiny_preset
+
+
+def _log(app: DashboardApp) -> str:
+    return "\n".join(app.query_one(LogPane).lines_written)
+
+
+async def _until(pilot, condition, what: str, limit_s: float = 120.0) -> None:
+    """Let the app run until `condition()`; a safety limit against hangs, not a timing assertion."""
+    async def wait() -> None:
+        while not condition():
+            await pilot.pause(0.05)
+    try:
+        await asyncio.wait_for(wait(), limit_s)
+    except asyncio.TimeoutError:
+        pytest.fail(f"never happened: {what}")
+
+
+async def _until_training(pilot, app: DashboardApp, trial: str | None = None) -> None:
+    """Wait for a step of `trial` (any trial when None); fail at once if the job ended instead."""
+    def stepping() -> bool:
+        return app.run_state.step >= 1 and (trial is None or app.run_state.trial == trial)
+    await _until(pilot, lambda: stepping() or not app.busy, f"a training step of {trial or 'a trial'}")
+    assert stepping(), f"the job ended first: {app.run_state.phase}: {app.run_state.outcome}"
+
+
+async def _key(pilot, key: str) -> None:
+    """A key as the terminal driver delivers it. Pilot.press also waits until the process looks idle (up to
+    1 s, twice), which it never does while a job trains in its thread; this returns once the app handled it."""
+    pilot.app.post_message(events.Key(key, " " if key == "space" else key if len(key) == 1 else None))
+    await pilot.pause(0.01)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path):
+    folder = write_tiny_preset(tmp_path / "presets")
+    return resolve_preset("tiny-cpu", [folder]), folder
+
+
+@pytest.mark.asyncio
+async def test_autobatch_runs_in_a_worker(tiny, tmp_path: Path) -> None:
+    preset, folder = tiny
+    app = DashboardApp(preset=preset, preset_dirs=[folder], out_dir=tmp_path / "out", timestamps=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("a")
+        assert app.run_state.job == "autobatch"
+        await _until(pilot, lambda: not app.busy, "autobatch finished")
+        await pilot.pause()
+        assert app.run_state.phase == "done", app.run_state.outcome
+        assert app.run_state.outcome.startswith("batch_size ")
+        log = _log(app)
+        assert "autobatch: probe batch 1: " in log and "(ok, " in log
+        assert "autobatch done: batch_size" in log
+        assert "autobatch: done" in app.query_one(StatusBar).render().plain
+        assert "done" in app.query_one(RunPanel).render().plain
+
+
+@pytest.mark.asyncio
+async def test_cancelled_autobatch_stops_after_a_probe(tiny, tmp_path: Path) -> None:
+    preset, folder = tiny
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", timestamps=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _key(pilot, "a")
+        await _key(pilot, "c")  # while the first probe runs
+        assert app.run_state.phase == "cancelling"
+        await _until(pilot, lambda: not app.busy, "autobatch stopped")
+        await pilot.pause()
+        assert app.run_state.phase == "cancelled"
+        log = _log(app)
+        assert "autobatch cancelled: stopped after a probe" in log
+        assert log.count("autobatch: probe batch") == 1 and "autobatch done" not in log
+
+
+def _rows(app: DashboardApp) -> dict[str, list[str]]:
+    table = app.query_one(ResultsTable)
+    rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+    return {row[0]: row for row in rows}
+
+
+@pytest.mark.asyncio
+async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp_path: Path) -> None:
+    preset, folder = tiny
+    out = tmp_path / "out"
+    options = ProtocolOptions(steps=2, warmup=2, only=("checkpointing",))
+    specs = plan_trials(preset, "train", options)
+    planned, steps = [spec.name for spec in specs], specs[0].total_steps
+    app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _key(pilot, "b")
+        await _until_training(pilot, app, "baseline")
+        assert app.run_state.steps_target == steps  # warm-up + measured (+ padding)
+        run_panel = app.query_one(RunPanel).render().plain
+        assert f"trial 1/{len(planned)} baseline" in run_panel and "loss" in run_panel
+        assert f"step {app.run_state.step}/{steps}" in run_panel
+        await _until(pilot, lambda: not app.busy, "the protocol finished")
+        await pilot.pause()
+        assert app.run_state.phase == "done", app.run_state.outcome
+        rows = _rows(app)
+        assert rows["baseline"][2] == "ok" and rows["checkpointing"][2] == "ok"
+        assert "%" in rows["checkpointing"][5]  # peak memory with its delta vs the baseline
+        assert rows["compile"][2] == "skipped" and rows["compile"][-1] == "not selected by --only"
+        assert sorted(rows) == sorted(planned)
+        log = _log(app)
+        assert f"trial 1/{len(planned)}: baseline (baseline)" in log and "checkpointing: ok, step" in log
+        ok = sum(row[2] == "ok" for row in rows.values())
+        assert ok >= 3 and f"benchmark train done: {ok} ok, {len(planned) - ok} skipped; reports in" in log
+        assert (out / "tiny-cpu-train" / "results.jsonl").is_file()
+        assert app.recommended == out / "tiny-cpu-train" / "recommended.toml"
+
+        await pilot.press("e")
+        await _until(pilot, lambda: "exported" in _log(app), "the export")
+        exported = next((out / "reports").iterdir())
+        assert exported.name.startswith("tiny-cpu-train-")
+        assert {p.name for p in exported.iterdir()} >= {"report.json", "report.csv", "report.md", "recommended.toml"}
+        assert str(exported) in _log(app)
+
+        await _key(pilot, "t")
+        await _until(pilot, lambda: not app.busy, "training finished")
+        await pilot.pause()
+        assert app.run_state.job == "training" and app.run_state.phase == "done", app.run_state.outcome
+        assert app.run_state.step == app.run_state.steps_target == 4  # 32 samples / batch 8
+        assert "step 4/4" in app.query_one(RunPanel).render().plain
+        assert (out / "tiny-cpu-training" / "checkpoints" / "last.pt").is_file()
+        assert "training done: 4/4 steps, done" in _log(app)
+
+
+@pytest.mark.asyncio
+async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, tmp_path: Path) -> None:
+    preset, folder = tiny
+    out = tmp_path / "out"
+    options = ProtocolOptions(steps=20, warmup=2, only=("checkpointing",))
+    app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _key(pilot, "b")
+        await _until_training(pilot, app, "baseline")
+        await _key(pilot, "space")  # keys are answered while the trial trains in its thread
+        assert app.paused and app.run_state.trial == "baseline" and app.busy
+        await _key(pilot, "space")
+        await _key(pilot, "a")  # one job at a time
+        assert "benchmark train is still running: wait for it or cancel it (c) first" in _log(app)
+        await _until_training(pilot, app, "noise-probe")
+        await _key(pilot, "c")
+        assert app.run_state.phase == "cancelling" and app.run_state.trial == "noise-probe"
+        await _until(pilot, lambda: not app.busy, "the protocol stopped")
+        await pilot.pause()
+        assert app.run_state.phase == "cancelled"
+        rows = _rows(app)
+        assert rows["baseline"][2] == "ok"  # finished before the cancel: kept
+        assert rows["noise-probe"][2] == "cancelled" and rows["noise-probe"][-1].startswith("cancelled after")
+        assert "checkpointing" not in rows  # never started
+        assert app.report is not None and app.report.cancelled
+        await pilot.press("e")  # a cancelled run still exports what it has
+        await _until(pilot, lambda: "exported" in _log(app), "the export")
+        assert "benchmark train cancelled" in _log(app)
+
+
+@pytest.mark.asyncio
+async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_path: Path) -> None:
+    folder = write_tiny_preset(tmp_path / "presets", name="tiny-2mib", memory_gb=0.002)
+    preset = resolve_preset("tiny-2mib", [folder])
+    options = ProtocolOptions(steps=2, warmup=2, only=("checkpointing",))
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _key(pilot, "b")
+        await _until(pilot, lambda: not app.busy, "the protocol ended")
+        await pilot.pause()
+        baseline = _rows(app)["baseline"]
+        assert baseline[2] == "oom" and "simulated device out of memory" in baseline[-1]
+        assert "baseline: oom: simulated device out of memory" in _log(app)
+        await _key(pilot, "space")  # still answering keys
+        assert app.paused
+
+
+@pytest.mark.asyncio
+async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
+    preset, folder = tiny
+    options = ProtocolOptions(steps=2, warmup=2, only=("kv-cache",), predict_repeats=2)
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("B")
+        assert app.run_state.job == "benchmark predict"
+        await _until(pilot, lambda: not app.busy, "the predict protocol finished")
+        await pilot.pause()
+        assert app.run_state.phase == "done", app.run_state.outcome
+        rows = _rows(app)
+        assert rows["recompute"][2] == "ok" and rows["kv-cache"][2] == "ok"
+        assert "series/s" in [str(c.label) for c in app.query_one(ResultsTable).columns.values()]
+        assert rows["kv-cache"][6].endswith("×")  # the speed-up over full recompute
+        await pilot.press("t")  # a predict benchmark recommends no training config
+        assert "no recommended.toml yet" in _log(app)
+
+
+def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
+    """q sets the cancel event, waits for the worker's step, stops the sampler; then every thread is gone."""
+    preset, folder = tiny
+    before = {thread.ident for thread in threading.enumerate()}
+    sampler = Sampler(interval_s=0.1, capacity=50)
+    options = ProtocolOptions(steps=30, warmup=2, only=("checkpointing",))
+    app = DashboardApp(preset=preset, sampler=sampler, out_dir=tmp_path / "out", protocol_options=options)
+
+    async def session() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await _key(pilot, "b")
+            await _until_training(pilot, app)
+            await _key(pilot, "q")
+            await _until(pilot, lambda: not app.is_running, "the app exited", limit_s=60)
+        assert not app.busy  # the worker finished its step and returned before the app exited
+        assert not sampler.running
+        assert app.return_value == 0
+        # nothing of ours is left: only idle executor threads of this event loop, which asyncio.run joins
+        ours = [t for t in threading.enumerate() if t.ident not in before and not t.name.startswith("asyncio_")]
+        assert ours == []
+
+    asyncio.run(session())
+    assert {thread.ident for thread in threading.enumerate()} <= before
+    assert psutil.Process().children() == []
+    results = (tmp_path / "out" / "tiny-cpu-train" / "results.jsonl").read_text()
+    assert '"status": "cancelled"' in results  # the trial in flight was recorded as cancelled

@@ -1,0 +1,75 @@
+"""Snapshot tests of the dashboard with canned telemetry: 2 GPUs and no GPU, at 80x24 and 160x48.
+
+Regenerate after a deliberate change with `pytest tests/test_tui_snapshots.py --snapshot-update`
+and look at the SVGs under tests/__snapshots__/ before committing them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from textual.pilot import Pilot
+
+from kronos_tune.presets import resolve_preset
+from kronos_tune.tui.app import DashboardApp
+from kronos_tune.protocol.records import TrialFinished
+from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
+from test_tui_canned import series, trial_in_flight, trial_results
+
+SIZES = [(80, 24), (160, 48)]
+
+
+def canned_app() -> DashboardApp:
+    """The dashboard without a live sampler: telemetry comes only from the test."""
+    return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False)
+
+
+def feed(count: int, gpus: bool, trials: bool = False, running: bool = False):
+    async def run_before(pilot: Pilot) -> None:
+        app = pilot.app
+        for snapshot in series(count, gpus):
+            app.post_message(TelemetryUpdated(snapshot))
+        for result in trial_results() if trials else ():
+            app.post_message(ProtocolEvent(TrialFinished(result)))
+        if running:  # as if `b` had started the protocol and it were four steps into its fifth trial
+            app.run_state.begin("benchmark train")
+            for event in trial_in_flight():
+                app.post_message(ProtocolEvent(event))
+        await pilot.pause()
+        await pilot.wait_for_scheduled_animations()
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main_screen_two_gpus(snap_compare, size: tuple[int, int]) -> None:
+    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=True))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main_screen_without_gpu(snap_compare, size: tuple[int, int]) -> None:
+    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False))
+
+
+def test_too_small_terminal(snap_compare) -> None:
+    assert snap_compare(canned_app(), terminal_size=(60, 20), run_before=feed(3, gpus=True))
+
+
+def test_help_screen(snap_compare) -> None:
+    assert snap_compare(canned_app(), terminal_size=(100, 30), press=["question_mark"],
+                        run_before=feed(3, gpus=False))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_results_table_with_canned_trials(snap_compare, size: tuple[int, int]) -> None:
+    """Deltas green (better) / red (worse) / dim with ~ (noise); skipped, OOM and failed rows show their reason."""
+    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, trials=True))
+
+
+def test_results_sorted_by_step_time(snap_compare) -> None:
+    assert snap_compare(canned_app(), terminal_size=(160, 48), press=["s", "s", "s", "s"],
+                        run_before=feed(5, gpus=True, trials=True))
+
+
+def test_run_panel_during_a_trial(snap_compare) -> None:
+    """Trial 5/13 at step 4/6 with its loss, step time and throughput sparklines, rows already in."""
+    assert snap_compare(canned_app(), terminal_size=(160, 48), run_before=feed(60, gpus=True, trials=True,
+                                                                                running=True))
