@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ WORKLOAD_FIELDS = ("model_size", "lookback_window", "predict_window", "batch_siz
 def preset_train_fields(preset: Preset) -> dict[str, Any]:
     """The TrainConfig keys a preset's workload sets (plain values, as in TOML)."""
     fields = {key: getattr(preset.workload, key) for key in WORKLOAD_FIELDS}
+    fields["eval_samples"] = max(fields["eval_samples"], 1)
     fields["device"] = preset.hardware.device if preset.hardware.device in ("cpu", "cuda") else "auto"
     return fields
 
@@ -28,11 +30,17 @@ def runnable_device(preset: Preset) -> tuple[str, str | None]:
     return preset.hardware.device, None
 
 
-def train_config_for_preset(preset: Preset, **overrides: Any) -> TrainConfig:
-    """TrainConfig for the preset's workload on a device this machine has, with overrides applied."""
+def train_config_from_preset(preset: Preset, **overrides: Any) -> tuple[TrainConfig, list[str]]:
+    """TrainConfig for the preset's workload on a device this machine has (overrides applied last),
+    plus notes on what had to be adapted."""
     fields = preset_train_fields(preset)
-    fields["device"], _ = runnable_device(preset)
-    if fields["device"] == "cpu" and fields["amp"] == "fp16":
-        fields["amp"] = "none"
+    device, note = runnable_device(preset)
+    notes = [note] if note else []
+    fields["device"] = device
+    fields["output_dir"] = str(Path("runs") / preset.name)
+    if device != "cuda" and fields["amp"] == "fp16":
+        fields["amp"] = "bf16"
+        notes.append('amp fp16 needs a CUDA device, none is visible: the config uses bf16 (same activation '
+                     'bytes); set amp = "fp16" again on the GPU')
     fields.update(overrides)
-    return TrainConfig(**fields)
+    return TrainConfig(**fields), notes

@@ -34,7 +34,8 @@ import torch
 from kronos_core.train import Trainer
 from kronos_tune.autobatch.predict_task import PredictTask
 from kronos_tune.autobatch.search import AutobatchResult, format_bytes
-from kronos_tune.autobatch.train_task import TrainTask, train_config_from_preset
+from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
 from kronos_tune.presets import BYTES_PER_GIB, Preset, resolve_preset
 

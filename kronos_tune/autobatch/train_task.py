@@ -33,7 +33,6 @@ from kronos_core.train.builders import autocast_context, build_models, build_opt
 from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.memory.estimate import CudaEmulation
-from kronos_tune.presets import Preset
 
 MIN_VAL_WINDOWS_PER_SERIES = 64
 OPTIMIZER_EMULATION = {"auto": "fused", "fused": "fused", "foreach": "foreach", "for-loop": "as_built"}
@@ -57,27 +56,6 @@ class MeterSlot:
     def reset(self) -> None:
         if self.target is not None:
             self.target.reset()
-
-
-def train_config_from_preset(preset: Preset) -> tuple[TrainConfig, list[str]]:
-    """The preset's fine-tuning workload as a TrainConfig (device "auto"), plus notes on what was adapted."""
-    work = preset.workload
-    notes: list[str] = []
-    values: dict[str, Any] = dict(
-        model_size=work.model_size, lookback_window=work.lookback_window, predict_window=work.predict_window,
-        batch_size=work.batch_size, accumulation_steps=work.accumulation_steps, amp=work.amp, epochs=work.epochs,
-        samples_per_epoch=work.samples_per_epoch, eval_samples=max(work.eval_samples, 1), device="auto",
-        output_dir=str(Path("runs") / preset.name),
-    )
-    try:
-        return TrainConfig(**values), notes
-    except KronosError:
-        if work.amp != "fp16":
-            raise
-    values["amp"] = "bf16"
-    notes.append("amp fp16 needs a CUDA device, none is visible: the config uses bf16 (same activation bytes); "
-                 "set amp = \"fp16\" again on the GPU")
-    return TrainConfig(**values), notes
 
 
 class TrainTask:

@@ -134,7 +134,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
            round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
     from kronos_tune.autobatch import render
-    from kronos_tune.autobatch.train_task import TrainTask, train_config_from_preset
+    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.workloads import train_config_from_preset
 
     config, config_notes = train_config_from_preset(preset)
     effective = preset.workload.batch_size * preset.workload.accumulation_steps

@@ -31,12 +31,12 @@ def register(app: typer.Typer) -> None:
         """Profile the preset's training step: top ops, memory by category, trace files, MFU."""
         from kronos_tune.presets import resolve_preset
         from kronos_tune.profiler import check_output_paths, profile_training
-        from kronos_tune.workloads import runnable_device, train_config_for_preset
+        from kronos_tune.workloads import runnable_device, train_config_from_preset
 
         chosen = resolve_preset(preset, preset_dir)
         check_output_paths(trace, tensorboard)
         overrides = {"batch_size": batch_size} if batch_size else {}
-        config = train_config_for_preset(chosen, **overrides)
+        config, config_notes = train_config_from_preset(chosen, **overrides)
         device, device_note = runnable_device(chosen)
         dtype = {"bf16": "bf16", "fp16": "fp16"}.get(config.amp, "fp32")
         peak = chosen.peak_flops(dtype) if device == chosen.hardware.device else None
@@ -46,8 +46,7 @@ def register(app: typer.Typer) -> None:
         with console.status(f"profiling {steps} steps of Kronos-{config.model_size}, batch {config.batch_size}"):
             result = profile_training(config, steps=steps, warmup=warmup, top=top, trace_path=trace,
                                       tensorboard_dir=tensorboard, peak_flops=peak)
-        if device_note:
-            result.notes.append(device_note)
+        result.notes.extend(config_notes)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return

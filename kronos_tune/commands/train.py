@@ -37,15 +37,9 @@ def _gib(value: float | None) -> str:
 
 def _preset_fields(name: str) -> dict[str, Any]:
     from kronos_tune.presets import resolve_preset
+    from kronos_tune.workloads import preset_train_fields
 
-    preset = resolve_preset(name)
-    work = preset.workload
-    fields = {key: getattr(work, key) for key in ("model_size", "lookback_window", "predict_window", "batch_size",
-                                                   "accumulation_steps", "epochs", "samples_per_epoch",
-                                                   "eval_samples")}
-    fields["amp"] = getattr(work, "amp", "none")
-    fields["device"] = preset.hardware.device if preset.hardware.device in ("cpu", "cuda") else "auto"
-    return fields
+    return preset_train_fields(resolve_preset(name))
 
 
 def build_config(preset: str | None, config: Path | None, resume: Path | None, data: list[str] | None,

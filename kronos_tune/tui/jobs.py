@@ -69,7 +69,8 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         import torch
 
         from kronos_tune.autobatch import format_bytes, render
-        from kronos_tune.autobatch.train_task import TrainTask, train_config_from_preset
+        from kronos_tune.autobatch.train_task import TrainTask
+        from kronos_tune.workloads import train_config_from_preset
 
         config, notes = train_config_from_preset(preset)
         for note in notes:
