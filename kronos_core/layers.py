@@ -134,8 +134,8 @@ def _attention_mask(q_len: int, k_len: int, padding_mask: Tensor | None, device:
     return ((key_pos <= query_pos) & keep) | (key_pos == query_pos)
 
 
-class SelfAttention(nn.Module):
-    """Causal multi-head self-attention with RoPE, optionally appending to a LayerCache."""
+class _ProjectedAttention(nn.Module):
+    """q/k/v/out projections (all with bias) and RoPE over the head dimension, as published."""
 
     def __init__(self, d_model: int, n_heads: int, attn_dropout_p: float = 0.0, resid_dropout_p: float = 0.0):
         super().__init__()
@@ -153,6 +153,10 @@ class SelfAttention(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
+
+
+class SelfAttention(_ProjectedAttention):
+    """Causal multi-head self-attention with RoPE, optionally appending to a LayerCache."""
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
         batch, length, _ = x.shape
@@ -179,29 +183,12 @@ class SelfAttention(nn.Module):
         return self.resid_dropout(self.out_proj(out))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_ProjectedAttention):
     """Cross-attention with RoPE whose table length follows the query (as published).
 
     Causal in training mode only. With a length-1 query both q and k get position 0,
     i.e. no rotation, which is what makes the prediction-time key/value cache exact.
     """
-
-    def __init__(self, d_model: int, n_heads: int, attn_dropout_p: float = 0.0, resid_dropout: float = 0.0):
-        super().__init__()
-        self.d_model = d_model
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        self.rotary = RotaryEmbedding(self.head_dim)
-        self.attn_dropout_p = attn_dropout_p
-        self.resid_dropout = nn.Dropout(resid_dropout)
-
-    def _heads(self, x: Tensor) -> Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         batch, q_len, _ = query.shape
