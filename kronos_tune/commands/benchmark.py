@@ -1,0 +1,167 @@
+"""`kronos-tune benchmark`: the incremental optimization protocol (kronos_tune.protocol), with live progress.
+
+Parse the flags, call run_protocol, render its report; Ctrl-C asks the protocol to stop at the next step
+boundary (a second Ctrl-C interrupts at once) and the finished trials are still reported.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kronos_core.train.signals import stop_on_signals
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
+from kronos_tune.protocol import (
+    ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
+)
+from kronos_tune.protocol.report import changes_text, fmt_seconds, table
+
+TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
+EXIT_CANCELLED = 130
+
+
+class _CancelOnSignal:
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+
+    def request_stop(self) -> None:
+        self.cancel.set()
+
+
+class ProtocolProgress:
+    """Two Rich bars fed by the protocol's events: trials done, and the steps of the trial in flight."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+        self.trials = self.progress.add_task("trials", total=None, info="")
+        self.steps = self.progress.add_task("-", total=None, info="", visible=False)
+
+    def __enter__(self) -> ProtocolProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def on_event(self, event: Any) -> None:
+        p = self.progress
+        if isinstance(event, TrialStarted):
+            p.update(self.trials, total=event.total, completed=event.index, info=event.spec.name)
+            p.reset(self.steps, total=event.spec.total_steps, description=event.spec.name, info="", visible=True)
+        elif isinstance(event, TrialStep):
+            record = event.record
+            loss = "" if record.loss != record.loss else f"loss {record.loss:.4f}, "  # NaN: predict runs
+            p.update(self.steps, advance=1, info=f"{loss}{fmt_seconds(record.step_time_s)}/step")
+        elif isinstance(event, TrialFinished):
+            result = event.result
+            info = result.status if not result.reason else f"{result.status}: {result.reason}"
+            p.update(self.trials, advance=1, info=f"{result.name} {info}"[:80])
+            p.update(self.steps, visible=False)
+        elif isinstance(event, ProtocolFinished):
+            p.update(self.trials, info="done")
+
+
+def render(console: Console, report: ProtocolReport) -> None:
+    header, rows = table(report, compact=True)
+    out = Table(title=f"kronos-tune benchmark: preset {report.preset}, task {report.task}", title_justify="left",
+                caption=report.device_line + "; Δ vs the baseline, ~ = inside the noise", caption_justify="left",
+                box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    short = {"configuration": "trial", "hardware": "hw", "time/step [min–max]": "time/step",
+             "series/s [min–max]": "series/s", "projected total": "full run", "max Δ output vs ref": "Δ output",
+             "Δ time": "Δ", "Δ mem": "Δ", "Δ loss": "Δ"}
+    shown = [i for i, name in enumerate(header) if any(row[i].text not in ("–", "") for row in rows)]
+    for i in shown:  # columns with nothing to show (MFU without a peak figure) are left out
+        out.add_column(short.get(header[i], header[i]), no_wrap=header[i] != "status", overflow="fold",
+                       min_width=7 if header[i] == "status" else None)
+    for row in rows:
+        out.add_row(*(f"[{TONES[c.tone]}]{escape(c.text)}[/]" if TONES[c.tone] else escape(c.text)
+                      for c in (row[i] for i in shown)))
+    console.print(out)
+    for trial in report.trials:
+        reason = f" — {trial.status}: {trial.reason}" if trial.reason else ""
+        console.print(f"  [bold]{trial.name}[/]: {escape(changes_text(trial))}{escape(reason)}", highlight=False,
+                      soft_wrap=True)
+        for note in trial.notes:
+            console.print(f"    [dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
+    lines = list(report.notes)
+    if report.task == "train":
+        q, t = report.quality, report.timing
+        noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
+        threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
+        lines.append(f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
+                     f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows")
+        if t.get("band_pct") is not None:
+            lines.append(f"timing noise band: ±{t['band_pct']:.1f}% (baseline vs its repeats); ~ marks noise")
+        if report.flops:
+            lines.append(f"MFU: {report.flops['formula']}")
+    for line in lines:
+        console.print(f"[dim]- {line}[/]", highlight=False, soft_wrap=True)
+    if report.recommended:
+        rec = report.recommended
+        console.print(f"recommended: [bold]{rec['source']}[/] ({rec['reason']}): {rec['command']}", highlight=False,
+                      soft_wrap=True)
+    if report.out_dir:
+        console.print(f"reports in {report.out_dir}", highlight=False)
+    if report.cancelled:
+        console.print(f"[yellow]cancelled[/]: not run: {', '.join(report.not_run) or 'none'}", highlight=False)
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("benchmark")
+    def benchmark(
+        preset: Annotated[str, typer.Option("--preset", help="Preset name or TOML file (kronos-tune presets).")],
+        task: Annotated[str, typer.Option("--task", help="train or predict.")] = "train",
+        out: Annotated[Optional[Path], typer.Option("--out", help="Folder for results.jsonl, report.*, recommended.toml.", file_okay=False)] = None,
+        resume: Annotated[bool, typer.Option("--resume", help="Skip the trials already finished in --out.")] = False,
+        steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Measured steps (train) / timed runs (predict) per trial.")] = None,
+        warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warm-up steps excluded from timing (train runs at least 2: the last is metered).")] = None,
+        skip: Annotated[Optional[list[str]], typer.Option("--skip", help="Trial to leave out (repeatable or comma-separated).")] = None,
+        only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these single changes (plus the baseline).")] = None,
+        cpu_ddp: Annotated[bool, typer.Option("--cpu-ddp", help="DDP trial on the CPU: 2 gloo processes via torchrun.")] = False,
+        budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", help="Per-device memory budget in GiB (default: the preset's).")] = None,
+        preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", help="Extra folder of preset TOML files.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (progress goes to stderr).")] = False,
+    ) -> None:
+        """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
+        helpful ones together; writes a recommended config."""
+        if task not in ("train", "predict"):
+            raise KronosTuneError(f"--task {task}: use train or predict")
+        if resume and out is None:
+            raise KronosTuneError("--resume needs --out DIR, the folder of the run to continue")
+        if budget_gb is not None and not budget_gb > 0:
+            raise KronosTuneError(f"--budget-gb {budget_gb}: give a positive number of GiB")
+        chosen = resolve_preset(preset, list(preset_dir or []))
+        defaults = ProtocolOptions()
+        options = ProtocolOptions(
+            steps=steps or defaults.steps, warmup=defaults.warmup if warmup is None else warmup,
+            skip=_names(skip), only=_names(only), cpu_ddp=cpu_ddp,
+            budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
+            predict_repeats=steps or defaults.predict_repeats)
+        console = Console(stderr=json_out)
+        if not console.is_terminal:
+            console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
+        cancel = threading.Event()
+        with stop_on_signals(_CancelOnSignal(cancel), second_interrupts=True), ProtocolProgress(console) as view:
+            report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,
+                                  on_event=view.on_event, cancel=cancel)
+        if json_out:
+            typer.echo(json.dumps(report.to_dict(), indent=2))
+        else:
+            render(console, report)
+        if report.cancelled:
+            raise typer.Exit(EXIT_CANCELLED)

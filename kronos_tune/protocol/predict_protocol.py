@@ -1,0 +1,210 @@
+"""The predict protocol: the reference's full recompute vs the KV cache vs bf16 vs the autobatch chunk vs
+sharding the series over devices, on the preset's predict workload shape.
+
+Each trial predicts the same `measured_series` synthetic series (the preset's
+lookback, pred_len and sample paths; random weights of the preset's model
+size; greedy decoding so the outputs of the methods can be compared): one
+metered run first (peak memory, the budget enforced: simulated on the CPU),
+then `repeats` timed runs without the meter. series/s is per timed run; the
+projection is the preset's series_count at the median rate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.predictor import KronosPredictor
+from kronos_core.sizes import SIZES, build_model, build_tokenizer
+from kronos_core.synthetic import synthetic_series
+from kronos_tune.presets import Preset
+from kronos_tune.protocol.measure import first_line
+from kronos_tune.protocol.plan import autobatch_available, device_count, selection_reason
+from kronos_tune.protocol.records import PredictSettings, PredictStep, ProtocolOptions, TrialSpec
+
+PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
+DEFAULT_MEASURED_SERIES = 4
+
+
+def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    p = preset.predict
+    measured = min(p.series_count, options.predict_series or DEFAULT_MEASURED_SERIES)
+    base = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
+                           measured, use_cache=False, seed=options.seed)
+    cached = replace(base, use_cache=True)
+    bf16_skip = None
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        bf16_skip = "this GPU has no bf16 support"
+    elif preset.hardware.device == "cuda" and not preset.hardware.bf16_supported:
+        bf16_skip = "the preset's hardware has no bf16 (hardware.bf16_supported = false)"
+    devices = device_count(device)
+    specs = [
+        TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
+                  "the reference method: the whole window recomputed for every new token"),
+        TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
+                  "key/value cache: one new position per step (exact while the window has not slid)"),
+        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
+                  "KV cache with bf16 autocast" + ("; the preset marks bf16 unsupported (no native bf16 units), so "
+                                                   "it is measured emulated" if device == "cpu" and not
+                                                   preset.hardware.bf16_supported else "")),
+        TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
+                  None if autobatch_available() else "autobatch not available",
+                  "KV cache with the chunk size autobatch finds within the budget"),
+        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
+                  None if devices >= 2 else "sharding series needs 2+ devices",
+                  "KV cache, the series split over the visible devices, one thread each"),
+    ]
+    optional = PREDICT_TRIALS[1:]
+    for spec in specs:
+        spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
+        spec.warmup_steps, spec.measured_steps = 1, options.predict_repeats
+    return specs
+
+
+@dataclass
+class PredictMeasurement:
+    status: str  # ok | oom | cancelled
+    reason: str | None = None
+    seconds: list[float] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+    metered_time_s: float | None = None
+    outputs: list[pd.DataFrame] = field(default_factory=list)
+
+
+def series_inputs(settings: PredictSettings) -> tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]:
+    frames = synthetic_series(settings.measured_series, n_rows=settings.lookback + settings.pred_len,
+                              seed=settings.seed)
+    dfs = [f.iloc[:settings.lookback][list(FEATURE_COLUMNS)].reset_index(drop=True) for f in frames]
+    xs = [f["timestamps"].iloc[:settings.lookback].reset_index(drop=True) for f in frames]
+    ys = [f["timestamps"].iloc[settings.lookback:].reset_index(drop=True) for f in frames]
+    return dfs, xs, ys
+
+
+def _predictors(settings: PredictSettings, device: str) -> list[KronosPredictor]:
+    targets = [f"cuda:{i}" for i in range(settings.devices)] if device == "cuda" else ["cpu"]
+    out = []
+    for target in targets:
+        model = build_model(settings.model_size, seed=settings.seed)
+        tokenizer = build_tokenizer(settings.model_size, seed=settings.seed)
+        out.append(KronosPredictor(model, tokenizer, device=target, max_context=SIZES[settings.model_size].context,
+                                   amp=None if settings.amp == "none" else settings.amp,
+                                   use_cache=settings.use_cache, max_batch_size=settings.max_batch_size))
+    return out
+
+
+def _run(predictors: list[KronosPredictor], settings: PredictSettings,
+         inputs: tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]) -> list[pd.DataFrame]:
+    """Predict every measured series (split over the predictors, one thread each), greedy and seeded."""
+    dfs, xs, ys = inputs
+    shards = [list(range(i, len(dfs), len(predictors))) for i in range(len(predictors))]
+    outputs: list[Any] = [None] * len(dfs)
+    errors: list[BaseException] = []
+
+    def work(predictor: KronosPredictor, members: list[int]) -> None:
+        try:
+            torch.manual_seed(settings.seed)
+            frames = predictor.predict_batch([dfs[i] for i in members], [xs[i] for i in members],
+                                             [ys[i] for i in members], settings.pred_len, T=1.0, top_k=1,
+                                             top_p=1.0, sample_count=settings.sample_count, verbose=False)
+            for i, frame in zip(members, frames):
+                outputs[i] = frame
+        except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(error)
+
+    if len(predictors) == 1:
+        work(predictors[0], shards[0])
+    else:
+        threads = [threading.Thread(target=work, args=(p, m)) for p, m in zip(predictors, shards) if m]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    for predictor in predictors:
+        if predictor.device.type == "cuda":
+            torch.cuda.synchronize(predictor.device)
+    return outputs
+
+
+def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int, repeats: int,
+                       on_step: Callable[[PredictStep], None] | None = None,
+                       should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
+    """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result."""
+    from kronos_tune.memory import CpuExactMeter
+
+    result = PredictMeasurement(status="ok")
+    inputs = series_inputs(settings)
+    tokens = settings.measured_series * settings.sample_count * settings.pred_len
+    try:
+        predictors = _predictors(settings, device)
+        start = time.perf_counter()
+        if device == "cuda":
+            for predictor in predictors:
+                torch.cuda.reset_peak_memory_stats(predictor.device)
+            result.outputs = _run(predictors, settings, inputs)
+            result.peak_memory_bytes = max(torch.cuda.max_memory_allocated(p.device) for p in predictors)
+        else:
+            meter = CpuExactMeter(budget_bytes=budget_bytes)
+            try:
+                meter.track_existing(*(m for p in predictors for m in (p.model, p.tokenizer)))
+                with meter:
+                    result.outputs = _run(predictors, settings, inputs)
+            finally:
+                result.peak_memory_bytes = meter.peak_bytes()
+        result.metered_time_s = time.perf_counter() - start
+        if on_step is not None:
+            on_step(PredictStep(0, repeats, settings.measured_series, tokens, result.metered_time_s, timed=False))
+        for index in range(repeats):
+            if should_stop():
+                result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
+                return result
+            start = time.perf_counter()
+            _run(predictors, settings, inputs)
+            result.seconds.append(time.perf_counter() - start)
+            if on_step is not None:
+                on_step(PredictStep(index + 1, repeats, settings.measured_series, tokens, result.seconds[-1]))
+        return result
+    except torch.OutOfMemoryError as error:
+        result.status, result.reason = "oom", first_line(error)
+        return result
+
+
+def autobatch_chunk(settings: PredictSettings, device: str, budget_bytes: int, margin: float) -> tuple[int, list[str]]:
+    """Sequences per chunk (KronosPredictor max_batch_size) that autobatch finds for the whole workload."""
+    from kronos_tune.autobatch import autobatch
+    from kronos_tune.autobatch.predict_task import PredictTask
+
+    task = PredictTask(settings.model_size, settings.lookback, settings.pred_len, settings.sample_count,
+                       settings.series_count, device=device, seed=settings.seed)
+    result = autobatch(task.step_factory, budget_bytes, margin=margin, min_batch=1, max_batch=settings.series_count,
+                       device=device, steps_per_probe=1)
+    notes = [f"autobatch: {result.batch_size} series per chunk ({result.batch_size * settings.sample_count} "
+             f"sequences), measured peak {result.measured_peak_bytes / 2**20:,.0f} MiB of a "
+             f"{budget_bytes / 2**30:.2f} GiB budget, search {result.search_time_s:.1f} s"]
+    if result.batch_size >= settings.measured_series:
+        notes.append(f"the chunk holds all {settings.measured_series} measured series, as the default does: the "
+                     f"timed runs are the kv-cache runs again; the pick matters for the full "
+                     f"{settings.series_count}-series run")
+    return result.batch_size * settings.sample_count, notes
+
+
+def output_max_abs_diff(outputs: list[pd.DataFrame], reference: list[pd.DataFrame],
+                        histories: list[pd.DataFrame]) -> float | None:
+    """Largest |prediction - reference prediction| over every series, step and feature, in units of that
+    series' history standard deviation per feature (the z-score scale the model works in); None without both."""
+    if not outputs or not reference or len(outputs) != len(reference):
+        return None
+    worst = 0.0
+    for mine, theirs, history in zip(outputs, reference, histories):
+        scale = np.maximum(history[list(FEATURE_COLUMNS)].to_numpy().std(axis=0), 1e-12)
+        worst = max(worst, float(np.max(np.abs(mine.to_numpy() - theirs.to_numpy()) / scale)))
+    return worst

@@ -1,0 +1,260 @@
+"""Files of a protocol run and the summary table they share with the CLI (schema: docs/report-schema.md).
+
+    results.jsonl     one TrialResult per line, appended (flushed, fsynced) as each trial finishes
+    report.json       the ProtocolReport
+    report.csv        one flat row per trial
+    report.md         header, quality rule, the table, notes, the recommendation
+    recommended.toml  (train) the recommended TrainConfig, for `kronos-tune train --config`
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kronos_core.train import TrainConfig
+from kronos_tune.protocol.records import Delta, ProtocolReport, TrialResult
+
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+REPORT_FILES = ("report.json", "report.csv", "report.md", "recommended.toml")
+LOWER_IS_BETTER = ("step_time_s", "peak_memory_bytes", "val_loss", "projected_train_time_s", "projected_predict_time_s")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    temp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def append_result(path: Path, result: TrialResult) -> None:
+    """One JSON line, flushed and fsynced before returning (a crash right after keeps it)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(result.to_dict()) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def load_results(path: str | os.PathLike) -> list[TrialResult]:
+    """Trials of a results.jsonl (or of the folder holding one); the last line of a name wins, a torn last
+    line (a crash while writing) is ignored."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.is_file():
+        return []
+    by_name: dict[str, TrialResult] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            result = TrialResult.from_dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError, KeyError):
+            continue
+        by_name.pop(result.name, None)
+        by_name[result.name] = result
+    return list(by_name.values())
+
+
+# Formatting -----------------------------------------------------------------------------------------------
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value < 1:
+        return f"{1000 * value:.0f} ms"
+    if value < 120:
+        return f"{value:.2f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    if value < 172800:
+        return f"{value / 3600:.1f} h"
+    return f"{value / 86400:.1f} d"
+
+
+def fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value / 2**20:.1f} MiB"
+
+
+def fmt_rate(value: float | None) -> str:
+    return "–" if value is None else (f"{value:,.0f}" if value >= 100 else f"{value:.3g}")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Text of one table cell; tone good | bad | noise | warn | '' (colours in the CLI, marks in Markdown)."""
+
+    text: str
+    tone: str = ""
+
+
+def delta_cell(delta: Delta | None, key: str) -> Cell:
+    if delta is None:
+        return Cell("")
+    text = f"{delta.pct:+.1f}%"
+    if delta.noise:
+        return Cell(f"~{text}", "noise")
+    better = delta.pct < 0 if key in LOWER_IS_BETTER else delta.pct > 0
+    return Cell(text, "good" if better else "bad") if delta.pct else Cell(text)
+
+
+def _spread_text(spread: Any, fmt: Any, compact: bool = False) -> str:
+    if spread is None:
+        return "–"
+    if compact:
+        return f"{fmt(spread.median)}\n{fmt(spread.min).replace(' ', '')}–{fmt(spread.max).replace(' ', '')}"
+    return f"{fmt(spread.median)} [{fmt(spread.min)}–{fmt(spread.max)}] n={spread.n}"
+
+
+def changes_text(result: TrialResult) -> str:
+    return ", ".join(f"{k}={v}" for k, v in result.changes.items()) or "reference"
+
+
+def _status_cell(result: TrialResult, compact: bool = False) -> Cell:
+    tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn"}[result.status]
+    text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
+    if result.quality is not None and not result.quality.get("passed", True):
+        text, tone = f"{text}; quality guard: worse than the noise allows", "bad"
+    return Cell(text, tone)
+
+
+TRAIN_COLUMNS = ("configuration", "hardware", "time/step [min–max]", "Δ time", "projected total", "memory",
+                 "Δ mem", "val loss", "Δ loss", "MFU", "status")
+PREDICT_COLUMNS = ("configuration", "hardware", "series/s [min–max]", "speed-up", "projected total", "memory",
+                   "Δ mem", "max Δ output vs ref", "status")
+
+
+def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
+    """Header and rows of the summary table (train or predict shape).
+
+    `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without
+    its reason (list those below the table with `changes_text` and `TrialResult.reason`)."""
+    rows = []
+    for t in report.trials:
+        name = Cell(t.name if compact else f"{t.name} ({changes_text(t)})")
+        status = _status_cell(t, compact)
+        hardware = Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware)
+        if report.task == "predict":
+            speedup = Cell(f"{t.speedup:.2f}x", "good" if t.speedup > 1 else "") if t.speedup else Cell("")
+            rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)), speedup,
+                         Cell(fmt_seconds(t.projected_predict_time_s)), Cell(fmt_bytes(t.peak_memory_bytes)),
+                         delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
+                         Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"), status])
+            continue
+        loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
+        rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
+                     delta_cell(t.deltas.get("step_time_s"), "step_time_s"),
+                     Cell(fmt_seconds(t.projected_train_time_s)), Cell(fmt_bytes(t.peak_memory_bytes)),
+                     delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
+                     Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"),
+                     Cell("–" if t.mfu is None else f"{100 * t.mfu:.1f}%"), status])
+    return (PREDICT_COLUMNS if report.task == "predict" else TRAIN_COLUMNS), rows
+
+
+# Files ----------------------------------------------------------------------------------------------------
+
+def recommended_toml(report: ProtocolReport) -> str | None:
+    rec = report.recommended
+    if not rec or not rec.get("config"):
+        return None
+    text = TrainConfig.from_dict(rec["config"], source="recommended").to_toml()
+    header = [f"# kronos-tune benchmark, preset {report.preset}: {rec['source']} ({rec['reason']})",
+              f"# run: {rec['command']}"]
+    return "\n".join(header) + "\n" + text
+
+
+def report_markdown(report: ProtocolReport) -> str:
+    lines = [f"# kronos-tune benchmark: preset {report.preset}, task {report.task}", "", report.device_line, ""]
+    lines += [f"- {note}" for note in report.notes]
+    opts = report.options
+    if report.task == "train":
+        lines += ["", f"Every trial: seed {opts.get('seed')}, the same windows and tokens per optimizer step, "
+                      f"{opts.get('warmup_used')} warm-up steps excluded (compile: {opts.get('compile_warmup_used')}; "
+                      f"the last one metered), "
+                      f"{opts.get('steps')} measured steps; validation loss after "
+                      f"{report.quality.get('val_loss_step')} optimizer steps from the same initial weights on "
+                      f"{report.quality.get('eval_windows')} validation windows."]
+        q = report.quality
+        noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
+        lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold "
+                      f"{q.get('threshold', 0):.5f} (val loss)."]
+        if report.flops:
+            lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
+    else:
+        lines += ["", f"Every trial predicts the same {opts.get('predict_series_used', '')} synthetic series "
+                      f"(greedy), one metered run then {opts.get('predict_repeats')} timed runs."]
+    header, rows = table(report)
+    marks = {"noise": " (noise)", "bad": "", "good": "", "warn": "", "": ""}
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [(c.text + (marks[c.tone] if c.tone == "noise" and c.text.startswith("~") else ""))
+                 .replace("|", "\\|") for c in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Δ: change vs the baseline; ~ marks a difference inside the measured spread (noise).", ""]
+    for t in report.trials:
+        extra = ([t.description] if t.description else []) + t.notes
+        if extra:
+            lines.append(f"- **{t.name}**: " + "; ".join(extra))
+    if report.recommended:
+        rec = report.recommended
+        lines += ["", f"Recommended: **{rec['source']}** ({rec['reason']}); run `{rec['command']}`."]
+    if report.cancelled:
+        lines += ["", f"Cancelled: not run: {', '.join(report.not_run) or 'none'}."]
+    return "\n".join(lines) + "\n"
+
+
+CSV_KEYS = ("name", "stage", "status", "reason", "hardware", "val_loss", "val_loss_step", "peak_memory_bytes",
+            "projected_train_time_s", "projected_predict_time_s", "mfu", "speedup", "tokens_per_step",
+            "output_max_abs_diff", "wall_time_s")
+
+
+def report_csv(report: ProtocolReport) -> str:
+    flat_rows = []
+    for t in report.trials:
+        row: dict[str, Any] = {key: getattr(t, key) for key in CSV_KEYS}
+        row["changes"] = json.dumps(t.changes)
+        for key in ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s"):
+            spread = getattr(t, key)
+            for part in ("median", "min", "max", "n"):
+                row[f"{key}_{part}"] = None if spread is None else getattr(spread, part)
+        for key, delta in t.deltas.items():
+            row[f"delta_{key}_pct"], row[f"delta_{key}_noise"] = round(delta.pct, 3), delta.noise
+        row["quality_passed"] = None if t.quality is None else t.quality.get("passed")
+        flat_rows.append(row)
+    columns: list[str] = []
+    for row in flat_rows:
+        columns += [key for key in row if key not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flat_rows)
+    return buffer.getvalue()
+
+
+def write_reports(report: ProtocolReport, out_dir: str | os.PathLike) -> list[Path]:
+    """Write results.jsonl (all trials), report.json, report.csv, report.md and (train) recommended.toml."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    results = "".join(json.dumps(t.to_dict()) + "\n" for t in report.trials)
+    texts = {RESULTS_FILE: results, "report.json": json.dumps(report.to_dict(), indent=2) + "\n",
+             "report.csv": report_csv(report), "report.md": report_markdown(report)}
+    toml = recommended_toml(report)
+    if toml is not None:
+        texts["recommended.toml"] = toml
+    for name, text in texts.items():
+        write_atomic(folder / name, text)
+        written.append(folder / name)
+    return written

@@ -1,0 +1,312 @@
+"""The benchmark protocol for real on the tiny model: every trial trains for real on the simulated CPU device.
+
+One end-to-end run (module fixture) feeds several tests; cancel/resume, failure, OOM, predict and the CLI
+run their own small protocols. No timing is asserted anywhere: only what was measured and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kronos_core.train import TrainConfig
+from kronos_tune.cli import app, main
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.presets import resolve_preset
+from kronos_tune.protocol import (
+    ProtocolFinished, ProtocolOptions, TrialStarted, TrialStep, load_results, run_protocol,
+)
+from kronos_tune.protocol.runner import ProtocolRun
+
+TINY = """name = "{name}"
+description = "tiny model on the CPU, for protocol tests"
+
+[hardware]
+device = "cpu"
+device_count = 1
+memory_per_device_gb = 1.0
+bf16_supported = true
+cuda_context_overhead_gb = 0.0
+
+[workload]
+model_size = "tiny"
+tokenizer = "tiny"
+lookback_window = 16
+predict_window = 4
+batch_size = 8
+accumulation_steps = 1
+epochs = 1
+samples_per_epoch = 64
+eval_samples = 8
+
+[predict]
+series_count = 6
+lookback = 32
+pred_len = 4
+sample_count = 1
+"""
+FAST = dict(steps=2, warmup=2, skip=("compile",))  # compile: minutes of inductor work on a CPU
+TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_s", "tokens_per_s",
+              "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to share, and the tests share the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_preset(folder: Path, name: str = "tiny-bench") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.toml"
+    path.write_text(TINY.format(name=name), encoding="utf-8")
+    return path
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def __call__(self, event: object) -> None:
+        self.events.append(event)
+
+    def started(self) -> list[str]:
+        return [e.spec.name for e in self.events if isinstance(e, TrialStarted)]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("protocol")
+    preset = resolve_preset(write_preset(root / "presets"))
+    events = Events()
+    report = run_protocol(preset, options=ProtocolOptions(**FAST), out_dir=root / "out", on_event=events)
+    return report, root / "out", events
+
+
+def test_end_to_end_writes_every_report_file(full_run) -> None:
+    report, out, events = full_run
+    for name in ("results.jsonl", "report.json", "report.csv", "report.md", "recommended.toml", "run.json"):
+        assert (out / name).is_file(), name
+    data = json.loads((out / "report.json").read_text())
+    assert {"preset", "task", "environment", "trials", "device_line", "quality", "timing", "flops",
+            "recommended"} <= set(data)
+    assert data["preset"] == "tiny-bench" and data["task"] == "train" and data["environment"]["torch"]
+    assert data["device_line"].startswith("device: cpu (") and "simulated" in data["device_line"]
+    assert [t["name"] for t in data["trials"]][0] == "baseline" and data["trials"][-1]["name"] == "combined"
+    for trial in data["trials"]:
+        assert TRIAL_KEYS <= set(trial), trial["name"]
+        assert trial["stage"] in ("baseline", "single", "combined")
+        if trial["status"] == "ok":
+            assert set(trial["step_time_s"]) == {"median", "min", "max", "n"} and trial["step_time_s"]["n"] == 2
+            assert trial["mfu"] is None  # the preset has no peak figure
+            assert trial["peak_memory_bytes"] > 0 and trial["val_loss"] > 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["name"] for line in lines] == [t["name"] for t in data["trials"]]
+    assert "| configuration |" in (out / "report.md").read_text()
+    assert (out / "report.csv").read_text().startswith("name,stage,status,")
+    config = TrainConfig.from_toml(out / "recommended.toml")
+    assert config.model_size == "tiny" and config.eval_samples == 8
+    assert report.recommended["command"].startswith("kronos-tune train --config recommended.toml")
+    trained = CliRunner().invoke(app, ["train", "--config", str(out / "recommended.toml"), "--steps", "1",
+                                       "--out", str(out.parent / "train")])
+    assert trained.exit_code == 0, trained.output  # the recommendation runs as it is
+    assert isinstance(events.events[-1], ProtocolFinished)
+
+
+def test_every_trial_sees_the_same_tokens_steps_and_is_compared_to_the_baseline(full_run) -> None:
+    report, _, events = full_run
+    ran = [t for t in report.trials if t.status == "ok"]
+    assert {"baseline", "noise-probe", "bf16", "checkpointing", "accumulation", "dataloader", "fused-adamw",
+            "baseline-repeat"} <= {t.name for t in ran}
+    assert len({t.tokens_per_step for t in ran}) == 1
+    assert len({t.val_loss_step for t in ran}) == 1
+    baseline = report.trial("baseline")
+    # the same initial weights, data and val windows: the accumulation trial computes the same gradients
+    assert report.trial("accumulation").val_loss == pytest.approx(baseline.val_loss, rel=1e-4)
+    assert report.trial("accumulation").peak_memory_bytes < baseline.peak_memory_bytes
+    assert report.trial("checkpointing").peak_memory_bytes < baseline.peak_memory_bytes
+    for name in ("bf16", "checkpointing", "accumulation"):
+        trial = report.trial(name)
+        assert {"step_time_s", "peak_memory_bytes", "val_loss"} <= set(trial.deltas)
+        assert trial.quality is not None and "passed" in trial.quality
+    assert report.quality["noise_source"] == "noise-probe" and report.quality["noise"] is not None
+    assert report.trial("fp16").status == "skipped" and report.trial("fp16").reason == "fp16 autocast needs CUDA"
+    assert report.trial("compile").reason == "skipped by --skip"
+    steps = [e for e in events.events if isinstance(e, TrialStep)]
+    assert len(steps) == sum(s.total_steps for s in (e.spec for e in events.events if isinstance(e, TrialStarted)))
+
+
+def test_cancel_mid_trial_leaves_a_valid_report_and_resume_runs_only_the_rest(tmp_path: Path) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    cancel = threading.Event()
+    first = Events()
+
+    def on_event(event: object) -> None:
+        first(event)
+        if isinstance(event, TrialStep) and event.trial_name == "noise-probe" and event.record.step == 3:
+            cancel.set()  # the noise probe stops after this step
+
+    options = ProtocolOptions(**{**FAST, "only": ("accumulation",)})
+    report = run_protocol(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
+    assert report.cancelled and [t.name for t in report.trials] == ["baseline", "noise-probe"]
+    assert report.trial("noise-probe").status == "cancelled" and report.trial("baseline").status == "ok"
+    assert "accumulation" in report.not_run and "combined" in report.not_run
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["cancelled"] is True and [t["name"] for t in data["trials"]] == ["baseline", "noise-probe"]
+    assert [r.name for r in load_results(tmp_path / "out")] == ["baseline", "noise-probe"]
+
+    second = Events()
+    resumed = run_protocol(preset, options=options, out_dir=tmp_path / "out", resume=True, on_event=second)
+    assert "baseline" not in second.started()  # finished before: not trained again
+    assert second.started()[0] == "noise-probe" and "accumulation" in second.started()
+    assert not resumed.cancelled and resumed.trial("baseline").resumed
+    assert resumed.trial("noise-probe").status == "ok" and resumed.trial("combined") is not None
+
+
+def test_resume_refuses_a_folder_of_another_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "presets"
+    write_preset(folder, "tiny-other")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"preset": "tiny-bench", "task": "train"}))
+    with pytest.raises(KronosTuneError, match="holds preset 'tiny-bench'"):
+        run_protocol(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)
+    with pytest.raises(SystemExit) as exited:
+        main(["benchmark", "--preset", "tiny-other", "--preset-dir", str(folder), "--out", str(out), "--resume"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --resume") and "\n" not in error
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for argv, text in ((["benchmark", "--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+                       (["benchmark", "--preset", "cpu", "--out", str(blocker / "sub")], "cannot write there"),
+                       (["benchmark", "--preset", "cpu", "--skip", "warp-drive"], "--skip warp-drive")):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert text in error and "\n" not in error
+
+
+def test_a_crashing_trial_is_failed_and_the_protocol_goes_on(tmp_path: Path) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
+                                 "only": ("checkpointing", "accumulation")})
+    run = ProtocolRun(preset, "train", options, tmp_path / "out", False, None, None)
+    broken = next(s for s in run.specs if s.name == "checkpointing")
+    broken.config = broken.config.replace(predictor_dir=str(tmp_path / "no-weights-here"))  # a real crash
+    report = run.run()
+    failed = report.trial("checkpointing")
+    assert failed.status == "failed" and failed.reason and "\n" not in failed.reason
+    assert report.trial("accumulation").status == "ok"
+    assert report.trial("combined") is not None and not report.cancelled
+    assert {r.name: r.status for r in load_results(tmp_path / "out")}["checkpointing"] == "failed"
+
+
+def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> None:
+    full, _, _ = full_run
+    base, small = full.trial("baseline").peak_memory_bytes, full.trial("accumulation").peak_memory_bytes
+    budget = (base + small) // 2  # the baseline does not fit, half its micro-batch does
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
+                                 "only": ("accumulation",), "budget_bytes": budget})
+    report = run_protocol(preset, options=options)
+    oom = report.trial("baseline")
+    assert oom.status == "oom" and "out of memory" in oom.reason
+    assert 0 < oom.peak_memory_bytes <= budget
+    assert report.trial("accumulation").status == "ok"
+    assert report.recommended["source"] == "accumulation"  # with no baseline, fitting is what helps
+    assert f"{budget / 2**30:.1f} GiB simulated" in report.device_line
+
+
+def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    events = Events()
+    report = run_protocol(preset, task="predict", options=ProtocolOptions(predict_repeats=2, predict_series=3),
+                          out_dir=tmp_path / "out", on_event=events)
+    assert [t.name for t in report.trials] == ["recompute", "kv-cache", "bf16", "autobatch", "sharding"]
+    reference, cached = report.trial("recompute"), report.trial("kv-cache")
+    for row in (reference, cached):
+        assert row.status == "ok" and row.series_per_s.n == 2 and row.projected_predict_time_s > 0
+        assert row.peak_memory_bytes > 0
+    assert cached.speedup > 0 and "series_per_s" in cached.deltas
+    assert cached.output_max_abs_diff == 0.0  # greedy: the cache reproduces the reference exactly
+    assert report.trial("sharding").status == "skipped"
+    assert report.trial("autobatch").status == "ok" and report.trial("autobatch").changes["max_batch_size"] >= 1
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
+    assert not (tmp_path / "out" / "recommended.toml").exists()
+    assert "| kv-cache (use_cache=True) |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_cli_renders_the_table_and_json(tmp_path: Path) -> None:
+    folder = tmp_path / "presets"
+    write_preset(folder)
+    args = ["benchmark", "--preset", "tiny-bench", "--preset-dir", str(folder), "--steps", "2",
+            "--skip", "compile,noise-probe,baseline-repeat", "--only", "fused-adamw"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "kronos-tune benchmark: preset tiny-bench" in result.output and "fused-adamw" in result.output
+    assert "recommended:" in result.output and (tmp_path / "out" / "report.json").is_file()
+    as_json = CliRunner().invoke(app, [*args, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["trials"][0]["name"] == "baseline"
+
+
+def test_ctrl_c_stops_at_a_step_boundary_reports_and_exits_130(tmp_path: Path) -> None:
+    folder = tmp_path / "presets"
+    write_preset(folder)
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "kronos_tune.cli", "benchmark", "--preset", "tiny-bench", "--preset-dir",
+               str(folder), "--out", str(out), "--steps", "150", "--skip", "compile", "--only", "bf16"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240  # a guard against a hang, not a timing assertion
+        while not ((out / "results.jsonl").is_file() and (out / "results.jsonl").read_text().strip()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the baseline never finished"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # during the noise probe's 150 steps
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    data = json.loads((out / "report.json").read_text())
+    assert data["cancelled"] is True and "bf16" in data["not_run"]
+    assert [(t["name"], t["status"]) for t in data["trials"]] == [("baseline", "ok"), ("noise-probe", "cancelled")]
+    assert "cancelled" in stdout and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_cpu_ddp_trial_runs_two_gloo_processes_through_torchrun(tmp_path: Path) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    events = Events()
+    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"), "only": ("ddp",),
+                                 "cpu_ddp": True})
+    report = run_protocol(preset, options=options, on_event=events)
+    ddp, baseline = report.trial("ddp"), report.trial("baseline")
+    assert ddp.status == "ok", ddp.reason
+    assert ddp.nproc == 2 and ddp.hardware == "2 x cpu (gloo)" and ddp.changes["batch_size"] == 4
+    assert ddp.tokens_per_step == baseline.tokens_per_step and ddp.val_loss_step == baseline.val_loss_step
+    assert ddp.val_loss == pytest.approx(baseline.val_loss, rel=1e-4)  # the same global batches, split in two
+    assert ddp.peak_memory_bytes < baseline.peak_memory_bytes  # half the micro-batch per process
+    # rank 0's step records came back through torchrun's stdout as events, one per optimizer step
+    assert sum(1 for e in events.events if isinstance(e, TrialStep) and e.trial_name == "ddp") == ddp.val_loss_step
