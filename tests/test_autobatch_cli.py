@@ -15,37 +15,13 @@ from kronos_tune.autobatch.train_task import TrainTask
 from kronos_tune.cli import app, main
 from kronos_tune.memory import CpuExactMeter
 
+from tiny_preset import tiny_preset_toml  # noqa: E402
+
 runner = CliRunner()
 
-TINY_PRESET = """\
-name = "tiny-test"
-description = "Kronos-tiny on a small simulated CPU device, for tests."
-
-[hardware]
-device = "cpu"
-device_count = 1
-memory_per_device_gb = 0.05
-bf16_supported = false
-cuda_context_overhead_gb = 0.0
-
-[workload]
-model_size = "tiny"
-tokenizer = "tiny"
-lookback_window = 30
-predict_window = 5
-batch_size = 32
-accumulation_steps = 2
-epochs = 1
-samples_per_epoch = 256
-eval_samples = 16
-amp = "none"
-
-[predict]
-series_count = 12
-lookback = 32
-pred_len = 4
-sample_count = 2
-"""
+TINY_PRESET = tiny_preset_toml("tiny-test", memory_gb=0.05, lookback_window=30, predict_window=5, batch_size=32,
+                               accumulation_steps=2, samples_per_epoch=256, eval_samples=16, series_count=12,
+                               sample_count=2)
 
 
 @pytest.fixture

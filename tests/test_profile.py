@@ -12,33 +12,9 @@ import pytest
 from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.profiler import profile_training
+from tiny_preset import tiny_preset_toml
 
-TINY_PRESET = """
-name = "tiny-profile"
-description = "tiny model on the CPU, for tests"
-[hardware]
-device = "cpu"
-device_count = 1
-memory_per_device_gb = 1.0
-bf16_supported = false
-cuda_context_overhead_gb = 0.0
-[workload]
-model_size = "tiny"
-tokenizer = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 4
-accumulation_steps = 1
-epochs = 1
-samples_per_epoch = 64
-eval_samples = 8
-amp = "none"
-[predict]
-series_count = 2
-lookback = 32
-pred_len = 4
-sample_count = 1
-"""
+TINY_PRESET = tiny_preset_toml("tiny-profile", batch_size=4)
 
 
 def _tiny_config(tmp_path: Path) -> TrainConfig:

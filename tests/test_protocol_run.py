@@ -28,33 +28,8 @@ from kronos_tune.protocol import (
 )
 from kronos_tune.protocol.runner import ProtocolRun
 
-TINY = """name = "{name}"
-description = "tiny model on the CPU, for protocol tests"
+from tiny_preset import write_tiny_preset  # noqa: E402
 
-[hardware]
-device = "cpu"
-device_count = 1
-memory_per_device_gb = 1.0
-bf16_supported = true
-cuda_context_overhead_gb = 0.0
-
-[workload]
-model_size = "tiny"
-tokenizer = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 8
-accumulation_steps = 1
-epochs = 1
-samples_per_epoch = 64
-eval_samples = 8
-
-[predict]
-series_count = 6
-lookback = 32
-pred_len = 4
-sample_count = 1
-"""
 FAST = dict(steps=2, warmup=2, skip=("compile",))  # compile: minutes of inductor work on a CPU
 TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_s", "tokens_per_s",
               "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
@@ -70,10 +45,7 @@ def one_thread():
 
 
 def write_preset(folder: Path, name: str = "tiny-bench") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.toml"
-    path.write_text(TINY.format(name=name), encoding="utf-8")
-    return path
+    return write_tiny_preset(folder, name, bf16_supported=True, series_count=6) / f"{name}.toml"
 
 
 class Events:

@@ -7,45 +7,16 @@ from pathlib import Path
 
 from kronos_tune.nvml import GpuProcessMemory, GpuSnapshot
 from kronos_tune.telemetry import HostSnapshot, Snapshot
+from tiny_preset import write_tiny_preset as write_preset_file
 
 GIB = 2**30
 NO_GPU_REASON = "NVML library not found: no NVIDIA driver on this machine"
 
-TINY_PRESET = """\
-name = "{name}"
-description = "Test-only: the tiny model on the CPU, a few seconds per trial."
-
-[hardware]
-device = "cpu"
-device_count = 1
-memory_per_device_gb = {memory_gb}
-bf16_supported = false
-cuda_context_overhead_gb = 0.0
-
-[workload]
-model_size = "tiny"
-tokenizer = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 8
-accumulation_steps = 1
-epochs = 1
-samples_per_epoch = 32
-eval_samples = 16
-
-[predict]
-series_count = 2
-lookback = 32
-pred_len = 4
-sample_count = 1
-"""
 
 
 def write_tiny_preset(folder: Path, name: str = "tiny-cpu", memory_gb: float = 0.5) -> Path:
     """A preset TOML for the tiny model in `folder`; returns the folder (for --preset-dir)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.toml").write_text(TINY_PRESET.format(name=name, memory_gb=memory_gb), encoding="utf-8")
-    return folder
+    return write_preset_file(folder, name, memory_gb=memory_gb, samples_per_epoch=32, eval_samples=16)
 
 
 def host(i: int, cores: int = 8) -> HostSnapshot:
