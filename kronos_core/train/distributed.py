@@ -8,6 +8,7 @@ WORLD_SIZE > 1 we join its process group (gloo on CPU, nccl on CUDA). A plain
 
 from __future__ import annotations
 
+
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -90,5 +91,14 @@ class DistContext:
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
+            # Every rank finishes its last collective before any tears its connections
+            # down: a rank that leaves early can make gloo abort the others mid-call.
+            try:
+                if dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=timedelta(seconds=60))
+                else:
+                    dist.barrier()
+            except Exception:  # noqa: BLE001 - a rank already gone: nothing left to wait for
+                pass
             dist.destroy_process_group()
             self.owns_group = False
