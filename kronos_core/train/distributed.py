@@ -8,7 +8,6 @@ WORLD_SIZE > 1 we join its process group (gloo on CPU, nccl on CUDA). A plain
 
 from __future__ import annotations
 
-
 import os
 from dataclasses import dataclass
 from datetime import timedelta
