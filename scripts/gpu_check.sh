@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...
 
 step nvidia-smi            20  nvidia-smi
 step pytest-gpu           120  python -m pytest -m gpu -q -p no:cacheprovider
-step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50
+step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50 --modes fp32 bf16
 step monitor-nvml          20  kronos-tune monitor --json --duration 3 --interval 0.5
 step profile-mfu           60  kronos-tune profile --preset h200 --steps 3 --trace "$out/trace.json"
 step predict-bf16          90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \

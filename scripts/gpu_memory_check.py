@@ -1,6 +1,6 @@
 """Fake-tensor estimate (CUDA-emulated) vs the real step's peak, for Kronos-small at batch 50.
 
-    python scripts/gpu_memory_check.py [--size small] [--batch 50] [--device cuda]
+    python scripts/gpu_memory_check.py [--size small] [--batch 50 ...] [--modes fp32 bf16 checkpointing]
 
 On CUDA the real side is torch.cuda.max_memory_allocated over the second
 training step (AdamW state alive); on the CPU it is the exact CPU meter, so the
@@ -62,21 +62,30 @@ def estimated_peak_bytes(config: TrainConfig, batch: int, emulate_cuda: bool) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="small")
-    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--batch", type=int, nargs="+", default=[50])
+    parser.add_argument("--modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "checkpointing"])
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    print(f"Kronos-{args.size}, batch {args.batch}, window 101, device {args.device}; "
-          f"estimate on fake CPU tensors{' with CUDA emulation (512 B rounding)' if args.device == 'cuda' else ''}")
-    print(f"{'amp':<6}{'estimate MiB':>14}{'real MiB':>12}{'diff':>9}")
-    for amp in ("none", "bf16"):
-        with tempfile.TemporaryDirectory() as out:
-            config = TrainConfig(model_size=args.size, batch_size=args.batch, lookback_window=90, predict_window=10,
-                                 samples_per_epoch=args.batch * 4, eval_samples=args.batch, synthetic_series=4,
-                                 synthetic_rows=2000, amp=amp, device=args.device, output_dir=out)
-            real = real_peak_bytes(config)
-            estimate = estimated_peak_bytes(config, args.batch, emulate_cuda=args.device == "cuda")
-        print(f"{amp:<6}{estimate / MIB:>14,.1f}{real / MIB:>12,.1f}{(estimate - real) / real:>+9.2%}")
-
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"Kronos-{args.size}, window 101, device {args.device}; estimate on fake CPU tensors"
+          f"{' with CUDA emulation (512 B rounding)' if args.device == 'cuda' else ''}; real: step 2 "
+          f"({'torch.cuda.max_memory_allocated' if args.device == 'cuda' else 'exact CPU meter'})")
+    print(f"{'mode':<15}{'batch':>6}{'estimate MiB':>14}{'real MiB':>12}{'diff':>9}")
+    for mode in args.modes:
+        amp = "bf16" if mode == "bf16" else "none"
+        checkpointing = "all" if mode == "checkpointing" else "none"
+        for batch in args.batch:
+            with tempfile.TemporaryDirectory() as out:
+                config = TrainConfig(model_size=args.size, batch_size=batch, lookback_window=90, predict_window=10,
+                                     samples_per_epoch=batch * 4, eval_samples=batch, synthetic_series=4,
+                                     synthetic_rows=2000, amp=amp, activation_checkpointing=checkpointing,
+                                     device=args.device, output_dir=out)
+                real = real_peak_bytes(config)
+                estimate = estimated_peak_bytes(config, batch, emulate_cuda=args.device == "cuda")
+            print(f"{mode:<15}{batch:>6}{estimate / MIB:>14,.1f}{real / MIB:>12,.1f}{(estimate - real) / real:>+9.2%}",
+                  flush=True)
 
 if __name__ == "__main__":
     main()
