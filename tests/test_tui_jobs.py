@@ -145,7 +145,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
 async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     out = tmp_path / "out"
-    options = ProtocolOptions(steps=20, warmup=2, only=("checkpointing",))
+    options = ProtocolOptions(steps=60, warmup=2, only=("checkpointing",))
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
