@@ -270,3 +270,13 @@ def test_cuda_search_frees_memory_and_uncaps() -> None:
     assert result.batch_size >= 1 and result.measured_peak_bytes <= result.usable_bytes
     big = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")  # above the 64 MiB cap: the cap was lifted
     del big
+
+
+def test_default_margin_follows_what_the_meter_cannot_see() -> None:
+    from kronos_tune.autobatch.search import default_margin
+    from kronos_tune.memory import CudaEmulation
+
+    assert default_margin("cpu") == 0.05  # exact CPU meter: only kernel scratch is unseen
+    assert default_margin("cuda") == 0.10  # allocator fragmentation and workspaces
+    assert default_margin(None, estimate=True, cuda_emulation=CudaEmulation()) == 0.10
+    assert default_margin(None, estimate=True) == 0.05

@@ -1,7 +1,7 @@
 """How good is autobatch's pick, and what does the search cost? Real steps on this CPU.
 
     python -m kronos_tune.autobatch.bench [--task train|predict] [--preset cpu] [--model-size tiny]
-                                         [--budget-gb 0.5] [--margin 0.1] [--train-steps 20] [--repeats 3]
+                                         [--budget-gb 0.5] [--margin F] [--train-steps 20] [--repeats 3]
 
 train: runs ``autobatch`` on the preset's fine-tuning workload (model size
 overridable to keep it short) against a simulated device of ``--budget-gb``;
@@ -33,7 +33,7 @@ import torch
 
 from kronos_core.train import Trainer
 from kronos_tune.autobatch.predict_task import PredictTask
-from kronos_tune.autobatch.search import AutobatchResult, format_bytes
+from kronos_tune.autobatch.search import AutobatchResult, default_margin, format_bytes
 from kronos_tune.autobatch.train_task import TrainTask
 from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
@@ -125,6 +125,7 @@ def bench_train(preset: Preset, model_size: str | None, budget_bytes: int, margi
     config, _ = train_config_from_preset(preset)
     if model_size:
         config = config.replace(model_size=model_size)
+    margin = default_margin("cpu") if margin is None else margin
     usable = int(budget_bytes * (1 - margin))
     print(f"train: Kronos-{config.model_size}, windows {config.lookback_window}+{config.predict_window}+1, "
           f"amp {config.amp}, simulated cpu device {format_bytes(budget_bytes)} (usable {format_bytes(usable)}, "
@@ -191,7 +192,8 @@ def bench_predict(preset: Preset, model_size: str | None, budget_bytes: int, mar
     size = model_size or preset.workload.model_size
     task = PredictTask(size, p.lookback, p.pred_len, p.sample_count, p.series_count, device="cpu")
     print(f"predict: Kronos-{size}, {p.series_count} series x {p.sample_count} sample(s), {p.lookback} in / "
-          f"{p.pred_len} out, simulated cpu device {format_bytes(budget_bytes)} (margin {margin:.0%})")
+          f"{p.pred_len} out, simulated cpu device {format_bytes(budget_bytes)} "
+          f"(margin {default_margin('cpu') if margin is None else margin:.0%})")
     pick = task.run(budget_bytes, margin=margin, timing_chunks=1)
     result = pick.result
     print(f"  autobatch pick: {pick.series_per_chunk} series per chunk = max_batch_size {pick.max_batch_size} "
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-size", default="tiny", help="override the preset's model size ('' keeps it)")
     parser.add_argument("--budget-gb", type=float, default=None, help="simulated device size in GiB "
                                                                       "(default: 0.5 train, 0.05 predict)")
-    parser.add_argument("--margin", type=float, default=0.1)
+    parser.add_argument("--margin", type=float, default=None, help="default: autobatch's (5%% on the CPU meter)")
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preset-dir", type=Path, action="append", default=None)

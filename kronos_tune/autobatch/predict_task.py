@@ -104,7 +104,7 @@ class PredictTask:
 
         return ProbeStep(run, predictor.model)
 
-    def run(self, budget_bytes: int, margin: float = 0.1, max_probes: int = 6, round_bytes: int = 1,
+    def run(self, budget_bytes: int, margin: float | None = None, max_probes: int = 6, round_bytes: int = 1,
             on_probe: OnProbe | None = None, timing_chunks: int = 3, timing_repeats: int = 1) -> PredictPick:
         """Largest chunk within the budget, then series/s at it over ``timing_chunks`` chunks."""
         result = autobatch(self.step_factory, budget_bytes, margin=margin, max_probes=max_probes, min_batch=1,

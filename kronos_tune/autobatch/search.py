@@ -555,6 +555,23 @@ def _checked_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+CPU_MARGIN = 0.05
+CUDA_MARGIN = 0.10
+
+
+def default_margin(device: str | torch.device | None, estimate: bool = False,
+                   cuda_emulation: CudaEmulation | None = None) -> float:
+    """The budget fraction kept free when the caller gives none.
+
+    The margin covers what the meter does not see. The exact CPU meter of a
+    simulated device misses only scratch buffers inside kernels, so 5%. On CUDA
+    (real, or emulated by an estimate) the caching allocator's fragmentation and
+    library workspaces are unseen, so 10%.
+    """
+    on_cuda = (estimate and cuda_emulation is not None) or (device is not None and torch.device(device).type == "cuda")
+    return CUDA_MARGIN if on_cuda else CPU_MARGIN
+
+
 def validate_margin(margin: Any) -> float:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
         raise KronosTuneError(f"margin must be >= 0 and < 1 (a fraction of the budget kept free), got {margin!r}")
@@ -734,7 +751,7 @@ def _curve(model: PeakModel | None, probes: list[Probe], pick: int, points: int 
 def autobatch(
     step_factory: StepFactory,
     budget_bytes: int,
-    margin: float = 0.1,
+    margin: float | None = None,
     max_probes: int = 6,
     min_batch: int = 1,
     max_batch: int = 4096,
@@ -759,7 +776,8 @@ def autobatch(
             have ``close()`` (called after the probe) and, for ``estimate``,
             must have ``.model`` and ``.optimizer``.
         budget_bytes: the device's memory for this process (CPU: simulated).
-        margin: fraction of the budget the pick keeps free (0 <= margin < 1).
+        margin: fraction of the budget the pick keeps free (0 <= margin < 1);
+            None: ``default_margin`` (5% on the exact CPU meter, 10% on CUDA).
         max_probes: search probes at most (verification runs come on top, at
             most ``max_verify``).
         min_batch, max_batch: the range searched.
@@ -781,7 +799,7 @@ def autobatch(
     """
     started = time.perf_counter()
     budget_bytes = _checked_int("budget_bytes", budget_bytes, 1)
-    margin = validate_margin(margin)
+    margin = validate_margin(default_margin(device, estimate, cuda_emulation) if margin is None else margin)
     max_probes = _checked_int("max_probes", max_probes, 2)
     min_batch = _checked_int("min_batch", min_batch, 1)
     max_batch = _checked_int("max_batch", max_batch, min_batch)

@@ -199,7 +199,7 @@ class TrainTask:
         return self._open(batch_size)
 
     # running ----------------------------------------------------------------------------------
-    def run(self, budget_bytes: int, margin: float = 0.1, max_probes: int = 6, estimate: bool = False,
+    def run(self, budget_bytes: int, margin: float | None = None, max_probes: int = 6, estimate: bool = False,
             cuda_emulation: CudaEmulation | None = None, effective_batch: int | None = None, min_batch: int = 1,
             max_batch: int = 4096, round_bytes: int = 1, on_probe: OnProbe | None = None) -> AutobatchResult:
         """autobatch over this config: real Trainer steps on ``self.device``, or fake ones with ``estimate``."""

@@ -70,11 +70,11 @@ def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions:
     }
 
 
-def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: float, estimate: bool,
+def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: float | None, estimate: bool,
                   as_json: bool, preset_dirs: list[Path] | None, max_probes: int) -> None:
     from kronos_tune.autobatch.search import validate_margin
 
-    margin = validate_margin(margin)
+    margin = None if margin is None else validate_margin(margin)
     if task not in TASKS:
         raise KronosTuneError(f"--task must be one of {', '.join(TASKS)}, got '{task}'")
     if max_probes < 2:
@@ -220,8 +220,9 @@ def register(app: typer.Typer) -> None:
         budget_gb: Annotated[Optional[float], typer.Option(
             "--budget-gb", help="Device memory for tensors in GiB, replacing the preset's (memory minus CUDA "
                                 "context).")] = None,
-        margin: Annotated[float, typer.Option("--margin", help="Fraction of the budget to keep free, 0 <= F < 1.")]
-        = 0.1,
+        margin: Annotated[Optional[float], typer.Option(
+            "--margin", help="Fraction of the budget to keep free, 0 <= F < 1 (default 0.05 on the CPU's exact "
+                             "meter, 0.10 on CUDA or CUDA estimates).")] = None,
         estimate: Annotated[bool, typer.Option("--estimate", help="Fake tensors instead of real steps: no "
                                                                   "allocation, CUDA emulated for CUDA presets.")]
         = False,

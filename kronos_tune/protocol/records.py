@@ -117,7 +117,7 @@ class ProtocolOptions:
     predict_series: int | None = None
     predict_repeats: int = 3
     autobatch_estimate: bool | None = None
-    autobatch_margin: float = 0.1
+    autobatch_margin: float | None = None  # None: autobatch's default for the device
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -79,7 +79,7 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
     except _Cancelled:
         raise KeyboardInterrupt from None
     how = "fake-tensor estimate" if estimate else "real probes"
-    notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {run.options.autobatch_margin:g}): "
+    notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {found.margin:g}): "
              f"{found.batch_size} x {found.accumulation_steps}, largest fitting micro-batch {found.max_fit_batch_size}"]
     spec.changes = {"batch_size": found.batch_size, "accumulation_steps": found.accumulation_steps}
     if (found.batch_size, found.accumulation_steps) == (base.batch_size, base.accumulation_steps):
