@@ -35,13 +35,7 @@ TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_
               "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's ops are too small to share, and the tests share the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_preset(folder: Path, name: str = "tiny-bench") -> Path:

@@ -33,12 +33,7 @@ synthetic_rows = 200
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_config(tmp_path: Path, extra: str = "", epochs: int = 1) -> Path:

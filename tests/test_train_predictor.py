@@ -13,13 +13,7 @@ from kronos_core.synthetic import synthetic_series
 from kronos_core.train import PHASES, StepRecord, TrainConfig, Trainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The machine is shared: one intra-op thread avoids spin-waiting on busy cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(tmp_path: Path, **fields) -> TrainConfig:

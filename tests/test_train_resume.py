@@ -11,12 +11,7 @@ from kronos_core.errors import KronosError
 from kronos_core.train import StepRecord, TrainConfig, Trainer, checkpoint_path, load_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(out: Path, **fields) -> TrainConfig:
