@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from kronos_tune.protocol.records import TrialFinished
 from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen
 from kronos_tune.tui.widgets import GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar
-from test_tui_canned import series, trial_results, write_tiny_preset
+from test_tui_canned import series, trial_results, write_tiny_preset, log_text, until
 
 runner = CliRunner()
 
@@ -28,19 +27,6 @@ def _render(widget) -> str:
     return widget.render().plain
 
 
-def _log(app: DashboardApp) -> str:
-    return "\n".join(app.query_one(LogPane).lines_written)
-
-
-async def _until(pilot, condition, what: str, limit_s: float = 60.0) -> None:
-    """Let the app run until `condition()`; a safety limit, not a timing assertion."""
-    async def wait() -> None:
-        while not condition():
-            await pilot.pause(0.05)
-    try:
-        await asyncio.wait_for(wait(), limit_s)
-    except asyncio.TimeoutError:
-        pytest.fail(f"never happened: {what}")
 
 
 @pytest.mark.asyncio
@@ -48,7 +34,7 @@ async def test_real_sampler_fills_host_panel_and_explains_missing_gpu() -> None:
     sampler = Sampler(interval_s=0.1, capacity=100)
     app = DashboardApp(preset=resolve_preset("cpu"), sampler=sampler)
     async with app.run_test(size=(160, 48)) as pilot:
-        await _until(pilot, lambda: sampler.sample_count >= 3 and app.telemetry.latest is not None, "3 samples")
+        await until(pilot, lambda: sampler.sample_count >= 3 and app.telemetry.latest is not None, "3 samples")
         await pilot.pause()
         latest = app.telemetry.latest
         host = _render(app.query_one(HostPanel))
@@ -103,7 +89,7 @@ async def test_pause_freezes_panels_until_resumed() -> None:
         assert len(app.telemetry.series("ram")) == 30  # but still recorded
         await pilot.press("space")
         assert not app.paused and _render(app.query_one(HostPanel)) != before
-        assert "panels paused" in _log(app) and "panels resumed" in _log(app)
+        assert "panels paused" in log_text(app) and "panels resumed" in log_text(app)
 
 
 @pytest.mark.asyncio
@@ -148,9 +134,9 @@ async def test_preset_picker_switches_preset(tmp_path: Path) -> None:
     folder = write_tiny_preset(tmp_path / "presets")
     app = DashboardApp(preset=None, preset_dirs=[folder], timestamps=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        assert "no preset" in _log(app)
+        assert "no preset" in log_text(app)
         await pilot.press("b")  # nothing to run without a preset
-        assert "pick one first" in _log(app) and app.run_state.job is None
+        assert "pick one first" in log_text(app) and app.run_state.job is None
         await pilot.press("p")
         picker = app.screen
         assert isinstance(picker, PresetPicker)
@@ -169,7 +155,7 @@ async def test_actions_without_results_explain_themselves() -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("t", "e", "c")
-        log = _log(app)
+        log = log_text(app)
         assert "no recommended.toml yet" in log
         assert "nothing to export" in log
         assert "nothing to cancel" in log
@@ -214,7 +200,7 @@ async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
         assert by_name["compile"][2] == "failed" and "C compiler" in by_name["compile"][-1]
         assert by_name["checkpointing"][5] == "1.6 GiB -32.8%"  # memory down: a better delta
         assert by_name["noise-probe"][3] == "1.5 s ~+1.3%"  # inside the noise
-        log = _log(app)
+        log = log_text(app)
         assert "autobatch: oom: simulated device out of memory in backward" in log
         assert "compile: failed: torch.compile needs a C compiler" in log
         assert "dataloader: ok, step 1.3 s, 1.2k tokens/s" in log

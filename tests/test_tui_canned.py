@@ -105,3 +105,25 @@ def trial_in_flight() -> list:
                             optimizer_time_s=0.1, step_time_s=seconds)
         events.append(TrialStep(spec.name, record))
     return events
+
+
+def log_text(app) -> str:
+    """Everything the dashboard's log pane has written."""
+    from kronos_tune.tui.widgets import LogPane
+
+    return "\n".join(app.query_one(LogPane).lines_written)
+
+
+async def until(pilot, condition, what: str, limit_s: float = 120.0) -> None:
+    """Let the app run until `condition()`; a safety limit against hangs, not a timing assertion."""
+    import asyncio
+
+    import pytest
+
+    async def wait() -> None:
+        while not condition():
+            await pilot.pause(0.05)
+    try:
+        await asyncio.wait_for(wait(), limit_s)
+    except asyncio.TimeoutError:
+        pytest.fail(f"never happened: {what}")

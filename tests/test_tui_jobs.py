@@ -15,29 +15,16 @@ from kronos_tune.protocol import ProtocolOptions, plan_trials
 from kronos_tune.telemetry import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.widgets import LogPane, ResultsTable, RunPanel, StatusBar
-from test_tui_canned import write_tiny_preset
+from test_tui_canned import write_tiny_preset, log_text, until
 
 
-def _log(app: DashboardApp) -> str:
-    return "\n".join(app.query_one(LogPane).lines_written)
-
-
-async def _until(pilot, condition, what: str, limit_s: float = 120.0) -> None:
-    """Let the app run until `condition()`; a safety limit against hangs, not a timing assertion."""
-    async def wait() -> None:
-        while not condition():
-            await pilot.pause(0.05)
-    try:
-        await asyncio.wait_for(wait(), limit_s)
-    except asyncio.TimeoutError:
-        pytest.fail(f"never happened: {what}")
 
 
 async def _until_training(pilot, app: DashboardApp, trial: str | None = None) -> None:
     """Wait for a step of `trial` (any trial when None); fail at once if the job ended instead."""
     def stepping() -> bool:
         return app.run_state.step >= 1 and (trial is None or app.run_state.trial == trial)
-    await _until(pilot, lambda: stepping() or not app.busy, f"a training step of {trial or 'a trial'}")
+    await until(pilot, lambda: stepping() or not app.busy, f"a training step of {trial or 'a trial'}")
     assert stepping(), f"the job ended first: {app.run_state.phase}: {app.run_state.outcome}"
 
 
@@ -61,11 +48,11 @@ async def test_autobatch_runs_in_a_worker(tiny, tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("a")
         assert app.run_state.job == "autobatch"
-        await _until(pilot, lambda: not app.busy, "autobatch finished")
+        await until(pilot, lambda: not app.busy, "autobatch finished")
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         assert app.run_state.outcome.startswith("batch_size ")
-        log = _log(app)
+        log = log_text(app)
         assert "autobatch: probe batch 1: " in log and "(ok, " in log
         assert "autobatch done: batch_size" in log
         assert "autobatch: done" in app.query_one(StatusBar).render().plain
@@ -80,10 +67,10 @@ async def test_cancelled_autobatch_stops_after_a_probe(tiny, tmp_path: Path) -> 
         await _key(pilot, "a")
         await _key(pilot, "c")  # while the first probe runs
         assert app.run_state.phase == "cancelling"
-        await _until(pilot, lambda: not app.busy, "autobatch stopped")
+        await until(pilot, lambda: not app.busy, "autobatch stopped")
         await pilot.pause()
         assert app.run_state.phase == "cancelled"
-        log = _log(app)
+        log = log_text(app)
         assert "autobatch cancelled: stopped after a probe" in log
         assert log.count("autobatch: probe batch") == 1 and "autobatch done" not in log
 
@@ -109,7 +96,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         run_panel = app.query_one(RunPanel).render().plain
         assert f"trial 1/{len(planned)} baseline" in run_panel and "loss" in run_panel
         assert f"step {app.run_state.step}/{steps}" in run_panel
-        await _until(pilot, lambda: not app.busy, "the protocol finished")
+        await until(pilot, lambda: not app.busy, "the protocol finished")
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         rows = _rows(app)
@@ -117,7 +104,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert "%" in rows["checkpointing"][5]  # peak memory with its delta vs the baseline
         assert rows["compile"][2] == "skipped" and rows["compile"][-1] == "not selected by --only"
         assert sorted(rows) == sorted(planned)
-        log = _log(app)
+        log = log_text(app)
         assert f"trial 1/{len(planned)}: baseline (baseline)" in log and "checkpointing: ok, step" in log
         ok = sum(row[2] == "ok" for row in rows.values())
         assert ok >= 3 and f"benchmark train done: {ok} ok, {len(planned) - ok} skipped; reports in" in log
@@ -125,20 +112,20 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert app.recommended == out / "tiny-cpu-train" / "recommended.toml"
 
         await pilot.press("e")
-        await _until(pilot, lambda: "exported" in _log(app), "the export")
+        await until(pilot, lambda: "exported" in log_text(app), "the export")
         exported = next((out / "reports").iterdir())
         assert exported.name.startswith("tiny-cpu-train-")
         assert {p.name for p in exported.iterdir()} >= {"report.json", "report.csv", "report.md", "recommended.toml"}
-        assert str(exported) in _log(app)
+        assert str(exported) in log_text(app)
 
         await _key(pilot, "t")
-        await _until(pilot, lambda: not app.busy, "training finished")
+        await until(pilot, lambda: not app.busy, "training finished")
         await pilot.pause()
         assert app.run_state.job == "training" and app.run_state.phase == "done", app.run_state.outcome
         assert app.run_state.step == app.run_state.steps_target == 4  # 32 samples / batch 8
         assert "step 4/4" in app.query_one(RunPanel).render().plain
         assert (out / "tiny-cpu-training" / "checkpoints" / "last.pt").is_file()
-        assert "training done: 4/4 steps, done" in _log(app)
+        assert "training done: 4/4 steps, done" in log_text(app)
 
 
 @pytest.mark.asyncio
@@ -154,11 +141,11 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
         assert app.paused and app.run_state.trial == "baseline" and app.busy
         await _key(pilot, "space")
         await _key(pilot, "a")  # one job at a time
-        assert "benchmark train is still running: wait for it or cancel it (c) first" in _log(app)
+        assert "benchmark train is still running: wait for it or cancel it (c) first" in log_text(app)
         await _until_training(pilot, app, "noise-probe")
         await _key(pilot, "c")
         assert app.run_state.phase == "cancelling" and app.run_state.trial == "noise-probe"
-        await _until(pilot, lambda: not app.busy, "the protocol stopped")
+        await until(pilot, lambda: not app.busy, "the protocol stopped")
         await pilot.pause()
         assert app.run_state.phase == "cancelled"
         rows = _rows(app)
@@ -167,8 +154,8 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
         assert "checkpointing" not in rows  # never started
         assert app.report is not None and app.report.cancelled
         await pilot.press("e")  # a cancelled run still exports what it has
-        await _until(pilot, lambda: "exported" in _log(app), "the export")
-        assert "benchmark train cancelled" in _log(app)
+        await until(pilot, lambda: "exported" in log_text(app), "the export")
+        assert "benchmark train cancelled" in log_text(app)
 
 
 @pytest.mark.asyncio
@@ -179,11 +166,11 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
-        await _until(pilot, lambda: not app.busy, "the protocol ended")
+        await until(pilot, lambda: not app.busy, "the protocol ended")
         await pilot.pause()
         baseline = _rows(app)["baseline"]
         assert baseline[2] == "oom" and "simulated device out of memory" in baseline[-1]
-        assert "baseline: oom: simulated device out of memory" in _log(app)
+        assert "baseline: oom: simulated device out of memory" in log_text(app)
         await _key(pilot, "space")  # still answering keys
         assert app.paused
 
@@ -196,7 +183,7 @@ async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("B")
         assert app.run_state.job == "benchmark predict"
-        await _until(pilot, lambda: not app.busy, "the predict protocol finished")
+        await until(pilot, lambda: not app.busy, "the predict protocol finished")
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         rows = _rows(app)
@@ -204,7 +191,7 @@ async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
         assert "series/s" in [str(c.label) for c in app.query_one(ResultsTable).columns.values()]
         assert rows["kv-cache"][6].endswith("×")  # the speed-up over full recompute
         await pilot.press("t")  # a predict benchmark recommends no training config
-        assert "no recommended.toml yet" in _log(app)
+        assert "no recommended.toml yet" in log_text(app)
 
 
 def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
@@ -220,7 +207,7 @@ def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
             await _key(pilot, "b")
             await _until_training(pilot, app)
             await _key(pilot, "q")
-            await _until(pilot, lambda: not app.is_running, "the app exited", limit_s=60)
+            await until(pilot, lambda: not app.is_running, "the app exited", limit_s=60)
         assert not app.busy  # the worker finished its step and returned before the app exited
         assert not sampler.running
         assert app.return_value == 0
