@@ -68,6 +68,21 @@ class _Runner:
             last = time.perf_counter() - start
         return last
 
+    def _measure(self, probe: Probe, step: Callable[..., Any], meter: Any, batch_size: int, kind: ProbeKind,
+                 sync: Callable[[], None]) -> Any:
+        """Timed steps plus the eval batch under `meter`; fills the probe. Returns the eval callable,
+        which the caller drops with the step."""
+        probe.step_time_s = self._timed_steps(step, meter, sync)
+        probe.steps_run = self.steps_per_probe
+        evaluate = None
+        if self.eval_factory is not None:
+            evaluate = self.eval_factory(batch_size)
+            _call(evaluate, meter)
+        probe.peak_bytes = meter.peak_bytes()
+        probe.phase_peak_bytes = meter.peaks()
+        probe.status = "verify" if kind == "verify" else "ok"
+        return evaluate
+
 
 class _CpuRunner(_Runner):
     """A simulated device: a StorageTracker whose budget raises torch.OutOfMemoryError."""
@@ -99,14 +114,7 @@ class _CpuRunner(_Runner):
                 if cap_bytes is not None and meter.current_bytes() > cap_bytes:
                     raise meter.budget.error(meter.current_bytes(), meter.current_bytes(), op="building the step")
                 meter.reset()
-                probe.step_time_s = self._timed_steps(step, meter, lambda: None)
-                probe.steps_run = self.steps_per_probe
-                if self.eval_factory is not None:
-                    evaluate = self.eval_factory(batch_size)
-                    _call(evaluate, meter)
-            probe.peak_bytes = meter.peak_bytes()
-            probe.phase_peak_bytes = meter.peaks()
-            probe.status = "verify" if kind == "verify" else "ok"
+                evaluate = self._measure(probe, step, meter, batch_size, kind, lambda: None)
         except Exception as error:  # noqa: BLE001 - only out-of-memory is a measurement; the rest re-raises
             if not is_out_of_memory(error):
                 raise
@@ -166,15 +174,8 @@ class _CudaRunner(_Runner):
             step = self.step_factory(batch_size)
             probe.build_bytes = torch.cuda.memory_allocated(dev) - base_bytes
             meter.reset()
-            probe.step_time_s = self._timed_steps(step, meter, lambda: torch.cuda.synchronize(dev))
-            probe.steps_run = self.steps_per_probe
-            if self.eval_factory is not None:
-                evaluate = self.eval_factory(batch_size)
-                _call(evaluate, meter)
-            probe.peak_bytes = meter.peak_bytes()
+            evaluate = self._measure(probe, step, meter, batch_size, kind, lambda: torch.cuda.synchronize(dev))
             probe.reserved_peak_bytes = meter.peak_reserved_bytes()
-            probe.phase_peak_bytes = meter.peaks()
-            probe.status = "verify" if kind == "verify" else "ok"
         except Exception as error:  # noqa: BLE001
             if not is_out_of_memory(error):
                 raise
