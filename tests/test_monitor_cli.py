@@ -19,22 +19,12 @@ from kronos_tune.commands.monitor import render
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.nvml import GpuSnapshot
 from kronos_tune.telemetry import Sampler, Snapshot
+from machine import real_nvidia_gpu_present
 
 runner = CliRunner()
 
 
-def _real_gpu_present() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
-NO_GPU = not _real_gpu_present()
+NO_GPU = not real_nvidia_gpu_present()
 
 
 def _command() -> list[str]:

@@ -23,22 +23,12 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.nvml import NvmlReader
 from kronos_tune.resource_monitor import collect_environment, percentile
 from kronos_tune.telemetry import Sampler, read_torch_allocator
+from machine import real_nvidia_gpu_present
 
 GIB = 2**30
 
 
-def _real_gpu_present() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
-needs_no_gpu = pytest.mark.skipif(_real_gpu_present(), reason="this machine has a working NVIDIA driver")
+needs_no_gpu = pytest.mark.skipif(real_nvidia_gpu_present(), reason="this machine has a working NVIDIA driver")
 
 
 # -- a recorded NVML ---------------------------------------------------------
