@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kronos_core.bench_phases import breakdown_lines, measure_read_bandwidth, time_phases
 from kronos_core.data import FEATURE_COLUMNS, read_kline
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
@@ -101,10 +102,28 @@ def bench_predict(args: argparse.Namespace) -> int:
         speedup = statistics.median(rates["cached"]) / statistics.median(rates["recompute"])
         identical = all(a.equals(b) for a, b in zip(outputs["cached"], outputs["recompute"]))
         print(f"speed-up of medians: {speedup:.1f}x; greedy outputs identical: {identical}")
+    if args.breakdown and "cached" in predictors:
+        _print_breakdown(args, predictors["cached"], dfs, xs, ys, context,
+                         statistics.median(args.series / r for r in rates["recompute"]) if "recompute" in rates else None)
     print(f"peak RSS of this process: {_peak_rss_bytes() / 2**30:.2f} GiB")
     if device.startswith("cuda"):
         print(f"peak CUDA allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0
+
+
+def _print_breakdown(args: argparse.Namespace, predictor: KronosPredictor, dfs, xs, ys, context: int,
+                     recompute_seconds: float | None) -> None:
+    """Time the cached path's phases over `args.repeats` more runs and print them with their floors."""
+    runs = [time_phases(predictor, lambda: predictor.predict_batch(dfs, xs, ys, args.pred_len, top_k=1,
+                                                                     verbose=False), args.pred_len)
+            for _ in range(args.repeats)]
+    rows = min(args.series, predictor.rows_per_chunk(args.max_batch_size, args.lookback, args.pred_len))
+    element_bytes = 2 if args.amp != "none" else 4
+    bandwidth = measure_read_bandwidth(predictor.device)
+    for line in breakdown_lines(runs, predictor.model, rows, args.lookback, args.pred_len, element_bytes,
+                                bandwidth, recompute_seconds,
+                                window_slides=args.lookback + args.pred_len > context):
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--window-mode", choices=["refill", "shift"], default="refill",
                          help="after the window slides: exact re-fill (default) or approximate shift")
     predict.add_argument("--threads", type=int, default=None, help="intra-op CPU threads (default: torch's)")
+    predict.add_argument("--breakdown", action="store_true",
+                         help="also time the cached path's phases and print the per-step memory floor and "
+                              "the speed-up ceilings")
     args = parser.parse_args(argv)
     return bench_predict(args)
 

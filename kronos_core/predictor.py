@@ -14,7 +14,7 @@ import contextlib
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +123,10 @@ class KronosPredictor:
     generation.py); `use_cache=False` recomputes the window each step like the
     reference; `max_batch_size` caps the sequences (series x sample_count) run
     at once, default derived from free memory.
+
+    `phase_clock`, when set, is called with "encode", "step" (after each
+    generated step) and "decode" as each phase of a chunk ends; benchmarks use
+    it to time the phases (it should synchronize the device itself).
     """
 
     def __init__(self, model: Kronos, tokenizer: KronosTokenizer, device: str | torch.device | None = None,
@@ -145,6 +149,7 @@ class KronosPredictor:
         self.window_mode = window_mode
         self.use_cache = use_cache
         self.max_batch_size = max_batch_size
+        self.phase_clock: Callable[[str], None] | None = None
         self.price_cols = list(PRICE_COLUMNS)
         self.vol_col, self.amt_vol = "volume", "amount"
 
@@ -180,7 +185,7 @@ class KronosPredictor:
             warnings.warn(f"a history of {longest} rows is longer than max_context={self.max_context}: every row "
                           f"is used for normalization and tokenization, the predictor sees the last "
                           f"{self.max_context} tokens", stacklevel=2)
-        rows_per_chunk = self._rows_per_chunk(max_batch_size or self.max_batch_size,
+        rows_per_chunk = self.rows_per_chunk(max_batch_size or self.max_batch_size,
                                               longest, pred_len)
         series_per_chunk = max(1, rows_per_chunk // sample_count)
         by_length: dict[int, list[int]] = defaultdict(list)
@@ -191,9 +196,13 @@ class KronosPredictor:
 
         paths: list[np.ndarray | None] = [None] * len(series)
         with self._progress(verbose, len(chunks) * pred_len, len(series)) as advance:
+            def on_step(_step: int) -> None:
+                advance(0, 1)
+                self._mark("step")
+
             for chunk in chunks:
                 result = self._generate_chunk([series[i] for i in chunk], pred_len, params, sample_count,
-                                              on_step=lambda _step: advance(0, 1))
+                                              on_step=on_step)
                 for position, i in enumerate(chunk):
                     paths[i] = result[position]
                 advance(len(chunk), 0)
@@ -208,7 +217,8 @@ class KronosPredictor:
 
     # Internals ---------------------------------------------------------------------------
 
-    def _rows_per_chunk(self, requested: int | None, history: int, pred_len: int) -> int:
+    def rows_per_chunk(self, requested: int | None, history: int, pred_len: int) -> int:
+        """Sequences run at once: `requested`, else as many as 40% of free memory holds."""
         if requested is not None:
             if requested < 1:
                 raise KronosError(f"max_batch_size must be >= 1, got {requested}")
@@ -218,6 +228,10 @@ class KronosPredictor:
         per_row = bytes_per_sequence(self.model, self.tokenizer, window, element_bytes)
         fit = int(0.4 * available_memory_bytes(self.device) // per_row)
         return max(1, min(fit, GPU_MAX_ROWS if self.device.type == "cuda" else CPU_MAX_ROWS))
+
+    def _mark(self, phase: str) -> None:
+        if self.phase_clock is not None:
+            self.phase_clock(phase)
 
     def _autocast(self):
         if self.amp is None:
@@ -234,6 +248,7 @@ class KronosPredictor:
         x = torch.clamp(x, -self.clip, self.clip)
         with self._autocast():
             s1, s2 = self.tokenizer.encode(x, half=True)
+            self._mark("encode")
             if sample_count > 1:
                 s1, s2 = s1.repeat_interleave(sample_count, 0), s2.repeat_interleave(sample_count, 0)
                 stamps = stamps.repeat_interleave(sample_count, 0)
@@ -247,6 +262,7 @@ class KronosPredictor:
             full_s2 = torch.cat([s2, new_s2], dim=1)[:, start:]
             decoded = self.tokenizer.decode([full_s1, full_s2], half=True)[:, -pred_len:]
         paths = decoded.float().reshape(len(chunk), sample_count, pred_len, -1).cpu().numpy()
+        self._mark("decode")
         return list(paths)
 
     @contextlib.contextmanager
