@@ -20,6 +20,9 @@ import difflib
 import math
 import os
 import re
+import sys
+import sysconfig
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -357,9 +360,20 @@ def load_preset_file(path: Path | str) -> Preset:
     return parse_preset(data, path)
 
 
+INSTALLED_PRESET_SUBDIR = Path("share", "kronos-tune", "presets")  # pyproject's data-files target
+
+
 def builtin_preset_dir() -> Path:
-    """The repository's `presets/` folder (next to the kronos_tune package)."""
-    return Path(kronos_tune.__file__).resolve().parent.parent / "presets"
+    """The built-in presets: the repository's `presets/` folder in a checkout or an
+    editable install, else the copy a wheel installed under the environment's data
+    path (`<prefix>/share/kronos-tune/presets`, or the user scheme's for --user)."""
+    checkout = Path(kronos_tune.__file__).resolve().parent.parent / "presets"
+    if checkout.is_dir():
+        return checkout
+    schemes = [sysconfig.get_default_scheme(), f"{os.name}_user"]
+    candidates = [Path(sysconfig.get_path("data", scheme)) / INSTALLED_PRESET_SUBDIR for scheme in schemes]
+    candidates.append(Path(sys.prefix) / INSTALLED_PRESET_SUBDIR)
+    return next((folder for folder in candidates if folder.is_dir()), checkout)
 
 
 def _checked_dir(raw: str | Path, origin: str) -> Path:

@@ -77,6 +77,38 @@ def edited(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 # --- shipped presets -------------------------------------------------------------------------
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_a_wheel_install_finds_the_builtin_presets(tmp_path: Path) -> None:
+    """A non-editable install has no checkout next to the package: the wheel must carry the presets."""
+    source = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("kronos_core", "kronos_tune", "presets"):
+        shutil.copytree(REPO / folder, source / folder, ignore=skip)
+
+    def run(*command: str | Path) -> str:
+        done = subprocess.run([str(c) for c in command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", source, "-w", tmp_path / "dist")
+    run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", tmp_path / "venv")
+    python = tmp_path / "venv" / "bin" / "python"
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
+    probe = ("import kronos_tune, kronos_tune.presets as p; print(kronos_tune.__file__); "
+             "print(p.builtin_preset_dir()); print(' '.join(sorted(x.name for x in p.list_presets())))")
+    package_file, folder, names = run(python, "-c", probe).splitlines()
+    venv = str(tmp_path / "venv")
+    assert package_file.startswith(venv) and folder.startswith(venv), (package_file, folder)
+    assert names.split() == sorted(BUILTIN_NAMES)
+
+
 def test_every_shipped_preset_loads_and_round_trips(tmp_path: Path) -> None:
     files = sorted(builtin_preset_dir().glob("*.toml"))
     assert {f.stem for f in files} == BUILTIN_NAMES

@@ -40,7 +40,7 @@ def _display_path(path: Path | None) -> str:
     """Built-in presets by file name alone (the table caption names their folder), others in full."""
     if path is None:
         return "-"
-    return path.name if path.resolve().parent == builtin_preset_dir() else str(path)
+    return path.name if path.resolve().parent == builtin_preset_dir().resolve() else str(path)
 
 
 def _presets_table(presets: list[Preset]) -> Table:
