@@ -107,6 +107,7 @@ def test_deltas_mark_noise_inside_the_spread_or_the_timing_band() -> None:
     assert deltas["val_loss"].noise
     assert timing_band(base, [_result("baseline-repeat", 1.3, 1000, stage="baseline")]) == pytest.approx(30.0)
     assert compute_deltas(far, base, 0.01, band_pct=30.0)["step_time_s"].noise  # the machine drifted more
+    assert compute_deltas(base, base, 0.01) == {}  # the baseline has no delta against itself
 
 
 def test_combination_takes_the_faster_of_conflicting_changes_and_leaves_flagged_ones_out() -> None:

@@ -96,10 +96,12 @@ def _spread_delta(value: Spread | None, reference: Spread | None, band_pct: floa
 
 def compute_deltas(result: TrialResult, baseline: TrialResult | None, val_threshold: float | None,
                    band_pct: float | None = None) -> dict[str, Delta]:
-    """Percent deltas of `result` vs `baseline` for every figure both have (none unless both ran ok).
+    """Percent deltas of `result` vs `baseline` for every figure both have (none unless both
+    ran ok, and none for the baseline itself).
 
     `band_pct`: the timing noise band (see timing_band); time deltas within it are noise."""
-    if baseline is None or baseline.status != "ok" or result.status not in ("ok", "cancelled"):
+    if baseline is None or result.name == baseline.name or baseline.status != "ok" \
+            or result.status not in ("ok", "cancelled"):
         return {}
     deltas: dict[str, Delta] = {}
     for key in ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s"):
