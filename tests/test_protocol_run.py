@@ -219,6 +219,11 @@ def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
     assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
     assert not (tmp_path / "out" / "recommended.toml").exists()
     assert "| kv-cache (use_cache=True) |" in (tmp_path / "out" / "report.md").read_text()
+    # Progress counts what the trial announced: the metered warm-up run, then the timed runs.
+    started = next(e.spec for e in events.events if isinstance(e, TrialStarted) and e.spec.name == "kv-cache")
+    steps = [e.record for e in events.events if isinstance(e, TrialStep) and e.trial_name == "kv-cache"]
+    assert [(r.step, r.total, r.timed) for r in steps] == [(1, 3, False), (2, 3, True), (3, 3, True)]
+    assert started.total_steps == 3
 
 
 def test_cli_renders_the_table_and_json(tmp_path: Path) -> None:

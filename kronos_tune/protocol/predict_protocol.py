@@ -162,7 +162,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                 result.peak_memory_bytes = meter.peak_bytes()
         result.metered_time_s = time.perf_counter() - start
         if on_step is not None:
-            on_step(PredictStep(0, repeats, settings.measured_series, tokens, result.metered_time_s, timed=False))
+            on_step(PredictStep(1, repeats + 1, settings.measured_series, tokens, result.metered_time_s, timed=False))
         for index in range(repeats):
             if should_stop():
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
@@ -171,7 +171,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             _run(predictors, settings, inputs)
             result.seconds.append(time.perf_counter() - start)
             if on_step is not None:
-                on_step(PredictStep(index + 1, repeats, settings.measured_series, tokens, result.seconds[-1]))
+                on_step(PredictStep(index + 2, repeats + 1, settings.measured_series, tokens, result.seconds[-1]))
         return result
     except torch.OutOfMemoryError as error:
         result.status, result.reason = "oom", first_line(error)

@@ -301,7 +301,8 @@ class ProtocolFinished:
 
 @dataclass(frozen=True)
 class PredictStep:
-    """Progress of a predict trial: one prediction run (``step`` of ``total``), shaped like a StepRecord.
+    """Progress of a predict trial: one prediction run (``step`` of ``total``, counting the metered
+    warm-up run first, as the trial's warmup_steps + measured_steps do), shaped like a StepRecord.
 
     ``tokens`` are generated tokens (series x sample paths x pred_len); ``loss`` is NaN (no loss here).
     """
