@@ -11,16 +11,14 @@ import pytest
 from kronos_core.data import FEATURE_COLUMNS
 from kronos_core.synthetic import synthetic_kline
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
 from kronos_tune.predict_job import (
     RANDOM_WEIGHTS_NOTE,
     PredictConfig,
     check_output_path,
-    future_timestamps,
-    infer_interval,
     load_series,
     run_predict,
     score,
-    session_grid,
     write_table,
 )
 
