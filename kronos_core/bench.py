@@ -121,8 +121,7 @@ def _print_breakdown(args: argparse.Namespace, predictor: KronosPredictor, dfs, 
     element_bytes = 2 if args.amp != "none" else 4
     bandwidth = measure_read_bandwidth(predictor.device)
     for line in breakdown_lines(runs, predictor.model, rows, args.lookback, args.pred_len, element_bytes,
-                                bandwidth, recompute_seconds,
-                                window_slides=args.lookback + args.pred_len > context):
+                                bandwidth, recompute_seconds, context, args.window_mode):
         print(line)
 
 

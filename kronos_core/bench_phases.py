@@ -98,10 +98,18 @@ def weight_bytes_per_step(model: Kronos) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in tables)
 
 
-def kv_bytes_per_step(model: Kronos, rows: int, history: int, pred_len: int, element_bytes: int) -> int:
+def mean_cache_length(history: int, pred_len: int, context: int | None = None) -> float:
+    """Mean number of cached positions a one-token step attends over (steps 1..pred_len-1;
+    step i sees history + i positions, at most `context` once a shifting window is full)."""
+    lengths = [history + i if context is None else min(history + i, context) for i in range(1, pred_len)]
+    return sum(lengths) / len(lengths) if lengths else float(history)
+
+
+def kv_bytes_per_step(model: Kronos, rows: int, history: int, pred_len: int, element_bytes: int,
+                      context: int | None = None) -> int:
     """Mean bytes of key/value cache a one-token step reads over the steps after the prefill:
     keys and values of every self-attention layer plus the dependency layer."""
-    mean_length = history + pred_len / 2
+    mean_length = mean_cache_length(history, pred_len, context)
     return int((2 * model.n_layers + 2) * rows * mean_length * model.d_model * element_bytes)
 
 
@@ -128,8 +136,11 @@ def _median_phases(runs: list[PhaseTimes]) -> PhaseTimes:
 
 def breakdown_lines(runs: list[PhaseTimes], model: Kronos, rows: int, history: int, pred_len: int,
                     element_bytes: int, bandwidth: float, recompute_seconds: float | None,
-                    window_slides: bool) -> list[str]:
-    """Human-readable phase breakdown, per-step memory floor and speed-up ceilings."""
+                    context: int, window_mode: str = "refill") -> list[str]:
+    """Human-readable phase breakdown, per-step memory floor and speed-up ceilings.
+
+    Once history + generated tokens pass `context`, refill mode re-fills the cache at every
+    step (no one-token floor applies); shift mode keeps one-token steps over `context` positions."""
     phases = _median_phases(runs)
     ms = 1e3
     per_step = phases.steps / max(phases.step_count, 1)
@@ -138,14 +149,16 @@ def breakdown_lines(runs: list[PhaseTimes], model: Kronos, rows: int, history: i
              f"({per_step * ms:.2f} per step), decode {phases.decode * ms:.0f}, other {phases.other * ms:.0f}; "
              f"total {phases.total * ms:.0f}"]
     floor_step = None
-    if window_slides:
-        lines.append("the window slides, so later steps re-fill the cache: no per-step memory floor is given")
+    if history + pred_len > context and window_mode == "refill":
+        lines.append(f"the window slides after {context - history} steps and later steps re-fill the cache "
+                     "exactly: no one-token memory floor is given (--window-mode shift has one)")
     else:
         weights = weight_bytes_per_step(model)
-        kv = kv_bytes_per_step(model, rows, history, pred_len, element_bytes)
+        kv = kv_bytes_per_step(model, rows, history, pred_len, element_bytes, context)
         floor_step = (weights + kv) / bandwidth
+        mean_length = mean_cache_length(history, pred_len, context)
         lines.append(f"per-step memory floor: weights {weights / 1e6:.1f} MB + KV cache {kv / 1e6:.1f} MB "
-                     f"(mean length {history + pred_len / 2:.0f}, {rows} rows) at {bandwidth / 1e9:.1f} GB/s "
+                     f"(mean length {mean_length:.0f}, {rows} rows) at {bandwidth / 1e9:.1f} GB/s "
                      f"streaming read measured now = {floor_step * ms:.2f} ms; measured step is "
                      f"{per_step / floor_step:.2f}x the floor")
     if recompute_seconds is not None:

@@ -9,8 +9,8 @@ last `max_context` tokens with positions restarting at 0.
   step to the cache while the window has not slid; after it slides, re-fill a
   fresh cache from the new window at each step (same cost as recomputing).
 - `use_cache=True`, `window_mode="shift"`: approximate and fast after sliding.
-  The oldest cached position is dropped and new tokens keep rotating at
-  increasing positions. RoPE scores depend only on relative distance, so the
+  The oldest cached position is dropped (in O(1), the cache becomes a ring) and
+  new tokens keep rotating at increasing positions. RoPE scores depend only on relative distance, so the
   only approximation is that cached states still carry the influence of the
   tokens that left the window.
 """

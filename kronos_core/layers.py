@@ -82,7 +82,14 @@ class RotaryEmbedding(nn.Module):
 
 
 class LayerCache:
-    """Keys and values of one attention layer for a batch, preallocated to `capacity` positions."""
+    """Keys and values of one attention layer for a batch, preallocated to `capacity` positions.
+
+    Filled front to back. In the approximate sliding mode the oldest position is
+    dropped in O(1): the storage becomes a ring, the next token overwrites the
+    dropped slot, and `view()` hands attention the slots in storage order. That
+    is only valid for a length-1 query, which attends to every cached position
+    without a mask, so the order of the keys does not matter.
+    """
 
     def __init__(self, batch: int, n_heads: int, head_dim: int, capacity: int,
                  device: torch.device, dtype: torch.dtype):
@@ -90,6 +97,7 @@ class LayerCache:
         self.keys = torch.empty(shape, device=device, dtype=dtype)
         self.values = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0
+        self.start = 0    # storage slot of the oldest position
         self.dropped = 0  # positions dropped from the front (approximate sliding mode)
 
     @property
@@ -102,20 +110,32 @@ class LayerCache:
         return self.keys.shape[2]
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values ([B, H, T, hd]) and return all stored so far."""
-        end = self.length + keys.shape[2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache overflow: {end} positions > capacity {self.capacity}")
-        self.keys[:, :, self.length:end] = keys
-        self.values[:, :, self.length:end] = values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        """Store new keys/values ([B, H, T, hd]) and return all stored so far (see `view`)."""
+        count = keys.shape[2]
+        if self.length + count > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {self.length + count} positions > capacity {self.capacity}")
+        slot = (self.start + self.length) % self.capacity
+        if slot + count > self.capacity:
+            raise RuntimeError("a multi-token append cannot wrap around the ring; append one token at a time")
+        self.keys[:, :, slot:slot + count] = keys
+        self.values[:, :, slot:slot + count] = values
+        self.length += count
+        return self.view()
+
+    def view(self) -> tuple[Tensor, Tensor]:
+        """Keys and values of the cached positions: in order until the ring wraps, then every slot."""
+        if self.length == self.capacity:
+            return self.keys, self.values
+        if self.start + self.length > self.capacity:
+            raise RuntimeError("the cache has a gap: append the next token before attending")
+        end = self.start + self.length
+        return self.keys[:, :, self.start:end], self.values[:, :, self.start:end]
 
     def drop_oldest(self, count: int = 1) -> None:
-        keep = self.length - count
-        self.keys[:, :, :keep] = self.keys[:, :, count:self.length].clone()
-        self.values[:, :, :keep] = self.values[:, :, count:self.length].clone()
-        self.length = keep
+        if count > self.length:
+            raise RuntimeError(f"cannot drop {count} positions from a cache holding {self.length}")
+        self.start = (self.start + count) % self.capacity
+        self.length -= count
         self.dropped += count
 
 

@@ -243,7 +243,5 @@ class Kronos(nn.Module, PretrainedMixin):
     def s2_logits_cached(self, last_hidden: Tensor, s1_ids: Tensor, cache: KronosCache) -> Tensor:
         """s2 logits [B, V2] for the last position given the sampled s1 ids [B]."""
         sibling = self.embedding.emb_s1(s1_ids.view(-1, 1))
-        dep = cache.dep
-        attn = self.dep_layer.cross_attn.attend_cached(sibling, dep.keys[:, :, :dep.length],
-                                                       dep.values[:, :, :dep.length])
+        attn = self.dep_layer.cross_attn.attend_cached(sibling, *cache.dep.view())
         return self.head.cond_forward(self.dep_layer.norm(last_hidden + attn))[:, 0]

@@ -25,14 +25,18 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 step nvidia-smi            20  nvidia-smi
+# Issue 2's H200 target (400/120 slides after 112 steps: exact refill, then the approximate shift mode)
+step predict-bf16          90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \
+                                 --pred-len 120 --paths cached --amp bf16 --repeats 3 --max-batch-size 2048 --breakdown
+step predict-bf16-shift    90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \
+                                 --pred-len 120 --paths cached --amp bf16 --repeats 3 --max-batch-size 2048 \
+                                 --window-mode shift --breakdown
+step predict-cache-vs-full 60  python -m kronos_core.bench predict --size small --series 64 --lookback 400 \
+                                 --pred-len 30 --repeats 2 --breakdown
 step pytest-gpu           120  python -m pytest -m gpu -q -p no:cacheprovider
 step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50 --modes fp32 bf16
 step monitor-nvml          20  kronos-tune monitor --json --duration 3 --interval 0.5
 step profile-mfu           60  kronos-tune profile --preset h200 --steps 3 --trace "$out/trace.json"
-step predict-bf16          90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \
-                                 --pred-len 120 --paths cached --amp bf16 --repeats 3 --max-batch-size 2048
-step predict-cache-vs-full 60  python -m kronos_core.bench predict --size small --series 64 --lookback 400 \
-                                 --pred-len 30 --repeats 2
 step train-precision      100  python -m kronos_core.bench_train --device cuda --mode precision --repeats 5
 step autobatch-rtx3080     90  kronos-tune autobatch --preset rtx3080 --json
 step autobatch-estimate    60  kronos-tune autobatch --preset rtx3080 --estimate --json

@@ -6,8 +6,8 @@ import pytest
 import torch.nn as nn
 
 from kronos_core import bench
-from kronos_core.bench_phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, split_phases, time_phases,
-                                      weight_bytes_per_step)
+from kronos_core.bench_phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, mean_cache_length, split_phases,
+                                      time_phases, weight_bytes_per_step)
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
 from kronos_core.synthetic import synthetic_series
@@ -64,6 +64,8 @@ def test_memory_floor_counts_every_weight_but_the_embedding_tables(tiny):
     # keys + values of n_layers self-attention layers and the dependency layer, at the mean cache length
     expected = (2 * model.n_layers + 2) * 3 * (100 + 10) * model.d_model * 2
     assert kv_bytes_per_step(model, rows=3, history=100, pred_len=20, element_bytes=2) == expected
+    assert mean_cache_length(100, 20) == 110
+    assert mean_cache_length(100, 20, context=105) == (sum(range(101, 105)) + 105 * 15) / 19
 
 
 def test_breakdown_ceilings_follow_from_the_phases(tiny):
@@ -71,13 +73,15 @@ def test_breakdown_ceilings_follow_from_the_phases(tiny):
     model = tiny[0]
     floor_bytes = weight_bytes_per_step(model) + kv_bytes_per_step(model, 8, 400, 30, 4)
     bandwidth = floor_bytes / 0.01  # a 10 ms floor per step
-    lines = breakdown_lines(runs, model, 8, 400, 30, 4, bandwidth, recompute_seconds=17.0, window_slides=False)
+    lines = breakdown_lines(runs, model, 8, 400, 30, 4, bandwidth, recompute_seconds=17.0, context=512)
     assert "30 one-token steps 600 (20.00 per step)" in lines[0]
     assert "= 10.00 ms; measured step is 2.00x the floor" in lines[1]
     # measured 17 / 1.7 = 10x; steps free 17 / 1.1; at the floor 17 / (1.1 + 0.3) = 12.1x
     assert lines[2].endswith("measured 10.0x; steps free 15.5x; steps at the memory floor 12.1x")
-    slid = breakdown_lines(runs, model, 8, 400, 30, 4, bandwidth, recompute_seconds=None, window_slides=True)
-    assert "no per-step memory floor" in slid[1] and len(slid) == 2
+    slid = breakdown_lines(runs, model, 8, 400, 30, 4, bandwidth, recompute_seconds=None, context=420)
+    assert "slides after 20 steps" in slid[1] and "no one-token memory floor" in slid[1] and len(slid) == 2
+    shifted = breakdown_lines(runs, model, 8, 400, 30, 4, bandwidth, None, context=420, window_mode="shift")
+    assert "(mean length 413," in shifted[1]  # steps 1..19 see 401..419 positions, steps 20..29 see 420
 
 
 def test_bench_predict_command_compares_paths_and_breaks_down(capsys, one_thread):

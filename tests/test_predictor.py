@@ -6,10 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kronos_core.data import read_kline
 from kronos_core.errors import KronosError
 from kronos_core.generation import SamplingParams, generate_tokens, sample_tokens
+from kronos_core.layers import LayerCache
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
 from kronos_core.synthetic import synthetic_kline, synthetic_series
@@ -65,6 +67,34 @@ def test_shift_mode_is_exact_until_the_window_slides(tiny):
     # Steps 0..10 see windows that start at position 0 in both modes.
     assert torch.equal(exact[0][:, :11], shifted[0][:, :11])
     assert shifted[0].shape == (2, 20)
+
+
+def test_sliding_cache_is_a_ring_that_attends_like_the_last_positions_in_order():
+    cache = LayerCache(batch=2, n_heads=3, head_dim=4, capacity=5, device=torch.device("cpu"), dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    history_k, history_v = torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g)
+    cache.append(history_k, history_v)
+    chronological = [(history_k[:, :, i:i + 1], history_v[:, :, i:i + 1]) for i in range(4)]
+    for step in range(9):  # fills the last slot, then wraps around the ring almost twice
+        if cache.length == cache.capacity:
+            cache.drop_oldest()
+            chronological.pop(0)
+        k, v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+        chronological.append((k, v))
+        ring_k, ring_v = cache.append(k, v)
+        in_order_k = torch.cat([pair[0] for pair in chronological], dim=2)
+        in_order_v = torch.cat([pair[1] for pair in chronological], dim=2)
+        q = torch.randn(2, 3, 1, 4, generator=g)
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, ring_k, ring_v),
+                                   F.scaled_dot_product_attention(q, in_order_k, in_order_v))
+    assert cache.next_position == 4 + 9 and cache.dropped == 8 and cache.length == 5
+    cache.drop_oldest(1)
+    with pytest.raises(RuntimeError, match="has a gap"):
+        cache.view()  # the dropped slot sits between the newest and the oldest position
+    cache.append(torch.zeros(2, 3, 1, 4), torch.zeros(2, 3, 1, 4))
+    cache.drop_oldest(2)
+    with pytest.raises(RuntimeError, match="cannot wrap"):  # only single tokens go round the ring
+        cache.append(torch.zeros(2, 3, 2, 4), torch.zeros(2, 3, 2, 4))
 
 
 def test_sampling_rules():
