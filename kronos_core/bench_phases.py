@@ -107,10 +107,8 @@ def mean_cache_length(history: int, pred_len: int, context: int | None = None) -
 
 def kv_bytes_per_step(model: Kronos, rows: int, history: int, pred_len: int, element_bytes: int,
                       context: int | None = None) -> int:
-    """Mean bytes of key/value cache a one-token step reads over the steps after the prefill:
-    keys and values of every self-attention layer plus the dependency layer."""
-    mean_length = mean_cache_length(history, pred_len, context)
-    return int((2 * model.n_layers + 2) * rows * mean_length * model.d_model * element_bytes)
+    """Mean bytes of key/value cache a one-token step reads over the steps after the prefill."""
+    return int(model.kv_cache_bytes(rows, mean_cache_length(history, pred_len, context), element_bytes))
 
 
 def measure_read_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:

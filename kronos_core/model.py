@@ -224,6 +224,11 @@ class Kronos(nn.Module, PretrainedMixin):
         dep = LayerCache(batch, dep_heads, self.d_model // dep_heads, capacity, device, dtype)
         return KronosCache(layers, dep)
 
+    def kv_cache_bytes(self, rows: int, positions: float, element_bytes: int) -> float:
+        """Bytes of the cache `new_cache` lays out for `rows` sequences over `positions`:
+        keys and values of every Transformer layer plus the dependency layer."""
+        return (2 * self.n_layers + 2) * rows * positions * self.d_model * element_bytes
+
     def extend_cache(self, s1_ids: Tensor, s2_ids: Tensor, stamp: Tensor | None,
                      cache: KronosCache) -> tuple[Tensor, Tensor]:
         """Append tokens [B, T] to the cache; return s1 logits and normed hidden state of the last one.

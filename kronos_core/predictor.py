@@ -75,7 +75,7 @@ def bytes_per_sequence(model: Kronos, tokenizer: KronosTokenizer, window: int, e
     its key/value cache plus the transient activations of a prefill over the window."""
     d = model.d_model
     ff = model.transformer[0].ffn.w1.out_features
-    cache = (2 * model.n_layers + 2) * window * d * element_bytes
+    cache = int(model.kv_cache_bytes(1, window, element_bytes))
     prefill = window * (8 * d + 3 * ff + 4 * 2 ** model.s1_bits) * max(element_bytes, 4)
     attention_scores = model.n_heads * window * window * 4
     tokenizer_pass = window * 12 * tokenizer.d_model * 4

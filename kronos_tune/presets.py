@@ -386,7 +386,8 @@ def _checked_dir(raw: str | Path, origin: str) -> Path:
 
 def preset_dirs(extra: list[Path] | None = None) -> list[Path]:
     """Folders searched for presets, lowest priority first: built-in, KRONOS_TUNE_PRESET_DIR, then `extra`."""
-    dirs = [builtin_preset_dir()] if builtin_preset_dir().is_dir() else []
+    builtin = builtin_preset_dir()
+    dirs = [builtin] if builtin.is_dir() else []
     env_value = os.environ.get(PRESET_DIR_ENV, "")
     dirs += [_checked_dir(entry, PRESET_DIR_ENV) for entry in env_value.split(os.pathsep) if entry.strip()]
     dirs += [_checked_dir(entry, "--preset-dir") for entry in extra or []]

@@ -158,16 +158,9 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
     title = (f"autobatch: fine-tune Kronos-{config.model_size} on {preset.name} "
              f"({'simulated on the CPU' if simulated and not estimate else device})")
     snippet = render.toml_snippet(result.batch_size, result.accumulation_steps)
-    renderables = [
-        render.summary_table(result, title),
-        render.probes_table(result),
-        Panel(render.memory_plot(result), title="peak memory vs batch size", title_align="left", expand=False),
-        Panel(Syntax(snippet, "toml", theme="ansi_dark", background_color="default"),
-              title="paste into the preset's \\[workload] or a training config", title_align="left",
-              expand=False),
-        _notes(result.notes + assumptions),
-    ]
-    return payload, renderables
+    summary = render.summary_table(result, title)
+    return payload, _renderables(result, summary, render.probes_table(result), "batch size", snippet,
+                                 "paste into the preset's \\[workload] or a training config", assumptions)
 
 
 def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, run_device: str, round_bytes: int,
@@ -193,16 +186,25 @@ def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, 
     title = (f"autobatch: predict {preset.predict.series_count} series with Kronos-{task.model_size} on "
              f"{preset.name} ({'simulated on the CPU' if simulated else device})")
     snippet = f"max_batch_size = {pick.max_batch_size}\n"
-    renderables = [
-        render.summary_table(result, title, unit="series per chunk", per="per series", extra=extra),
-        render.probes_table(result, unit="series"),
-        Panel(render.memory_plot(result), title="peak memory vs series per chunk", title_align="left", expand=False),
+    summary = render.summary_table(result, title, unit="series per chunk", per="per series", extra=extra)
+    return payload, _renderables(result, summary, render.probes_table(result, unit="series"), "series per chunk",
+                                 snippet, "KronosPredictor(max_batch_size=...) / predict_batch(max_batch_size=...)",
+                                 assumptions)
+
+
+def _renderables(result: Any, summary: Any, probes: Any, axis: str, snippet: str, snippet_title: str,
+                 assumptions: list[str]) -> list:
+    """Summary, probes, the memory plot, the snippet to paste and the notes, in that order."""
+    from kronos_tune.autobatch import render
+
+    return [
+        summary,
+        probes,
+        Panel(render.memory_plot(result), title=f"peak memory vs {axis}", title_align="left", expand=False),
         Panel(Syntax(snippet, "toml", theme="ansi_dark", background_color="default"),
-              title="KronosPredictor(max_batch_size=...) / predict_batch(max_batch_size=...)", title_align="left",
-              expand=False),
+              title=snippet_title, title_align="left", expand=False),
         _notes(result.notes + assumptions),
     ]
-    return payload, renderables
 
 
 def _notes(lines: list[str]) -> Group:

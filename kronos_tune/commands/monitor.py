@@ -41,11 +41,17 @@ def _ratio(used: int | float | None, total: int | float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
-def _gpu_table(gpu: GpuSnapshot) -> Table:
-    table = Table(title=f"GPU {gpu.index}: {gpu.name or 'unknown'}", show_header=False, title_justify="left")
+def _metric_table(title: str) -> Table:
+    """A headerless metric | bar | value table."""
+    table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("bar")
     table.add_column("value", justify="right")
+    return table
+
+
+def _gpu_table(gpu: GpuSnapshot) -> Table:
+    table = _metric_table(f"GPU {gpu.index}: {gpu.name or 'unknown'}")
     table.add_row(
         "Memory",
         _bar(_ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)),
@@ -67,10 +73,7 @@ def _gpu_table(gpu: GpuSnapshot) -> Table:
 
 def _host_table(snapshot: Snapshot, pid: int) -> Table:
     host = snapshot.host
-    table = Table(title="Host", show_header=False, title_justify="left")
-    table.add_column("metric", style="bold")
-    table.add_column("bar")
-    table.add_column("value", justify="right")
+    table = _metric_table("Host")
     table.add_row(
         "RAM",
         _bar(_ratio(host.ram_used_bytes, host.ram_total_bytes)),
