@@ -1,0 +1,157 @@
+"""Run folders: where a command's results land, and the rule that no run overwrites another.
+
+Every command that produces results writes them into one folder per run:
+
+    runs/<command>/<label>-<YYYYmmdd-HHMMSS>/     (label: "<preset>-<task>", "<preset>", ...)
+
+or into the folder the user names with ``--out``. The folder's ``run.json``
+marks it as a kronos-tune run and says which command made it, with what
+identity (preset, task, measurement options...) and how it ended
+(``running`` | ``complete`` | ``partial`` | ``cancelled`` | ``failed``).
+
+``claim_run_dir`` is the one gate every command passes before writing:
+
+- a missing or empty folder is a new run;
+- ``resume=True`` continues a run of the same command and identity (anything
+  else is a one-line error naming both);
+- a folder holding files is never written into otherwise: the error names
+  ``--resume`` and ``--overwrite``; ``--overwrite`` replaces only a folder
+  that is a kronos-tune run (its run.json says so), never a foreign folder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kronos_tune.errors import KronosTuneError
+
+RUN_FILE = "run.json"
+MARK = "kronos-tune-run"
+STATUSES = ("running", "complete", "partial", "cancelled", "failed")
+
+
+def timestamp(now: datetime.datetime | None = None) -> str:
+    return (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+
+
+def default_run_dir(command: str, label: str, root: str | os.PathLike = "runs",
+                    now: datetime.datetime | None = None) -> Path:
+    """A fresh folder name under root/command/ (never an existing one: -2, -3... on a clash)."""
+    base = Path(root) / command / f"{label}-{timestamp(now)}"
+    candidate, suffix = base, 2
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{suffix}")
+        suffix += 1
+    return candidate
+
+
+def read_run_file(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's run.json as a dict (None when there is none or it is unreadable)."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "command" not in data and "preset" in data and "task" in data:  # written before run folders had a command
+        data = {**data, "tool": MARK, "command": "benchmark",
+                "identity": {"preset": data["preset"], "task": data["task"]}}
+    return data if data.get("tool") == MARK else None
+
+
+def _describe(data: dict[str, Any]) -> str:
+    identity = ", ".join(f"{k} {v}" for k, v in (data.get("identity") or {}).items() if not isinstance(v, dict))
+    return f"a '{data.get('command')}' run" + (f" ({identity})" if identity else "")
+
+
+@dataclass
+class RunDir:
+    """A claimed run folder. ``mode``: new | resume | overwrite."""
+
+    path: Path
+    command: str
+    identity: dict[str, Any]
+    mode: str
+    previous: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resumed(self) -> bool:
+        return self.mode == "resume"
+
+    def mark(self, status: str, **extra: Any) -> None:
+        """Record how the run stands now (status and any extra fields) in run.json, atomically."""
+        if status not in STATUSES:
+            raise ValueError(f"run status {status!r}: use one of {STATUSES}")
+        self.extra.update(extra)
+        data = {"tool": MARK, "command": self.command, "identity": self.identity, "status": status,
+                **self.extra, "updated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        write_json_atomic(self.path / RUN_FILE, data)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    from kronos_tune.protocol.report import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _check_writable(folder: Path, flag: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise KronosTuneError(f"{flag} {folder}: cannot write there ({error.strerror or error}); "
+                              f"pick a folder you can write to") from None
+
+
+def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, Any], *, resume: bool = False,
+                  overwrite: bool = False, flag: str = "--out",
+                  same: tuple[str, ...] | None = None) -> RunDir:
+    """Take `folder` for a run of `command` with `identity`, or raise a one-line KronosTuneError.
+
+    `same`: the identity keys a resumed run must share (default: all of them)."""
+    path = Path(folder)
+    if resume and overwrite:
+        raise KronosTuneError("--resume and --overwrite: give one (continue the run, or replace it)")
+    existing = read_run_file(path) if path.is_dir() else None
+    holds_files = path.is_dir() and any(path.iterdir())
+    if path.exists() and not path.is_dir():
+        raise KronosTuneError(f"{flag} {path}: that is a file, not a folder; give a folder for the run")
+    if resume:
+        if not path.is_dir():
+            raise KronosTuneError(f"--resume {path}: no such folder; give the folder of the run to continue")
+        if existing is None:
+            raise KronosTuneError(f"--resume {path}: not a kronos-tune run (no {RUN_FILE}); give the folder a "
+                                  f"'{command}' run printed when it started")
+        keys = same if same is not None else tuple(identity)
+        theirs = existing.get("identity") or {}
+        if existing.get("command") != command or any(theirs.get(k) != identity.get(k) for k in keys):
+            mine = _describe({"command": command, "identity": {k: identity.get(k) for k in keys}})
+            raise KronosTuneError(f"--resume {path}: that folder holds {_describe(existing)}, not {mine}; give "
+                                  f"the folder of a matching run or start a new one")
+        _check_writable(path, flag)
+        return RunDir(path, command, identity, "resume", existing,
+                      extra={k: v for k, v in existing.items()
+                             if k not in ("tool", "command", "identity", "status", "updated_at")})
+    if holds_files:
+        if not overwrite:
+            what = _describe(existing) + f", {existing.get('status', 'status unknown')}" if existing else "files"
+            raise KronosTuneError(f"{flag} {path}: the folder already holds {what}; use --resume to continue it, "
+                                  f"--overwrite to replace it, or another {flag}")
+        if existing is None:
+            raise KronosTuneError(f"--overwrite {path}: that folder is not a kronos-tune run (no {RUN_FILE}); "
+                                  f"refusing to delete it, give another {flag}")
+        shutil.rmtree(path)
+    _check_writable(path, flag)
+    return RunDir(path, command, identity, "overwrite" if holds_files else "new", existing)
