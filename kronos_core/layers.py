@@ -206,8 +206,13 @@ class SelfAttention(_ProjectedAttention):
 class CrossAttention(_ProjectedAttention):
     """Cross-attention with RoPE whose table length follows the query (as published).
 
-    Causal in training mode only. With a length-1 query both q and k get position 0,
-    i.e. no rotation, which is what makes the prediction-time key/value cache exact.
+    Causal whenever query and key have the same length, in training and in eval:
+    position t of s2 sees the s1 context of positions <= t only. The published
+    layer is causal in training only, so its teacher-forced evaluation lets each
+    position see later ones; prediction reads the last position, which sees
+    every key either way, so its outputs are identical. With a length-1 query
+    both q and k get position 0, i.e. no rotation, which is what makes the
+    prediction-time key/value cache exact.
     """
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -220,14 +225,15 @@ class CrossAttention(_ProjectedAttention):
         k = RotaryEmbedding.apply(self._heads(self.k_proj(key)), cos, sin)
         v = self._heads(self.v_proj(value))
         dropout_p = self.attn_dropout_p if self.training else 0.0
+        causal = q_len == k_len and q_len > 1
         if key_padding_mask is not None:
-            if self.training:
+            if causal:
                 mask = _attention_mask(q_len, k_len, key_padding_mask, query.device)
             else:
                 mask = ~key_padding_mask.bool()[:, None, None, :]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.training)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
         out = out.transpose(1, 2).contiguous().view(batch, q_len, self.d_model)
         return self.resid_dropout(self.out_proj(out))
 

@@ -79,6 +79,24 @@ def test_predictor_is_causal():
     assert not torch.equal(a[:, -1], b[:, -1])
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_teacher_forced_s2_logits_are_causal_in_eval(padded):
+    """The quality guard's validation loss is teacher-forced in eval mode: position t of s2 must not see the
+    window's later positions (the published layer is causal in training only)."""
+    model = build_model("tiny", seed=1).eval()
+    g = torch.Generator().manual_seed(5)
+    s1, s2 = torch.randint(0, 1024, (2, 16), generator=g), torch.randint(0, 1024, (2, 16), generator=g)
+    stamps = _stamps(2, 16)
+    pad = torch.zeros(2, 16, dtype=torch.long) if padded else None
+    with torch.no_grad():
+        _, full = model(s1, s2, stamps, padding_mask=pad, use_teacher_forcing=True, s1_targets=s1)
+        for end in (4, 9, 15):
+            short_pad = None if pad is None else pad[:, :end]
+            _, cut = model(s1[:, :end], s2[:, :end], stamps[:, :end], padding_mask=short_pad,
+                           use_teacher_forcing=True, s1_targets=s1[:, :end])
+            torch.testing.assert_close(cut, full[:, :end], rtol=1e-5, atol=1e-5)
+
+
 def test_padding_mask_hides_padded_keys():
     model = build_model("tiny").eval()
     s1 = torch.randint(0, 1024, (1, 10))
