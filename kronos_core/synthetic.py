@@ -133,3 +133,102 @@ def synthetic_series(
         price = float(np.exp(np.log(10.0) + 0.8 * np.random.default_rng(child).standard_normal()))
         frames.append(synthetic_kline(n_rows=n_rows, seed=child_seed, start_price=round(price, 2), **kwargs))
     return frames
+
+
+SYMBOL_COLUMN = "symbol"
+SECTOR_COLUMN = "sector"
+
+
+def _ohlcv_from_log_returns(
+    log_ret: np.ndarray, stamps: pd.DatetimeIndex, rng: np.random.Generator, start_price: float,
+    bar_sigma: float, base_volume: float,
+) -> dict[str, np.ndarray]:
+    """OHLCV columns for one symbol whose close-to-close log returns are given (open = previous close)."""
+    n_rows = len(log_ret)
+    log_close = np.log(start_price) + np.cumsum(log_ret)
+    close = np.exp(log_close)
+    open_ = np.exp(log_close - log_ret)
+    high = np.maximum(open_, close) * np.exp(np.abs(rng.standard_normal(n_rows)) * 0.5 * bar_sigma)
+    low = np.minimum(open_, close) * np.exp(-np.abs(rng.standard_normal(n_rows)) * 0.5 * bar_sigma)
+    minute_of_day = stamps.hour.to_numpy() * 60 + stamps.minute.to_numpy()
+    session_pos = np.zeros(n_rows)
+    for s_open, s_close in SESSIONS:
+        inside = (minute_of_day > s_open) & (minute_of_day <= s_close)
+        session_pos[inside] = (minute_of_day[inside] - s_open) / (s_close - s_open)
+    u_shape = 1.0 + 1.5 * (2.0 * session_pos - 1.0) ** 2
+    volume = np.round(base_volume * u_shape * rng.lognormal(0.0, 0.5, n_rows)) + 100.0
+    amount = volume * (open_ + high + low + close) / 4.0
+    return dict(open=open_, high=high, low=low, close=close, volume=volume, amount=amount)
+
+
+def synthetic_universe(
+    n_symbols: int,
+    n_rows: int = 2000,
+    seed: int = 0,
+    n_sectors: int | None = None,
+    start: str | pd.Timestamp = "2024-01-02 09:30",
+    freq_minutes: int = 5,
+    market_volatility: float = 0.012,
+    sector_volatility: float = 0.008,
+    idio_volatility: float = 0.015,
+    trend_strength: float = 0.25,
+    trend_half_life_days: float = 2.0,
+) -> pd.DataFrame:
+    """A synthetic universe of ``n_symbols`` stocks on shared A-share bars, as one long panel.
+
+    SYNTHETIC DATA, not market data. Each bar's log return of symbol i in
+    sector s is ``beta_i * market + sector_s + idio_i``: a market factor all
+    symbols share (betas around 1), a factor per sector, and noise of its own
+    (volatilities are per trading day, spread over its bars like
+    :func:`synthetic_kline`). Each sector factor also carries a slowly
+    changing drift (an AR(1) with the given half-life whose std is
+    ``trend_strength`` x the sector's per-bar volatility), so a sector that
+    has been rising tends to keep rising for a while: rankings of future
+    returns are partly predictable from the past instead of pure noise.
+
+    Returns columns ``symbol, sector, timestamps, open ... amount`` (symbols
+    ``SYN0000``...; rows sorted by symbol, then time); every symbol's rows pass
+    ``validate_kline``. The same arguments give the same frame.
+    """
+    if n_symbols < 1:
+        raise KronosError(f"synthetic universe: n_symbols={n_symbols}; ask for at least 1 symbol")
+    if n_rows < 1:
+        raise KronosError(f"synthetic universe: n_rows={n_rows}; ask for at least 1 row")
+    if min(market_volatility, sector_volatility, idio_volatility, trend_strength) < 0 or trend_half_life_days <= 0:
+        raise KronosError("synthetic universe: volatilities and trend_strength must be >= 0 and "
+                          "trend_half_life_days > 0; fix the arguments")
+    sectors = n_sectors if n_sectors is not None else max(1, min(10, n_symbols // 20))
+    if sectors < 1:
+        raise KronosError(f"synthetic universe: n_sectors={sectors}; ask for at least 1 sector")
+    bars_per_day = len(session_bar_minutes(freq_minutes))
+    stamps = trading_timestamps(n_rows, start, freq_minutes)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 20240102]))
+    per_bar = 1.0 / np.sqrt(bars_per_day)
+
+    market = market_volatility * per_bar * rng.standard_normal(n_rows)
+    sector_sigma = sector_volatility * per_bar
+    phi = 0.5 ** (1.0 / (trend_half_life_days * bars_per_day))
+    shocks = trend_strength * sector_sigma * np.sqrt(1.0 - phi**2) * rng.standard_normal((sectors, n_rows))
+    drift = np.zeros((sectors, n_rows))
+    drift[:, 0] = trend_strength * sector_sigma * rng.standard_normal(sectors)
+    for t in range(1, n_rows):
+        drift[:, t] = phi * drift[:, t - 1] + shocks[:, t]
+    sector_returns = drift + sector_sigma * rng.standard_normal((sectors, n_rows))
+
+    membership = rng.integers(0, sectors, n_symbols)
+    betas = np.clip(1.0 + 0.3 * rng.standard_normal(n_symbols), 0.2, 2.0)
+    prices = np.round(np.exp(np.log(10.0) + 0.8 * rng.standard_normal(n_symbols)), 2).clip(0.5)
+    volumes = 50_000.0 * rng.lognormal(0.0, 0.7, n_symbols)
+    bar_sigma = float(np.sqrt(market_volatility**2 + sector_volatility**2 + idio_volatility**2) * per_bar)
+
+    parts = []
+    for i in range(n_symbols):
+        own = rng.standard_normal(n_rows) * idio_volatility * per_bar
+        log_ret = betas[i] * market + sector_returns[membership[i]] + own
+        log_ret[0] = 0.0  # the first bar opens and closes near the start price
+        columns = _ohlcv_from_log_returns(log_ret, stamps, rng, float(prices[i]), bar_sigma, float(volumes[i]))
+        frame = pd.DataFrame({TIME_COLUMN: stamps.to_numpy(), **columns}, columns=[TIME_COLUMN, *FEATURE_COLUMNS])
+        frame.insert(0, SECTOR_COLUMN, f"sector{membership[i]:02d}")
+        frame.insert(0, SYMBOL_COLUMN, f"SYN{i:04d}")
+        parts.append(frame)
+    return pd.concat(parts, ignore_index=True)

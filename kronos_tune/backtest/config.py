@@ -1,0 +1,202 @@
+"""What a backtest was asked to do: the data, the model, the origins, the portfolio, the prediction settings.
+
+A `PredictionSetting` is everything about *how* the predictor runs that may
+change its output (window mode, autocast, sampling, context). `--compare SPEC`
+derives a second setting from the first: SPEC is comma-separated ``key=value``
+pairs (keys: window-mode, amp, sample-count, T, top-p, sample-top-k,
+max-context) or the shorthands exact, shift, fp32, bf16, fp16.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kronos_core.errors import KronosError
+from kronos_core.generation import WINDOW_MODES
+from kronos_core.sizes import size_spec
+from kronos_tune.errors import KronosTuneError
+
+DEVICES = ("auto", "cpu", "cuda")
+AMP_CHOICES = ("none", "bf16", "fp16")
+DEFAULT_SYNTHETIC_ORIGINS = 20
+DEFAULT_MAX_CONTEXT = 512
+
+
+@dataclass(frozen=True)
+class PredictionSetting:
+    window_mode: str = "refill"
+    amp: str = "none"
+    sample_count: int = 1
+    temperature: float = 1.0
+    top_p: float = 0.9
+    sample_top_k: int = 0
+    max_context: int | None = None  # None: the model size's context (512 for checkpoints)
+
+    def label(self) -> str:
+        """Short name for tables: only what differs from the defaults, e.g. 'shift bf16'."""
+        parts = [self.window_mode if self.window_mode != "refill" else "exact",
+                 "fp32" if self.amp == "none" else self.amp]
+        for name, default in (("sample_count", 1), ("temperature", 1.0), ("top_p", 0.9), ("sample_top_k", 0),
+                              ("max_context", None)):
+            value = getattr(self, name)
+            if value != default:
+                parts.append(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SETTING_KEYS: dict[str, tuple[str, type]] = {
+    "window-mode": ("window_mode", str), "amp": ("amp", str), "sample-count": ("sample_count", int),
+    "t": ("temperature", float), "top-p": ("top_p", float), "sample-top-k": ("sample_top_k", int),
+    "max-context": ("max_context", int),
+}
+SHORTHANDS: dict[str, tuple[str, str]] = {
+    "exact": ("window_mode", "refill"), "refill": ("window_mode", "refill"), "shift": ("window_mode", "shift"),
+    "fp32": ("amp", "none"), "bf16": ("amp", "bf16"), "fp16": ("amp", "fp16"),
+}
+
+
+def parse_setting(spec: str, base: PredictionSetting) -> PredictionSetting:
+    """The setting `base` with the changes in SPEC (see the module doc)."""
+    changes: dict[str, Any] = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        if item.lower() in SHORTHANDS:
+            field_name, value = SHORTHANDS[item.lower()]
+            changes[field_name] = value
+            continue
+        key, sep, raw = item.partition("=")
+        key = key.strip().lower().replace("_", "-")
+        if not sep or key not in SETTING_KEYS:
+            raise KronosTuneError(f"--compare {spec}: '{item}' is not a setting; use key=value with keys "
+                                  f"{', '.join(SETTING_KEYS)} or one of {', '.join(SHORTHANDS)}")
+        field_name, kind = SETTING_KEYS[key]
+        try:
+            changes[field_name] = kind(raw.strip())
+        except ValueError:
+            raise KronosTuneError(f"--compare {spec}: {key}={raw.strip()} is not a {kind.__name__}") from None
+    if not changes:
+        raise KronosTuneError(f"--compare '{spec}': no change given; e.g. --compare shift, bf16 or sample-count=10")
+    return replace(base, **changes)
+
+
+def check_setting(setting: PredictionSetting, device: str, flag: str) -> None:
+    if setting.window_mode not in WINDOW_MODES:
+        raise KronosTuneError(f"{flag}: window mode '{setting.window_mode}'; choose one of {', '.join(WINDOW_MODES)}")
+    if setting.amp not in AMP_CHOICES:
+        raise KronosTuneError(f"{flag}: amp '{setting.amp}'; choose one of {', '.join(AMP_CHOICES)}")
+    if setting.amp == "fp16" and device == "cpu":
+        raise KronosTuneError(f"{flag}: amp fp16 needs a CUDA device; use bf16 or none on CPU")
+    if setting.sample_count < 1:
+        raise KronosTuneError(f"{flag}: sample count {setting.sample_count}; must be at least 1")
+    if not setting.temperature > 0 or not math.isfinite(setting.temperature):
+        raise KronosTuneError(f"{flag}: temperature {setting.temperature}; must be a number > 0")
+    if not 0 < setting.top_p <= 1:
+        raise KronosTuneError(f"{flag}: top-p {setting.top_p}; must be in (0, 1]")
+    if setting.sample_top_k < 0:
+        raise KronosTuneError(f"{flag}: sample top-k {setting.sample_top_k}; must be >= 0 (0 off, 1 greedy)")
+    if setting.max_context is not None and setting.max_context < 1:
+        raise KronosTuneError(f"{flag}: max context {setting.max_context}; must be at least 1")
+
+
+@dataclass(frozen=True)
+class BacktestConfig:
+    """Everything `kronos-tune backtest` was asked to do; see the command's --help for each field."""
+
+    lookback: int
+    pred_len: int
+    size: str | None = None
+    checkpoint: Path | None = None
+    tokenizer: Path | None = None
+    data: tuple[Path, ...] = ()
+    synthetic: int | None = None
+    origins: int | None = None
+    every: int | str | None = None  # bars, "day", or None = pred_len
+    top_k: int = 10
+    cost_bps: float = 10.0
+    long_only: bool = False
+    batch_size: int = 256
+    device: str = "auto"
+    setting: PredictionSetting = PredictionSetting()
+    compare: PredictionSetting | None = None
+    seed: int = 0
+    periods_per_year: float | None = None
+    out: Path | None = None
+    resume: bool = False
+    overwrite: bool = False
+
+    @property
+    def every_bars(self) -> int | str:
+        return self.pred_len if self.every is None else self.every
+
+    def max_context(self, setting: PredictionSetting) -> int:
+        if setting.max_context is not None:
+            return setting.max_context
+        return size_spec(self.size).context if self.size is not None else DEFAULT_MAX_CONTEXT
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues (everything that changes its results)."""
+        return {
+            "data": [str(p) for p in self.data], "synthetic": self.synthetic,
+            "model": str(self.checkpoint) if self.checkpoint else self.size,
+            "tokenizer": None if self.tokenizer is None else str(self.tokenizer),
+            "lookback": self.lookback, "pred_len": self.pred_len, "origins": self.origins,
+            "every": self.every_bars, "top_k": self.top_k, "cost_bps": self.cost_bps, "long_only": self.long_only,
+            "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
+            "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
+            "compare": None if self.compare is None else self.compare.to_dict(),
+        }
+
+
+def check_config(config: BacktestConfig, device: str) -> None:
+    """Every flag that can be judged without reading data or weights (`device` already resolved)."""
+    if (config.size is None) == (config.checkpoint is None):
+        raise KronosTuneError("give exactly one of --checkpoint DIR (with --tokenizer DIR) or --size NAME")
+    if config.checkpoint is not None and config.tokenizer is None:
+        raise KronosTuneError(f"--checkpoint {config.checkpoint} needs --tokenizer DIR too")
+    if config.size is not None:
+        try:
+            size_spec(config.size)
+        except KronosError as error:
+            raise KronosTuneError(f"--size: {error}") from None
+    if config.data and config.synthetic is not None:
+        raise KronosTuneError("give either --data or --synthetic N, not both")
+    if not config.data and config.synthetic is None:
+        raise KronosTuneError("no universe: give --data (a folder of per-symbol files or one panel file with a "
+                              "symbol column) or --synthetic N")
+    if config.synthetic is not None and config.synthetic < 2:
+        raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
+    for flag, value in (("--lookback", config.lookback), ("--pred-len", config.pred_len),
+                        ("--batch-size", config.batch_size), ("--top-k", config.top_k)):
+        if value < 1:
+            raise KronosTuneError(f"{flag} {value}: must be at least 1")
+    if config.origins is not None and config.origins < 1:
+        raise KronosTuneError(f"--origins {config.origins}: ask for at least 1 origin")
+    if not math.isfinite(config.cost_bps) or config.cost_bps < 0:
+        raise KronosTuneError(f"--cost-bps {config.cost_bps}: a transaction cost must be >= 0 basis points")
+    if config.periods_per_year is not None and not config.periods_per_year > 0:
+        raise KronosTuneError(f"--periods-per-year {config.periods_per_year}: must be > 0")
+    if config.synthetic is not None:
+        needed = 2 * config.top_k if not config.long_only else config.top_k
+        if needed > config.synthetic:
+            raise_top_k(config, config.synthetic)
+    if config.device not in DEVICES:
+        raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
+    check_setting(config.setting, device, "--window-mode/--amp/sampling flags")
+    if config.compare is not None:
+        check_setting(config.compare, device, "--compare")
+
+
+def raise_top_k(config: BacktestConfig, symbols: int) -> None:
+    if config.long_only:
+        raise KronosTuneError(f"--top-k {config.top_k} is larger than the universe ({symbols} symbols); "
+                              f"use --top-k {symbols} or less")
+    raise KronosTuneError(f"--top-k {config.top_k}: a long-short book needs 2 x top-k = {2 * config.top_k} symbols "
+                          f"but the universe has {symbols}; use --top-k {max(1, symbols // 2)} or less, "
+                          f"or --long-only")

@@ -1,0 +1,90 @@
+"""Forecasters: turn the windows of an origin into predicted closes at the end of the horizon.
+
+A forecaster is any callable ``forecaster(windows, pred_len) -> np.ndarray``
+(one predicted close per window). `KronosForecaster` runs the model through
+`KronosPredictor.predict_batch` in calls of ``batch_size`` series;
+`OracleForecaster` returns the realized close (a perfect predictor, to check
+the scoring).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.predictor import KronosPredictor
+from kronos_tune.backtest.config import PredictionSetting
+from kronos_tune.backtest.origins import Origin
+from kronos_tune.backtest.universe import Universe
+
+CLOSE = FEATURE_COLUMNS.index("close")
+
+
+@dataclass
+class Window:
+    """One symbol at one origin: the history the model sees and the realized future it is scored on."""
+
+    origin: int
+    symbol: str
+    history: np.ndarray        # [lookback, 6]
+    history_stamps: np.ndarray
+    future_stamps: np.ndarray  # the symbol's own next pred_len bar times
+    last_close: float
+    realized_close: float      # close pred_len bars after the origin
+
+
+def origin_windows(universe: Universe, origin: Origin, lookback: int, pred_len: int) -> list[Window]:
+    windows = []
+    for s, row in origin.members:
+        series = universe.symbols[s]
+        start = row + 1 - lookback
+        windows.append(Window(
+            origin=origin.index, symbol=series.name, history=series.features[start:row + 1],
+            history_stamps=series.stamps[start:row + 1], future_stamps=series.stamps[row + 1:row + 1 + pred_len],
+            last_close=float(series.close[row]), realized_close=float(series.close[row + pred_len])))
+    return windows
+
+
+Forecaster = Callable[[list[Window], int], np.ndarray]
+ChunkCallback = Callable[[int], None]  # called with the number of series just predicted
+
+
+class KronosForecaster:
+    """Kronos through the predictor's batch path; `on_chunk` hears after each predict call."""
+
+    def __init__(self, predictor: KronosPredictor, setting: PredictionSetting, batch_size: int,
+                 on_chunk: ChunkCallback | None = None):
+        self.predictor = predictor
+        self.setting = setting
+        self.batch_size = batch_size
+        self.on_chunk = on_chunk
+
+    def __call__(self, windows: list[Window], pred_len: int) -> np.ndarray:
+        closes = []
+        for start in range(0, len(windows), self.batch_size):
+            chunk = windows[start:start + self.batch_size]
+            with warnings.catch_warnings():
+                # A lookback longer than max_context is reported once by the runner.
+                warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
+                frames = self.predictor.predict_batch(
+                    [pd.DataFrame(w.history, columns=list(FEATURE_COLUMNS)) for w in chunk],
+                    [pd.Series(w.history_stamps) for w in chunk],
+                    [pd.DatetimeIndex(w.future_stamps) for w in chunk],
+                    pred_len, T=self.setting.temperature, top_k=self.setting.sample_top_k,
+                    top_p=self.setting.top_p, sample_count=self.setting.sample_count, verbose=False)
+            closes.extend(float(frame.iloc[-1, CLOSE]) for frame in frames)
+            if self.on_chunk is not None:
+                self.on_chunk(len(chunk))
+        return np.asarray(closes, dtype=np.float64)
+
+
+class OracleForecaster:
+    """Predicts exactly what happened: RankIC 1, the portfolio of the realized top-k."""
+
+    def __call__(self, windows: list[Window], pred_len: int) -> np.ndarray:
+        return np.asarray([w.realized_close for w in windows], dtype=np.float64)

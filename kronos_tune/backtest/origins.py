@@ -1,0 +1,120 @@
+"""Rolling origins: the moments a backtest predicts from, and which symbols take part at each.
+
+The timeline is every timestamp of any symbol. A symbol takes part at origin t
+when it has a bar exactly at t, at least ``lookback`` bars up to and including
+t (the history) and ``pred_len`` bars after t (the realized future). Origins
+are spaced ``every`` bars along the timeline, counted back from the latest
+possible origin, or one per trading day (that day's last possible bar); the
+latest ``count`` of them are kept, in time order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kronos_tune.backtest.universe import Universe
+from kronos_tune.errors import KronosTuneError
+
+TRADING_DAYS_PER_YEAR = 252
+EVERY_DAY = "day"
+
+
+@dataclass
+class Origin:
+    """One origin: its position in the plan, time, and (symbol index, row of t in that symbol) pairs."""
+
+    index: int
+    timestamp: pd.Timestamp
+    members: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class OriginPlan:
+    origins: list[Origin]
+    used_symbols: list[int]     # symbols taking part in at least one origin
+    skipped_symbols: list[str]  # symbols too short for every chosen origin
+    bars_per_day: float         # median bars per calendar date on the timeline
+    periods_per_year: float     # rebalances per year, for annualizing
+
+    @property
+    def predictions(self) -> int:
+        return sum(len(o.members) for o in self.origins)
+
+
+def parse_every(value: str | int | None) -> int | str | None:
+    """'day', a positive number of bars, or None (= pred_len)."""
+    if value is None or isinstance(value, int):
+        every = value
+    elif str(value).strip().lower() == EVERY_DAY:
+        return EVERY_DAY
+    else:
+        try:
+            every = int(str(value).strip())
+        except ValueError:
+            raise KronosTuneError(f"--every {value}: give a number of bars (e.g. 12) or 'day'") from None
+    if every is not None and every < 1:
+        raise KronosTuneError(f"--every {every}: must be at least 1 bar (or 'day')")
+    return every
+
+
+def _eligible_rows(length: int, lookback: int, pred_len: int) -> tuple[int, int]:
+    """First and last row of a symbol that can be an origin (last < first when none)."""
+    return lookback - 1, length - 1 - pred_len
+
+
+def plan_origins(universe: Universe, lookback: int, pred_len: int, every: int | str, count: int | None,
+                 min_cross_section: int = 2) -> OriginPlan:
+    """Choose the origins and their members, or raise a one-line error saying what the data lacks."""
+    if not universe.symbols:
+        raise KronosTuneError(f"{universe.source}: the universe is empty (no symbols); give data with at least "
+                              f"{min_cross_section} symbols")
+    if count is not None and count < 1:
+        raise KronosTuneError(f"--origins {count}: ask for at least 1 origin")
+    timeline = np.unique(np.concatenate([s.stamps for s in universe.symbols]))
+    eligible_count = np.zeros(len(timeline), dtype=np.int64)
+    for series in universe.symbols:
+        first, last = _eligible_rows(len(series), lookback, pred_len)
+        if last >= first:
+            eligible_count[np.searchsorted(timeline, series.stamps[first:last + 1])] += 1
+    candidates = np.flatnonzero(eligible_count >= min_cross_section)
+    if len(candidates) == 0:
+        longest = max(len(s) for s in universe.symbols)
+        raise KronosTuneError(
+            f"{universe.source}: no origin has {min_cross_section} symbols with --lookback {lookback} bars up to it "
+            f"and --pred-len {pred_len} bars after it (longest symbol: {longest} bars); use a shorter --lookback "
+            f"or --pred-len, or more data")
+    if every == EVERY_DAY:
+        dates = pd.DatetimeIndex(timeline[candidates]).normalize()
+        last_of_day = ~pd.Series(dates).duplicated(keep="last").to_numpy()
+        chosen = candidates[last_of_day]
+        spacing = "one per day"
+    else:
+        grid = np.arange(candidates[-1], -1, -int(every))[::-1]
+        chosen = np.intersect1d(grid, candidates)
+        spacing = f"every {every} bars"
+    if count is not None:
+        if count > len(chosen):
+            first, last = pd.Timestamp(timeline[chosen[0]]), pd.Timestamp(timeline[chosen[-1]])
+            raise KronosTuneError(
+                f"--origins {count}: the data holds only {len(chosen)} origins {spacing} with --lookback {lookback} "
+                f"and --pred-len {pred_len} (from {first} to {last}); ask for at most {len(chosen)}, a smaller "
+                f"--every, or a shorter --lookback")
+        chosen = chosen[-count:]
+
+    origins = [Origin(i, pd.Timestamp(timeline[t])) for i, t in enumerate(chosen)]
+    taking_part = np.zeros(len(universe.symbols), dtype=bool)
+    for s, series in enumerate(universe.symbols):
+        first, last = _eligible_rows(len(series), lookback, pred_len)
+        rows = np.searchsorted(series.stamps, timeline[chosen])
+        for origin, row in zip(origins, rows):
+            if first <= row <= last and series.stamps[row] == timeline[chosen[origin.index]]:
+                origin.members.append((s, int(row)))
+                taking_part[s] = True
+
+    bars_per_day = float(pd.Series(pd.DatetimeIndex(timeline).normalize()).value_counts().median())
+    periods = TRADING_DAYS_PER_YEAR if every == EVERY_DAY else TRADING_DAYS_PER_YEAR * bars_per_day / int(every)
+    return OriginPlan(origins, list(np.flatnonzero(taking_part)),
+                      [universe.symbols[s].name for s in np.flatnonzero(~taking_part)], bars_per_day, periods)

@@ -1,0 +1,118 @@
+"""The run folder's result files: backtest.json, origins.csv and backtest.png.
+
+backtest.json holds only what the data, the model and the flags determine
+(no timings, no dates of the run), so a resumed run writes the same file as an
+uninterrupted one; the throughput of each session goes to run.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kronos_tune.backtest.portfolio import LONG_ONLY, LONG_SHORT
+from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference
+from kronos_tune.backtest.store import write_text_atomic
+
+JSON_NAME, ORIGINS_NAME, PLOT_NAME = "backtest.json", "origins.csv", "backtest.png"
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf become null so the file stays valid JSON; containers are cleaned recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def headline(scores: SettingScores) -> dict[str, Any]:
+    """The named scores of one setting."""
+    out = {
+        "ic_mean": scores.ic.mean, "ic_std": scores.ic.std, "ic_t": scores.ic.t,
+        "rank_ic_mean": scores.rank_ic.mean, "rank_ic_std": scores.rank_ic.std, "rank_ic_t": scores.rank_ic.t,
+        "hit_rate": scores.hit_rate, "mae_return": scores.mae_return,
+        "cumulative_return": scores.curve.cumulative_return, "annualized_return": scores.curve.annualized_return,
+        "annualized_volatility": scores.curve.annualized_volatility, "sharpe": scores.curve.sharpe,
+        "max_drawdown": scores.curve.max_drawdown, "turnover": scores.curve.turnover,
+        "benchmark_cumulative_return": scores.benchmark.cumulative_return,
+        "benchmark_annualized_return": scores.benchmark.annualized_return,
+    }
+    return out
+
+
+def to_json_dict(result: BacktestResult) -> dict[str, Any]:
+    config, plan, main = result.config, result.plan, result.scores[0]
+    report: dict[str, Any] = {
+        **headline(main),
+        "origins": len(plan.origins),
+        "symbols": len(plan.used_symbols),
+        "symbols_skipped": len(plan.skipped_symbols),
+        "predictions": plan.predictions,
+        "first_origin": str(plan.origins[0].timestamp),
+        "last_origin": str(plan.origins[-1].timestamp),
+        "setting": {"label": main.setting.label(), **main.setting.to_dict()},
+        "portfolio": {
+            "mode": LONG_ONLY if config.long_only else LONG_SHORT, "top_k": config.top_k,
+            "cost_bps": config.cost_bps, "periods_per_year": config.periods_per_year or plan.periods_per_year,
+            "holding": f"{config.pred_len} bars from each origin",
+        },
+        "universe": result.universe_source,
+        "synthetic": result.synthetic,
+        "model": str(config.checkpoint) if config.checkpoint is not None else config.size,
+        "random_weights": config.checkpoint is None,
+        "lookback": config.lookback,
+        "pred_len": config.pred_len,
+        "every": config.every_bars,
+        "seed": config.seed,
+    }
+    if result.agreement is not None:
+        other = result.scores[1]
+        report["compare"] = {
+            "setting": {"label": other.setting.label(), **other.setting.to_dict()},
+            **headline(other),
+            "agreement": result.agreement.to_dict(),
+            "ic_mean_diff": other.ic.mean - main.ic.mean,
+            "rank_ic_mean_diff": other.rank_ic.mean - main.rank_ic.mean,
+            **curve_difference(main, other),
+        }
+    return _finite(report)
+
+
+def origins_table(result: BacktestResult) -> pd.DataFrame:
+    """One row per origin: cross-section size, IC, RankIC, hit rate, MAE, the portfolio period, the curve."""
+    rows = []
+    for origin in result.plan.origins:
+        rows.append({"origin": origin.index, "timestamp": origin.timestamp, "symbols": len(origin.members)})
+    table = pd.DataFrame(rows)
+    for scores, prefix in zip(result.scores, ("", "compare_")):
+        part = pd.DataFrame({
+            "ic": [q.ic for q in scores.quality], "rank_ic": [q.rank_ic for q in scores.quality],
+            "hit_rate": [q.hit_rate for q in scores.quality], "mae_return": [q.mae_return for q in scores.quality],
+            "gross_return": [p.gross_return for p in scores.periods], "turnover": [p.turnover for p in scores.periods],
+            "cost": [p.cost for p in scores.periods], "net_return": [p.net_return for p in scores.periods],
+            "long_return": [p.long_return for p in scores.periods],
+            "short_return": [p.short_return for p in scores.periods],
+            "benchmark_return": [p.benchmark_return for p in scores.periods],
+            "cumulative_return": scores.net_equity.to_numpy() - 1.0,
+        })
+        table = pd.concat([table, part.add_prefix(prefix)], axis=1)
+    if result.agreement is not None:
+        table["agreement_spearman"] = result.agreement.per_origin
+    return table
+
+
+def write_outputs(result: BacktestResult, run_path: Path, note: Callable[[str, str], None]) -> Path | None:
+    """Write backtest.json and origins.csv, and the picture when matplotlib is installed (its path, else None)."""
+    write_text_atomic(run_path / JSON_NAME, json.dumps(to_json_dict(result), indent=2) + "\n")
+    write_text_atomic(run_path / ORIGINS_NAME, origins_table(result).to_csv(index=False))
+    from kronos_tune.backtest.plot import plot_backtest
+
+    return plot_backtest(result, run_path / PLOT_NAME, note)

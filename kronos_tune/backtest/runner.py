@@ -1,0 +1,263 @@
+"""The work behind `kronos-tune backtest`: plan origins, predict each (resumably), score, write the run folder.
+
+No terminal output: notes go to `on_note(level, message)`, progress to
+`on_progress(Progress)`; `kronos_tune.commands.backtest` renders them.
+
+Work is cut into fixed units before anything runs: several whole origins per
+predict call when the universe is smaller than ``batch_size``, else one origin
+split into calls of ``batch_size`` series. Each unit seeds the sampler from
+(seed, its first origin), so a unit predicts the same numbers whether it runs
+in a fresh run, a resumed one, or as either side of `--compare`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kronos_core.predictor import default_device
+from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
+                                         raise_top_k)
+from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_windows
+from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginPlan, parse_every, plan_origins
+from kronos_tune.backtest.report import write_outputs
+from kronos_tune.backtest.scoring import BacktestResult, score_run
+from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
+from kronos_tune.backtest.universe import Universe, load_universe
+from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
+
+RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
+                      "settings still means something)"
+SLOTS = ("a", "b")
+
+NoteCallback = Callable[[str, str], None]
+
+
+@dataclass
+class Progress:
+    """Where the prediction stands: symbol-origins predicted of the total, per setting."""
+
+    setting: str
+    origins_done: int
+    origins_total: int
+    predicted: int
+    total: int
+    predict_seconds: float
+
+    @property
+    def symbols_per_s(self) -> float:
+        return self.predicted / self.predict_seconds if self.predict_seconds > 0 else 0.0
+
+
+ProgressCallback = Callable[[Progress], None]
+# Builds the forecaster for a setting; called at most once per setting, only when something is left to predict.
+ForecasterFactory = Callable[[PredictionSetting, Callable[[int], None]], Forecaster]
+
+
+@dataclass
+class Session:
+    """What this invocation predicted (a resumed run predicts only what was missing)."""
+
+    predicted: int = 0
+    predict_seconds: float = 0.0
+    notes: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def symbol_origins_per_s(self) -> float | None:
+        return self.predicted / self.predict_seconds if self.predict_seconds > 0 else None
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return default_device()
+    return "cuda:0" if device == "cuda" else device
+
+
+def synthetic_rows(config: BacktestConfig, origins: int) -> int:
+    """Bars per synthetic symbol so the plan holds exactly `origins` origins (48 five-minute bars a day)."""
+    every = config.every_bars
+    if every == EVERY_DAY:
+        return config.lookback + config.pred_len + (origins + 1) * 48
+    return config.lookback + config.pred_len + (origins - 1) * int(every)
+
+
+def work_units(origins: list[Origin], batch_size: int) -> list[list[Origin]]:
+    """Consecutive origins packed up to batch_size series per unit (a larger origin is a unit of its own)."""
+    units: list[list[Origin]] = []
+    current: list[Origin] = []
+    filled = 0
+    for origin in origins:
+        if current and filled + len(origin.members) > batch_size:
+            units.append(current)
+            current, filled = [], 0
+        current.append(origin)
+        filled += len(origin.members)
+    if current:
+        units.append(current)
+    return units
+
+
+def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback) -> ForecasterFactory:
+    """Load the weights once (on first use) and build one KronosPredictor per setting on them."""
+    loaded: dict[str, object] = {}
+
+    def make(setting: PredictionSetting, on_chunk: Callable[[int], None]) -> Forecaster:
+        from kronos_core.predictor import KronosPredictor
+        from kronos_tune.predict_job import PredictConfig, load_predictor
+
+        if "base" not in loaded:
+            base_config = PredictConfig(lookback=config.lookback, pred_len=config.pred_len, size=config.size,
+                                        checkpoint=config.checkpoint, tokenizer=config.tokenizer, device=device,
+                                        seed=config.seed)
+            loaded["base"] = load_predictor(base_config, note)
+        base = loaded["base"]
+        predictor = KronosPredictor(base.model, base.tokenizer, device=device,  # type: ignore[attr-defined]
+                                    max_context=config.max_context(setting),
+                                    amp=None if setting.amp == "none" else setting.amp,
+                                    window_mode=setting.window_mode)
+        return KronosForecaster(predictor, setting, config.batch_size, on_chunk)
+
+    return make
+
+
+def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
+    settings = [config.setting] + ([config.compare] if config.compare is not None else [])
+    for setting in settings:
+        context = config.max_context(setting)
+        if config.lookback > context:
+            note("warning", f"[{setting.label()}] --lookback {config.lookback} is longer than max_context {context}: "
+                            f"the predictor sees the last {context} tokens of each history")
+    if config.compare is not None and {config.setting.window_mode, config.compare.window_mode} == {"refill", "shift"}:
+        slides = [config.lookback + config.pred_len > config.max_context(s) for s in settings]
+        if not any(slides):
+            note("note", f"the window never slides (lookback {config.lookback} + pred_len {config.pred_len} <= "
+                         f"max_context): exact and shift predict the same; set max-context lower to compare them")
+
+
+def _label(config: BacktestConfig) -> str:
+    model = config.size if config.size is not None else Path(str(config.checkpoint)).name
+    data = f"synthetic{config.synthetic}" if config.synthetic is not None else Path(config.data[0]).stem
+    return f"{model}-{data}"
+
+
+def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
+                 on_progress: ProgressCallback | None = None,
+                 forecaster_factory: ForecasterFactory | None = None) -> BacktestResult:
+    """Run (or resume) a backtest; the run folder keeps every finished origin even when interrupted."""
+    session = Session()
+
+    def note(level: str, message: str) -> None:
+        session.notes.append((level, message))
+        if on_note is not None:
+            on_note(level, message)
+
+    device = resolve_device(config.device)
+    config = _with_every(config)
+    check_config(config, device)
+    if config.checkpoint is None and forecaster_factory is None:
+        note("warning", RANDOM_WEIGHTS_NOTE)
+    origins_wanted = config.origins
+    if config.synthetic is not None and origins_wanted is None:
+        origins_wanted = DEFAULT_SYNTHETIC_ORIGINS
+        note("note", f"--synthetic without --origins: {origins_wanted} origins")
+    rows = synthetic_rows(config, origins_wanted or 1)
+    universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
+    plan = _plan(config, universe, origins_wanted)
+    if plan.skipped_symbols:
+        shown = ", ".join(plan.skipped_symbols[:5]) + (" ..." if len(plan.skipped_symbols) > 5 else "")
+        note("note", f"skipped {len(plan.skipped_symbols)} of {len(universe.symbols)} symbols with too little "
+                     f"history for any origin (need --lookback {config.lookback} bars before and --pred-len "
+                     f"{config.pred_len} after): {shown}")
+    _setting_notes(config, note)
+
+    folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
+    run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
+    note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
+    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols))
+    factory = forecaster_factory or kronos_factory(config, device, note)
+    settings = [config.setting] + ([config.compare] if config.compare is not None else [])
+    try:
+        for slot, setting in zip(SLOTS, settings):
+            _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress)
+    except KeyboardInterrupt:
+        run.mark("cancelled", **_timing(session))
+        raise
+    except BaseException as error:
+        run.mark("failed", error=str(error).splitlines()[0] if str(error) else type(error).__name__,
+                 **_timing(session))
+        raise
+    result = score_run(config, universe, plan, run.path, settings)
+    result.notes = session.notes
+    result.session_predicted = session.predicted
+    result.session_predict_seconds = session.predict_seconds
+    result.plot = write_outputs(result, run.path, note)
+    run.mark("complete", **_timing(session))
+    return result
+
+
+def _with_every(config: BacktestConfig) -> BacktestConfig:
+    from dataclasses import replace
+
+    return replace(config, every=parse_every(config.every))
+
+
+def _plan(config: BacktestConfig, universe: Universe, origins: int | None) -> OriginPlan:
+    needed = config.top_k if config.long_only else 2 * config.top_k
+    if len(universe.symbols) < needed:
+        raise_top_k(config, len(universe.symbols))
+    return plan_origins(universe, config.lookback, config.pred_len, config.every_bars, origins,
+                        min_cross_section=max(2, needed))
+
+
+def _timing(session: Session) -> dict[str, object]:
+    return {"session_predicted": session.predicted, "session_predict_seconds": round(session.predict_seconds, 3),
+            "symbol_origins_per_s": session.symbol_origins_per_s}
+
+
+def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, run: RunDir, slot: str,
+                  setting: PredictionSetting, factory: ForecasterFactory, session: Session,
+                  on_progress: ProgressCallback | None) -> None:
+    """Predict every origin of one setting that has no complete file yet."""
+    done = {o.index for o in plan.origins
+            if read_origin(origin_path(run.path, slot, o.index), len(o.members)) is not None}
+    total = plan.predictions
+    state = Progress(setting.label(), len(done), len(plan.origins),
+                     sum(len(o.members) for o in plan.origins if o.index in done), total, 0.0)
+    pending = [u for u in work_units(plan.origins, config.batch_size) if any(o.index not in done for o in u)]
+    if not pending:
+        return
+    started = time.perf_counter()
+
+    def on_chunk(series: int) -> None:
+        state.predicted += series
+        state.predict_seconds = time.perf_counter() - started
+        if on_progress is not None:
+            on_progress(state)
+
+    forecaster = factory(setting, on_chunk)
+    if on_progress is not None:
+        on_progress(state)
+    for unit in pending:
+        windows = [w for o in unit for w in origin_windows(universe, o, config.lookback, config.pred_len)]
+        torch.manual_seed(config.seed * 1_000_003 + unit[0].index)
+        before, unit_started = state.predicted, time.perf_counter()
+        closes = forecaster(windows, config.pred_len)
+        session.predict_seconds += time.perf_counter() - unit_started
+        session.predicted += len(windows)
+        state.predicted = before + len(windows)  # also when the forecaster does not report chunks
+        offset = 0
+        for origin in unit:
+            count = len(origin.members)
+            if origin.index not in done:
+                frame = origin_frame(windows[offset:offset + count], origin.timestamp, closes[offset:offset + count])
+                write_origin(origin_path(run.path, slot, origin.index), frame)
+                state.origins_done += 1
+            offset += count
+        state.predict_seconds = time.perf_counter() - started
+        run.mark("running", **{f"origins_saved_{slot}": state.origins_done})
+        if on_progress is not None:
+            on_progress(state)

@@ -1,0 +1,66 @@
+"""Per-origin prediction files in the run folder: what makes a backtest resumable.
+
+``predictions/<slot>/origin-0007.csv`` holds one origin's rows (symbol, closes,
+predicted and realized returns), written atomically as soon as that origin is
+predicted. A resumed run skips origins whose file reads back complete; the
+scores are always computed from these files, so an interrupted and resumed
+run scores exactly the numbers an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kronos_tune.backtest.forecast import Window
+from kronos_tune.backtest.metrics import PREDICTED, REALIZED
+
+COLUMNS = ("origin", "timestamp", "symbol", "last_close", "predicted_close", "realized_close", PREDICTED, REALIZED)
+
+
+def origin_path(run_path: Path, slot: str, origin: int) -> Path:
+    return run_path / "predictions" / slot / f"origin-{origin:04d}.csv"
+
+
+def origin_frame(windows: list[Window], timestamp: pd.Timestamp, predicted_close: np.ndarray) -> pd.DataFrame:
+    last = np.array([w.last_close for w in windows])
+    realized = np.array([w.realized_close for w in windows])
+    return pd.DataFrame({
+        "origin": [w.origin for w in windows], "timestamp": timestamp, "symbol": [w.symbol for w in windows],
+        "last_close": last, "predicted_close": predicted_close, "realized_close": realized,
+        PREDICTED: predicted_close / last - 1.0, REALIZED: realized / last - 1.0,
+    }, columns=list(COLUMNS))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """A temp file in the same folder, then os.replace: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+
+
+def write_origin(path: Path, frame: pd.DataFrame) -> None:
+    write_text_atomic(path, frame.to_csv(index=False))
+
+
+def read_origin(path: Path, expected_symbols: int) -> pd.DataFrame | None:
+    """The saved origin, or None when missing or not the expected size (then it is predicted again)."""
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path, dtype={"symbol": str})
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return None
+    if list(frame.columns) != list(COLUMNS) or len(frame) != expected_symbols:
+        return None
+    return frame

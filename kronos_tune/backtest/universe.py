@@ -1,0 +1,150 @@
+"""The universe of a backtest: one K-line series per symbol, from files, a panel file or the synthetic generator.
+
+Two file layouts:
+- a folder of (or several) per-symbol .csv/.parquet files: the symbol is the file name;
+- one panel file with a symbol column (``symbol``, ``ticker``, ``code``, ``instrument`` or ``stock``):
+  rows of every symbol, each symbol's rows in time order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data import (FEATURE_COLUMNS, TIME_COLUMN, TIME_COLUMN_ALIASES, fill_volume_amount,
+                              find_data_files, read_kline, validate_kline)
+from kronos_core.errors import KronosError
+from kronos_core.synthetic import SYMBOL_COLUMN, synthetic_universe
+from kronos_tune.errors import KronosTuneError
+
+SYMBOL_ALIASES: tuple[str, ...] = (SYMBOL_COLUMN, "ticker", "code", "instrument", "stock")
+
+NoteCallback = Callable[[str, str], None]
+
+
+@dataclass
+class SymbolSeries:
+    """One symbol's bars: timestamps (datetime64[ns], strictly increasing) and the six features."""
+
+    name: str
+    stamps: np.ndarray
+    features: np.ndarray  # [rows, 6] float64, FEATURE_COLUMNS order
+
+    @property
+    def close(self) -> np.ndarray:
+        return self.features[:, FEATURE_COLUMNS.index("close")]
+
+    def __len__(self) -> int:
+        return len(self.stamps)
+
+
+@dataclass
+class Universe:
+    symbols: list[SymbolSeries]
+    source: str  # what it was read from, for reports
+    synthetic: bool = False
+
+
+def _symbol_series(name: str, frame: pd.DataFrame) -> SymbolSeries:
+    stamps = pd.to_datetime(frame[TIME_COLUMN]).to_numpy(dtype="datetime64[ns]")
+    return SymbolSeries(name, stamps, frame[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64))
+
+
+def _parse_panel_times(values: pd.Series, source: str) -> pd.Series:
+    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+        return pd.to_datetime(values.astype("Int64").astype(str), format="%Y%m%d")  # validate_kline allows YYYYMMDD
+    try:
+        return pd.to_datetime(values)
+    except (ValueError, TypeError):
+        return pd.to_datetime(values, format="mixed")
+
+
+def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
+                        on_note: NoteCallback | None = None) -> Universe:
+    """Split a long panel (symbol column, time column, features) into one series per symbol."""
+    panel = panel.copy()
+    panel.columns = [str(c).strip().lower() for c in panel.columns]
+    names = list(panel.columns)
+    symbol_col = next((a for a in SYMBOL_ALIASES if a in names), None)
+    if symbol_col is None:
+        raise KronosTuneError(f"{source}: no symbol column (found: {', '.join(names)}); name it one of "
+                              f"{', '.join(SYMBOL_ALIASES)}, or give a folder with one file per symbol")
+    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
+    if time_col is None:
+        raise KronosTuneError(f"{source}: no time column (found: {', '.join(names)}); name it one of "
+                              f"{', '.join(TIME_COLUMN_ALIASES)}")
+    if panel[symbol_col].isna().any():
+        row = int(np.argmax(panel[symbol_col].isna().to_numpy()))
+        raise KronosTuneError(f"{source}: empty {symbol_col} at row {row}; fill or drop that row")
+    keep = [time_col] + [c for c in FEATURE_COLUMNS if c in names]
+    symbols = []
+    for symbol, group in panel.groupby(symbol_col, sort=True):
+        frame = group[keep].rename(columns={time_col: TIME_COLUMN}).reset_index(drop=True)
+        where = f"{source} ({symbol_col} {symbol})"
+        if validate:
+            for message in validate_kline(frame, source=where):
+                if on_note is not None:
+                    on_note("warning", message)
+            frame[TIME_COLUMN] = _parse_panel_times(frame[TIME_COLUMN], where)
+            for col in FEATURE_COLUMNS:
+                if col in frame.columns:
+                    frame[col] = pd.to_numeric(frame[col]).astype(np.float64)
+            frame = fill_volume_amount(frame)
+        symbols.append(_symbol_series(str(symbol), frame))
+    return Universe(symbols, source)
+
+
+def _read_panel_if_any(path: Path) -> pd.DataFrame | None:
+    """The file as a frame when it has a symbol column, else None (a single-symbol file)."""
+    if path.suffix.lower() == ".csv":
+        try:
+            header = pd.read_csv(path, nrows=0)
+        except (OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
+            return None  # read_kline gives the precise message
+        if not {str(c).strip().lower() for c in header.columns} & set(SYMBOL_ALIASES):
+            return None
+        return pd.read_csv(path)
+    try:
+        frame = pd.read_parquet(path)
+    except (ImportError, OSError, ValueError):
+        return None
+    return frame if {str(c).strip().lower() for c in frame.columns} & set(SYMBOL_ALIASES) else None
+
+
+def _unique_names(paths: list[Path]) -> list[str]:
+    stems = [p.stem for p in paths]
+    return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
+
+
+def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows: int, seed: int,
+                  on_note: NoteCallback) -> Universe:
+    """Read --data (per-symbol files or one panel file) or make --synthetic N symbols."""
+    if not data:
+        count = synthetic if synthetic is not None else 0
+        panel = synthetic_universe(count, n_rows=synthetic_rows, seed=seed)
+        universe = universe_from_panel(panel, f"synthetic universe ({count} symbols)", validate=False)
+        universe.synthetic = True
+        return universe
+    try:
+        paths = find_data_files(list(data))
+    except KronosError as error:
+        raise KronosTuneError(f"--data: {error}") from None
+    if len(paths) == 1:
+        panel = _read_panel_if_any(paths[0])
+        if panel is not None:
+            return universe_from_panel(panel, str(paths[0]), on_note=on_note)
+    symbols = []
+    for name, path in zip(_unique_names(paths), paths):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            frame = read_kline(path)
+        for warning in caught:
+            on_note("warning", str(warning.message))
+        symbols.append(_symbol_series(name, frame))
+    source = str(data[0]) if len(data) == 1 else f"{len(paths)} files"
+    return Universe(symbols, source)
