@@ -50,6 +50,44 @@ def calendar_features(timestamps: pd.Series | pd.DatetimeIndex | Sequence | np.n
     return np.stack([np.asarray(c) for c in cols], axis=1).astype(np.float32)
 
 
+def wall_clock_ns(stamps: pd.Series | pd.Index | Sequence | np.ndarray) -> np.ndarray:
+    """Timestamps as int64 nanoseconds of their wall-clock time (time zones dropped, not converted).
+
+    NaT comes back as ``NAT_NS``; datetime64 inputs of any unit skip parsing.
+    """
+    if isinstance(stamps, pd.Series):
+        if isinstance(stamps.dtype, pd.DatetimeTZDtype):
+            stamps = stamps.dt.tz_localize(None)
+        if pd.api.types.is_datetime64_dtype(stamps.dtype):
+            return stamps.values.astype("datetime64[ns]").view(np.int64)
+        stamps = stamps.to_numpy()
+    if isinstance(stamps, pd.DatetimeIndex):
+        index = stamps
+    elif isinstance(stamps, np.ndarray) and np.issubdtype(stamps.dtype, np.datetime64):
+        return stamps.astype("datetime64[ns]").view(np.int64)
+    else:
+        index = pd.DatetimeIndex(pd.to_datetime(stamps))
+    if index.tz is not None:
+        index = index.tz_localize(None)
+    return index.as_unit("ns").asi8
+
+
+NAT_NS = np.iinfo(np.int64).min
+
+
+def calendar_features_ns(stamps_ns: np.ndarray) -> np.ndarray:
+    """Calendar features (see `calendar_features`) of wall-clock nanoseconds of any shape -> [..., 5].
+
+    Computed once per distinct timestamp and gathered back, so series on one grid share the work.
+    """
+    flat = np.asarray(stamps_ns, dtype=np.int64).reshape(-1)
+    if flat.size == 0:
+        return np.zeros((*np.shape(stamps_ns), len(TIME_FEATURES)), dtype=np.float32)
+    distinct, inverse = np.unique(flat, return_inverse=True)
+    table = calendar_features(pd.DatetimeIndex(distinct.view("datetime64[ns]")))
+    return table[inverse.reshape(-1)].reshape(*np.shape(stamps_ns), len(TIME_FEATURES))
+
+
 def fill_volume_amount(df: pd.DataFrame) -> pd.DataFrame:
     """Return a copy with ``volume`` and ``amount`` present (reference Kronos rule).
 

@@ -13,35 +13,22 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS, calendar_features, fill_volume_amount, normalize_window
+from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS
 from kronos_core.errors import KronosError
 from kronos_core.generation import WINDOW_MODES, SamplingParams, generate_tokens
 from kronos_core.model import Kronos
+from kronos_core.predict_arrays import prepare_lists, run_group
 from kronos_core.tokenizer import KronosTokenizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_MAX_ROWS = 256  # larger batches stop paying off on CPU and only cost memory
 GPU_MAX_ROWS = 8192
-
-
-@dataclass
-class _Series:
-    """One input series after validation and normalization."""
-
-    x: np.ndarray        # [L, 6] normalized, clipped
-    x_stamp: np.ndarray  # [L, 5]
-    y_stamp: np.ndarray  # [pred_len, 5]
-    mean: np.ndarray
-    std: np.ndarray
-    index: pd.Index
 
 
 def default_device() -> str:
@@ -80,39 +67,6 @@ def bytes_per_sequence(model: Kronos, tokenizer: KronosTokenizer, window: int, e
     attention_scores = model.n_heads * window * window * 4
     tokenizer_pass = window * 12 * tokenizer.d_model * 4
     return cache + prefill + attention_scores + tokenizer_pass
-
-
-def _prepare(df: pd.DataFrame, x_timestamp, y_timestamp, pred_len: int, clip: float, where: str) -> _Series:
-    if not isinstance(df, pd.DataFrame):
-        raise KronosError(f"{where}: input must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in PRICE_COLUMNS if c not in df.columns]
-    if missing:
-        raise KronosError(f"{where}: missing price column(s) {missing}; found {list(df.columns)}; "
-                          f"provide open, high, low, close")
-    frame = fill_volume_amount(df)
-    values = frame[list(FEATURE_COLUMNS)]
-    try:
-        x = values.to_numpy(dtype=np.float64)
-    except (TypeError, ValueError):
-        bad = next(c for c in FEATURE_COLUMNS if not pd.api.types.is_numeric_dtype(values[c]))
-        raise KronosError(f"{where}: column '{bad}' is not numeric; clean it before predicting") from None
-    if not np.isfinite(x).all():
-        row, col = np.argwhere(~np.isfinite(x))[0]
-        kind = "NaN" if np.isnan(x[row, col]) else "inf"
-        raise KronosError(f"{where}: {kind} in column '{FEATURE_COLUMNS[col]}' at row {row}; "
-                          f"fill or drop it before predicting")
-    if len(x) == 0:
-        raise KronosError(f"{where}: the history is empty; pass at least one row")
-    x_ts = pd.Series(pd.to_datetime(pd.Series(x_timestamp).to_numpy()))
-    y_ts = pd.Series(pd.to_datetime(pd.Series(y_timestamp).to_numpy()))
-    if len(x_ts) != len(x):
-        raise KronosError(f"{where}: x_timestamp has {len(x_ts)} entries but the DataFrame has {len(x)} rows")
-    if len(y_ts) != pred_len:
-        raise KronosError(f"{where}: y_timestamp has {len(y_ts)} entries but pred_len={pred_len}; "
-                          f"pass exactly pred_len future timestamps")
-    x_norm, mean, std = normalize_window(x.astype(np.float32), clip=clip)
-    index = y_timestamp if isinstance(y_timestamp, pd.Index) else pd.Index(y_timestamp)
-    return _Series(x_norm, calendar_features(x_ts), calendar_features(y_ts), mean, std, index)
 
 
 class KronosPredictor:
@@ -178,42 +132,59 @@ class KronosPredictor:
         if sample_count < 1:
             raise KronosError(f"sample_count must be >= 1, got {sample_count}")
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
-        series = [_prepare(df, xs, ys, pred_len, self.clip, f"series {i}")
-                  for i, (df, xs, ys) in enumerate(zip(df_list, x_timestamp_list, y_timestamp_list))]
-        longest = max(len(s.x) for s in series)
-        if longest > self.max_context:
-            warnings.warn(f"a history of {longest} rows is longer than max_context={self.max_context}: every row "
-                          f"is used for normalization and tokenization, the predictor sees the last "
-                          f"{self.max_context} tokens", stacklevel=2)
-        rows_per_chunk = self.rows_per_chunk(max_batch_size or self.max_batch_size,
-                                              longest, pred_len)
-        series_per_chunk = max(1, rows_per_chunk // sample_count)
-        by_length: dict[int, list[int]] = defaultdict(list)
-        for i, item in enumerate(series):
-            by_length[len(item.x)].append(i)
-        chunks = [members[k:k + series_per_chunk] for members in by_length.values()
-                  for k in range(0, len(members), series_per_chunk)]
-
-        paths: list[np.ndarray | None] = [None] * len(series)
-        with self._progress(verbose, len(chunks) * pred_len, len(series)) as advance:
-            def on_step(_step: int) -> None:
-                advance(0, 1)
-                self._mark("step")
-
-            for chunk in chunks:
-                result = self._generate_chunk([series[i] for i in chunk], pred_len, params, sample_count,
-                                              on_step=on_step)
-                for position, i in enumerate(chunk):
-                    paths[i] = result[position]
-                advance(len(chunk), 0)
-
-        frames, samples = [], []
-        for item, normalized in zip(series, paths):
-            scaled = normalized * (item.std + 1e-5) + item.mean
-            samples.append(scaled)
-            frames.append(pd.DataFrame(normalized.mean(axis=0) * (item.std + 1e-5) + item.mean,
-                                       columns=list(FEATURE_COLUMNS), index=item.index))
+        prepared = prepare_lists(df_list, x_timestamp_list, y_timestamp_list, pred_len)
+        self._warn_long_history(prepared.longest)
+        self._mark("prepare")
+        series_per_chunk = self.series_per_chunk(max_batch_size, prepared.longest, pred_len, sample_count)
+        chunks = sum(-(-len(g.members) // series_per_chunk) for g in prepared.groups)
+        count = len(prepared.indexes)
+        means: list[np.ndarray | None] = [None] * count
+        samples: list[np.ndarray | None] = [None] * count
+        with self._progress(verbose, chunks * pred_len, count) as advance:
+            for group in prepared.groups:
+                mean_paths, all_paths = run_group(self, group.x, group.x_stamp, group.y_stamp, params, sample_count,
+                                                  series_per_chunk, return_samples,
+                                                  on_step=lambda _step: advance(0, 1),
+                                                  on_chunk=lambda done: advance(done, 0))
+                for position, i in enumerate(group.members):
+                    means[i] = mean_paths[position]
+                    if all_paths is not None:
+                        samples[i] = all_paths[position]
+        columns = pd.Index(FEATURE_COLUMNS)  # built once: a list would be re-parsed for every frame
+        frames = [pd.DataFrame(values, columns=columns, index=index) for values, index in zip(means, prepared.indexes)]
         return (frames, samples) if return_samples else frames
+
+    def predict_arrays(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
+                       y_stamp: np.ndarray | torch.Tensor, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
+                       sample_count: int = 1, verbose: bool = False,
+                       max_batch_size: int | None = None) -> np.ndarray:
+        """Predict N series of one history length from arrays; every sample path, de-normalized.
+
+        x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
+        calendar features (`kronos_core.data.calendar_features_ns` makes them from timestamps).
+        Returns float32 [N, sample_count, P, 6]; with greedy sampling equal to `predict_batch`.
+        """
+        if x.ndim != 3 or x.shape[2] != len(FEATURE_COLUMNS):
+            raise KronosError(f"x must be [N, L, {len(FEATURE_COLUMNS)}], got {list(x.shape)}")
+        if tuple(x_stamp.shape) != (*x.shape[:2], 5):
+            raise KronosError(f"x_stamp must be [N, L, 5] = {[*x.shape[:2], 5]}, got {list(x_stamp.shape)}")
+        if y_stamp.ndim != 3 or y_stamp.shape[0] != x.shape[0] or y_stamp.shape[2] != 5 or y_stamp.shape[1] < 1:
+            raise KronosError(f"y_stamp must be [N, P, 5] with N = {x.shape[0]} and P >= 1, got {list(y_stamp.shape)}")
+        if sample_count < 1:
+            raise KronosError(f"sample_count must be >= 1, got {sample_count}")
+        values = x if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
+        finite = torch.isfinite(values).all().item() if isinstance(values, torch.Tensor) else np.isfinite(values).all()
+        if not finite:
+            raise KronosError("x holds NaN or inf; fill or drop those rows before predicting")
+        pred_len = y_stamp.shape[1]
+        self._warn_long_history(x.shape[1])
+        params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
+        per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
+        chunks = -(-x.shape[0] // per_chunk)
+        with self._progress(verbose, chunks * pred_len, x.shape[0]) as advance:
+            _, samples = run_group(self, values, x_stamp, y_stamp, params, sample_count, per_chunk, True,
+                                   on_step=lambda _step: advance(0, 1), on_chunk=lambda done: advance(done, 0))
+        return samples
 
     # Internals ---------------------------------------------------------------------------
 
@@ -229,6 +200,15 @@ class KronosPredictor:
         fit = int(0.4 * available_memory_bytes(self.device) // per_row)
         return max(1, min(fit, GPU_MAX_ROWS if self.device.type == "cuda" else CPU_MAX_ROWS))
 
+    def series_per_chunk(self, requested: int | None, history: int, pred_len: int, sample_count: int) -> int:
+        return max(1, self.rows_per_chunk(requested or self.max_batch_size, history, pred_len) // sample_count)
+
+    def _warn_long_history(self, longest: int) -> None:
+        if longest > self.max_context:
+            warnings.warn(f"a history of {longest} rows is longer than max_context={self.max_context}: every row "
+                          f"is used for normalization and tokenization, the predictor sees the last "
+                          f"{self.max_context} tokens", stacklevel=3)
+
     def _mark(self, phase: str) -> None:
         if self.phase_clock is not None:
             self.phase_clock(phase)
@@ -239,13 +219,21 @@ class KronosPredictor:
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
     @torch.inference_mode()
-    def _generate_chunk(self, chunk: list[_Series], pred_len: int, params: SamplingParams, sample_count: int,
-                        on_step) -> list[np.ndarray]:
-        """Normalized sample paths [sample_count, pred_len, 6] for each series of one length group."""
-        device = self.device
-        x = torch.from_numpy(np.stack([s.x for s in chunk])).to(device)
-        stamps = torch.from_numpy(np.stack([np.concatenate([s.x_stamp, s.y_stamp]) for s in chunk])).to(device)
-        x = torch.clamp(x, -self.clip, self.clip)
+    def generate_chunk(self, x_norm: torch.Tensor, stamps: torch.Tensor, pred_len: int, params: SamplingParams,
+                       sample_count: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Normalized sample paths [n, sample_count, pred_len, 6] (float32, on the device) of n series.
+
+        x_norm [n, L, 6] normalized history and stamps [n, L + pred_len, 5], both on the device. Marks
+        "encode", "step" after each generated step, then "decode"."""
+        count = x_norm.shape[0]
+        x = torch.clamp(x_norm.to(self.device), -self.clip, self.clip)
+        stamps = stamps.to(self.device)
+
+        def stepped(step: int) -> None:
+            if on_step is not None:
+                on_step(step)
+            self._mark("step")
+
         with self._autocast():
             s1, s2 = self.tokenizer.encode(x, half=True)
             self._mark("encode")
@@ -255,15 +243,15 @@ class KronosPredictor:
             cache_dtype = AMP_DTYPES[self.amp] if self.amp else None
             new_s1, new_s2 = generate_tokens(self.model, s1, s2, stamps, pred_len, self.max_context, params,
                                              use_cache=self.use_cache, window_mode=self.window_mode,
-                                             cache_dtype=cache_dtype, on_step=on_step)
+                                             cache_dtype=cache_dtype, on_step=stepped)
             total = s1.shape[1] + pred_len
             start = max(0, total - self.max_context)
             full_s1 = torch.cat([s1, new_s1], dim=1)[:, start:]
             full_s2 = torch.cat([s2, new_s2], dim=1)[:, start:]
             decoded = self.tokenizer.decode([full_s1, full_s2], half=True)[:, -pred_len:]
-        paths = decoded.float().reshape(len(chunk), sample_count, pred_len, -1).cpu().numpy()
+        paths = decoded.float().reshape(count, sample_count, pred_len, -1)
         self._mark("decode")
-        return list(paths)
+        return paths
 
     @contextlib.contextmanager
     def _progress(self, verbose: bool, total_steps: int, total_series: int):
