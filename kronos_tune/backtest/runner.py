@@ -207,7 +207,7 @@ def _with_every(config: BacktestConfig) -> BacktestConfig:
 
 def _plan(config: BacktestConfig, universe: Universe, origins: int | None) -> OriginPlan:
     needed = config.top_k if config.long_only else 2 * config.top_k
-    if len(universe.symbols) < needed:
+    if universe.symbols and len(universe.symbols) < needed:  # an empty universe is plan_origins' message
         raise_top_k(config, len(universe.symbols))
     return plan_origins(universe, config.lookback, config.pred_len, config.every_bars, origins,
                         min_cross_section=max(2, needed))

@@ -1,0 +1,194 @@
+"""`kronos-tune backtest`: rolling predictions over many symbols, IC / RankIC, a cost-aware portfolio curve,
+and with --compare how much a second prediction setting changes the ranking."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
+    from kronos_tune.backtest.runner import Progress
+    from kronos_tune.backtest.scoring import BacktestResult
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.2f} %"
+
+
+def results_table(result: BacktestResult) -> Table:
+    from kronos_tune.backtest.report import headline
+
+    table = Table(title=f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("score")
+    columns = [headline(scores) for scores in result.scores]
+    for scores in result.scores:
+        table.add_column(scores.setting.label(), justify="right")
+    rows = [("IC mean (std, t)", lambda h: f"{_num(h['ic_mean'])} ({_num(h['ic_std'])}, {_num(h['ic_t'], 2)})"),
+            ("RankIC mean (std, t)",
+             lambda h: f"{_num(h['rank_ic_mean'])} ({_num(h['rank_ic_std'])}, {_num(h['rank_ic_t'], 2)})"),
+            ("hit rate", lambda h: _num(h["hit_rate"], 3)),
+            ("MAE of returns", lambda h: _num(h["mae_return"], 5)),
+            ("cumulative return", lambda h: _pct(h["cumulative_return"])),
+            ("annualized return", lambda h: _pct(h["annualized_return"])),
+            ("annualized volatility", lambda h: _pct(h["annualized_volatility"])),
+            ("Sharpe", lambda h: _num(h["sharpe"], 2)),
+            ("max drawdown", lambda h: _pct(h["max_drawdown"])),
+            ("turnover / rebalance", lambda h: _num(h["turnover"], 3)),
+            ("equal-weight universe", lambda h: _pct(h["benchmark_cumulative_return"]))]
+    for name, cell in rows:
+        table.add_row(name, *(cell(h) for h in columns))
+    return table
+
+
+def agreement_line(result: BacktestResult) -> str | None:
+    if result.agreement is None:
+        return None
+    a, b = result.scores
+    agreement = result.agreement
+    return (f"ranking agreement {b.setting.label()} vs {a.setting.label()}: Spearman of predicted returns "
+            f"mean {_num(agreement.spearman.mean)} (std {_num(agreement.spearman.std)}, min "
+            f"{_num(agreement.spearman_min)}, max {_num(agreement.spearman_max)}, {agreement.spearman.n} origins); "
+            f"IC diff {_num(b.ic.mean - a.ic.mean)}, RankIC diff {_num(b.rank_ic.mean - a.rank_ic.mean)}, "
+            f"cumulative return diff {_pct(b.curve.cumulative_return - a.curve.cumulative_return)}")
+
+
+class ProgressView:
+    """A Rich bar over symbol-origins with symbols/s; one task per prediction setting."""
+
+    def __init__(self, console: Console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("[bold]backtest[/] {task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("symbol-origins"),
+                                 TextColumn("origins {task.fields[origins]}"),
+                                 TextColumn("{task.fields[rate]} symbols/s"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=console, transient=False)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, state: Progress) -> None:
+        if state.setting not in self.tasks:
+            self.tasks[state.setting] = self.progress.add_task(state.setting, total=state.total, origins="", rate="")
+        self.progress.update(self.tasks[state.setting], completed=state.predicted,
+                             origins=f"{state.origins_done}/{state.origins_total}",
+                             rate=f"{state.symbols_per_s:,.1f}" if state.predict_seconds > 0 else "-")
+
+
+def backtest_command(
+    lookback: Annotated[int, typer.Option("--lookback", help="History bars each prediction sees.")],
+    pred_len: Annotated[int, typer.Option("--pred-len", help="Bars predicted at each origin (the horizon).")],
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")] = None,
+    size: Annotated[Optional[str], typer.Option(
+        "--size", help="Random-init model of a named size (agreement/timing only), e.g. tiny, mini, small.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Tokenizer folder.")] = None,
+    data: Annotated[Optional[list[Path]], typer.Option(
+        "--data", help="A folder of per-symbol .csv/.parquet files, or one panel file with a symbol column.")] = None,
+    synthetic: Annotated[Optional[int], typer.Option(
+        "--synthetic", help="A synthetic universe of N symbols (market + sector factors) instead of files.")] = None,
+    origins: Annotated[Optional[int], typer.Option(
+        "--origins", help="Number of origins, the latest ones (default: all the data holds; 20 with --synthetic).")
+    ] = None,
+    every: Annotated[Optional[str], typer.Option(
+        "--every", help="Bars between origins, or 'day' (default: --pred-len, holding periods do not overlap).")
+    ] = None,
+    top_k: Annotated[int, typer.Option("--top-k", help="Symbols in each leg of the portfolio.")] = 10,
+    cost_bps: Annotated[float, typer.Option("--cost-bps", help="Transaction cost per unit of turnover, bps.")] = 10.0,
+    long_only: Annotated[bool, typer.Option(
+        "--long-only", help="Long the top-k only, against the equal-weight universe (default: long-short).")] = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Series per predict call.")] = 256,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    amp: Annotated[str, typer.Option("--amp", help="none, bf16 or fp16 (CUDA only).")] = "none",
+    window_mode: Annotated[str, typer.Option(
+        "--window-mode", help="refill (exact) or shift (faster, approximate once the window slides).")] = "refill",
+    max_context: Annotated[Optional[int], typer.Option(
+        "--max-context", help="Tokens the predictor sees; default the size's context (512 for checkpoints).")
+    ] = None,
+    sample_count: Annotated[int, typer.Option("--sample-count", help="Sample paths averaged per series.")] = 1,
+    temperature: Annotated[float, typer.Option("--T", help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.9,
+    sample_top_k: Annotated[int, typer.Option(
+        "--sample-top-k", help="Top-k sampling of tokens (0 off, 1 greedy); --top-k is the portfolio's.")] = 0,
+    compare: Annotated[Optional[str], typer.Option(
+        "--compare", help="A second setting on the same origins, e.g. shift, bf16, sample-count=10, "
+                          "'window-mode=shift,max-context=256'.")] = None,
+    periods_per_year: Annotated[Optional[float], typer.Option(
+        "--periods-per-year", help="Rebalances per year for annualizing (default: 252 trading days x bars/day "
+                                   "/ --every).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")] = 0,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Run folder (default runs/backtest/<model>-<data>-<time>/).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out; finished origins are kept.")
+                      ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print backtest.json.")] = False,
+) -> None:
+    """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
+    from kronos_tune.backtest.config import BacktestConfig, PredictionSetting, parse_setting
+    from kronos_tune.backtest.report import JSON_NAME
+    from kronos_tune.backtest.runner import run_backtest
+
+    console = Console(stderr=as_json)
+
+    def on_note(level: str, message: str) -> None:
+        console.print(Text.assemble((f"{level}:", "yellow" if level == "warning" else "cyan"), " ", message),
+                      soft_wrap=True)
+
+    setting = PredictionSetting(window_mode=window_mode, amp=amp, sample_count=sample_count, temperature=temperature,
+                                top_p=top_p, sample_top_k=sample_top_k, max_context=max_context)
+    config = BacktestConfig(
+        lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
+        data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
+        long_only=long_only, batch_size=batch_size, device=device, setting=setting,
+        compare=None if compare is None else parse_setting(compare, setting), seed=seed,
+        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite)
+    try:
+        if as_json:
+            result = run_backtest(config, on_note=on_note)
+        else:
+            with ProgressView(console) as view:
+                result = run_backtest(config, on_note=on_note, on_progress=view.update)
+    except KeyboardInterrupt:
+        console.print("interrupted: finished origins are kept; continue with --resume --out <the run folder above>",
+                      markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+    if as_json:
+        typer.echo((result.run_path / JSON_NAME).read_text(encoding="utf-8").strip())
+        return
+    console.print(results_table(result))
+    line = agreement_line(result)
+    if line is not None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    rate = result.symbol_origins_per_s
+    console.print(f"predicted {result.session_predicted} symbol-origins in {result.session_predict_seconds:.1f} s"
+                  + (f" ({rate:,.2f} symbols x origins per s)" if rate is not None else " (all were saved already)")
+                  + f"; results in {result.run_path}" + ("" if result.plot else " (no picture)"),
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `backtest` command to the root app."""
+    app.command("backtest")(backtest_command)
+
+
+__all__ = ["agreement_line", "backtest_command", "register", "results_table"]
