@@ -131,7 +131,12 @@ def _fmt_ts(ts: object) -> str:
     return "NaT" if pd.isna(ts) else str(pd.Timestamp(ts))
 
 
-def _parse_timestamps(values: pd.Series, source: str) -> pd.Series:
+def _at(row: int, first_line: int | None) -> str:
+    """'row N' (0-based data row) or, for a text file whose first data row is `first_line`, 'line N'."""
+    return f"row {row}" if first_line is None else f"line {row + first_line}"
+
+
+def _parse_timestamps(values: pd.Series, source: str, first_line: int | None = None) -> pd.Series:
     """Parse a time column to datetime64, or raise naming the first bad row."""
     if pd.api.types.is_datetime64_any_dtype(values):
         parsed = values
@@ -162,7 +167,8 @@ def _parse_timestamps(values: pd.Series, source: str) -> pd.Series:
         row = int(np.argmax(bad))
         raw = values.iloc[row]
         what = "is empty" if pd.isna(raw) else f"has unparseable value {str(raw)[:40]!r}"
-        raise KronosError(f"{source}: column '{TIME_COLUMN}' {what} at row {row}; fix or drop that row")
+        raise KronosError(f"{source}: column '{TIME_COLUMN}' {what} at {_at(row, first_line)}; "
+                          "fix or drop that row")
     if not pd.api.types.is_datetime64_any_dtype(parsed):
         # e.g. mixed UTC offsets come back as objects
         raise KronosError(
@@ -171,13 +177,13 @@ def _parse_timestamps(values: pd.Series, source: str) -> pd.Series:
     return parsed
 
 
-def _where(df: pd.DataFrame, row: int) -> str:
+def _where(df: pd.DataFrame, row: int, first_line: int | None = None) -> str:
     if TIME_COLUMN in df.columns:
-        return f"row {row} ({_fmt_ts(df[TIME_COLUMN].iloc[row])})"
-    return f"row {row}"
+        return f"{_at(row, first_line)} ({_fmt_ts(df[TIME_COLUMN].iloc[row])})"
+    return _at(row, first_line)
 
 
-def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
+def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | None = None) -> list[str]:
     """Check a K-line frame; raise KronosError on errors, return warnings.
 
     Errors (the data would train or predict on garbage):
@@ -193,7 +199,8 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
         (count and first timestamp);
       - negative volume or amount.
     Gaps in time (nights, weekends, holidays, halts) are normal and not reported.
-    ``volume``/``amount`` are optional; rows are numbered from 0.
+    ``volume``/``amount`` are optional. Rows are named "row N" from 0, or "line N" of the file
+    when ``first_line`` (the file line of data row 0: 2 for a CSV with one header line) is given.
     """
     if not isinstance(df, pd.DataFrame):
         raise KronosError(f"{source}: expected a pandas DataFrame, got {type(df).__name__}")
@@ -208,7 +215,7 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
     if len(df) == 0:
         raise KronosError(f"{source}: no data rows; give at least one K-line")
 
-    ts = _parse_timestamps(df[TIME_COLUMN], source)
+    ts = _parse_timestamps(df[TIME_COLUMN], source, first_line)
     checked = pd.DataFrame({TIME_COLUMN: ts.to_numpy()})
     present = [c for c in FEATURE_COLUMNS if c in df.columns]
     values: dict[str, np.ndarray] = {}
@@ -228,7 +235,7 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
                 row = int(np.argmax(bad))
                 raise KronosError(
                     f"{source}: column '{col}' has non-numeric value {str(raw.iloc[row])[:40]!r} at "
-                    f"{_where(checked, row)}; use plain numbers"
+                    f"{_where(checked, row, first_line)}; use plain numbers"
                 )
             num = coerced.to_numpy(dtype=np.float64, na_value=np.nan)
         nonfinite = ~np.isfinite(num)
@@ -236,7 +243,8 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
             row = int(np.argmax(nonfinite))
             kind = "NaN/empty" if np.isnan(num[row]) else "infinite value"
             raise KronosError(
-                f"{source}: column '{col}' has {kind} at {_where(checked, row)}; fill or drop those rows"
+                f"{source}: column '{col}' has {kind} at {_where(checked, row, first_line)}; "
+                "fill or drop those rows"
             )
         values[col] = num
 
@@ -247,11 +255,12 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
             row = int(np.argmax(~step_ok)) + 1
             if ts_ns[row] == ts_ns[row - 1]:
                 raise KronosError(
-                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at rows {row - 1} and {row}; "
+                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at {'rows' if first_line is None else 'lines'} "
+                    f"{row - 1 + (first_line or 0)} and {row + (first_line or 0)}; "
                     "drop duplicates"
                 )
             raise KronosError(
-                f"{source}: timestamps not increasing at row {row} ({_fmt_ts(ts.iloc[row])} after "
+                f"{source}: timestamps not increasing at {_at(row, first_line)} ({_fmt_ts(ts.iloc[row])} after "
                 f"{_fmt_ts(ts.iloc[row - 1])}); sort the rows by time"
             )
 
@@ -261,7 +270,7 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
             row = int(np.argmax(nonpos))
             raise KronosError(
                 f"{source}: column '{col}' has non-positive price {values[col][row]:g} at "
-                f"{_where(checked, row)}; prices must be > 0"
+                f"{_where(checked, row, first_line)}; prices must be > 0"
             )
 
     found_warnings: list[str] = []
@@ -273,7 +282,7 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
         row = int(np.argmax(inconsistent))
         found_warnings.append(
             f"{source}: {int(inconsistent.sum())} rows have high below max(open, close) or low above "
-            f"min(open, close), first at {_where(checked, row)}"
+            f"min(open, close), first at {_where(checked, row, first_line)}"
         )
     for col in ("volume", "amount"):
         if col in values:
@@ -281,7 +290,8 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>") -> list[str]:
             if neg.any():
                 row = int(np.argmax(neg))
                 found_warnings.append(
-                    f"{source}: {int(neg.sum())} rows have negative {col}, first at {_where(checked, row)}"
+                    f"{source}: {int(neg.sum())} rows have negative {col}, "
+                    f"first at {_where(checked, row, first_line)}"
                 )
     return found_warnings
 
@@ -318,7 +328,9 @@ def read_kline(path: str | Path) -> pd.DataFrame:
     Returns ``timestamps`` + FEATURE_COLUMNS (volume/amount filled with
     :func:`fill_volume_amount`), float64 features, index 0..n-1. Warnings from
     :func:`validate_kline` are issued as KlineDataWarning and kept in
-    ``df.attrs["warnings"]``; ``df.attrs["source"]`` is the path.
+    ``df.attrs["warnings"]``; ``df.attrs["source"]`` is the path; ``df.attrs["filled_columns"]`` lists
+    the feature columns the file lacked (volume and/or amount), filled by the reference rule. Errors in
+    a CSV name file lines (the header is line 1), in a Parquet file 0-based rows.
     """
     path = Path(path)
     if not path.exists():
@@ -357,8 +369,10 @@ def read_kline(path: str | Path) -> pd.DataFrame:
             raise KronosError(f"{path}: missing price column '{col}' (found: {found}); add or rename it")
 
     source = str(path)
-    df[TIME_COLUMN] = _parse_timestamps(df[TIME_COLUMN], source)
-    found_warnings = validate_kline(df, source=source)
+    first_line = 2 if path.suffix.lower() == ".csv" else None  # CSV: line 1 is the header
+    df[TIME_COLUMN] = _parse_timestamps(df[TIME_COLUMN], source, first_line)
+    found_warnings = validate_kline(df, source=source, first_line=first_line)
+    filled = [c for c in ("volume", "amount") if c not in df.columns]
     for col in FEATURE_COLUMNS:
         if col in df.columns:
             df[col] = pd.to_numeric(df[col]).astype(np.float64)
@@ -367,6 +381,7 @@ def read_kline(path: str | Path) -> pd.DataFrame:
         warnings.warn(message, KlineDataWarning, stacklevel=2)
     df.attrs["source"] = source
     df.attrs["warnings"] = found_warnings
+    df.attrs["filled_columns"] = filled
     return df
 
 

@@ -53,7 +53,7 @@ class PreparedLists:
     longest: int
 
 
-def frame_values(df: pd.DataFrame, where: str) -> np.ndarray:
+def frame_values(df: pd.DataFrame, where: str, check_finite: bool = True) -> np.ndarray:
     """[rows, 6] float32 features of one frame (reference rules for missing volume/amount)."""
     if not isinstance(df, pd.DataFrame):
         raise KronosError(f"{where}: input must be a pandas DataFrame, got {type(df).__name__}")
@@ -80,8 +80,8 @@ def frame_values(df: pd.DataFrame, where: str) -> np.ndarray:
         raise KronosError(f"{where}: column '{bad}' is not numeric; clean it before predicting") from None
     if len(values) == 0:
         raise KronosError(f"{where}: the history is empty; pass at least one row")
-    finite = np.isfinite(values)
-    if not finite.all():
+    finite = np.isfinite(values) if check_finite else True
+    if not np.all(finite):
         row, col = np.argwhere(~finite)[0]
         kind = "NaN" if np.isnan(values[row, col]) else "inf"
         raise KronosError(f"{where}: {kind} in column '{FEATURE_COLUMNS[col]}' at row {row}; "
@@ -150,8 +150,11 @@ def normalize(x: np.ndarray | torch.Tensor, clip: float,
     """(x_norm, mean, std) on `device` for raw x [n, L, 6]: z-score per series and column, clipped."""
     if device.type == "cpu":
         array = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
-        mean = array.mean(axis=1, keepdims=True)
-        std = array.std(axis=1, keepdims=True)
+        # Reduce along a contiguous time axis: numpy then sums pairwise, exactly as the reference does on
+        # a DataFrame's column-major `.values`; a strided reduction rounds differently.
+        by_column = np.ascontiguousarray(array.transpose(0, 2, 1))
+        mean = by_column.mean(axis=2, keepdims=True).transpose(0, 2, 1)
+        std = by_column.std(axis=2, keepdims=True).transpose(0, 2, 1)
         x_norm = np.clip((array - mean) / (std + NORM_EPS), -clip, clip)
         return torch.from_numpy(x_norm), torch.from_numpy(mean), torch.from_numpy(std)
     values = _to_device(x, device).float()

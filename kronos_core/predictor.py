@@ -156,13 +156,14 @@ class KronosPredictor:
 
     def predict_arrays(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
                        y_stamp: np.ndarray | torch.Tensor, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
-                       sample_count: int = 1, verbose: bool = False,
-                       max_batch_size: int | None = None) -> np.ndarray:
+                       sample_count: int = 1, verbose: bool = False, max_batch_size: int | None = None,
+                       mean_only: bool = False) -> np.ndarray:
         """Predict N series of one history length from arrays; every sample path, de-normalized.
 
         x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
         calendar features (`kronos_core.data.calendar_features_ns` makes them from timestamps).
-        Returns float32 [N, sample_count, P, 6]; with greedy sampling equal to `predict_batch`.
+        Returns float32 [N, sample_count, P, 6], or with `mean_only` the mean path [N, P, 6] exactly as
+        `predict_batch` computes it (mean in normalized space, then de-normalized).
         """
         if x.ndim != 3 or x.shape[2] != len(FEATURE_COLUMNS):
             raise KronosError(f"x must be [N, L, {len(FEATURE_COLUMNS)}], got {list(x.shape)}")
@@ -176,15 +177,18 @@ class KronosPredictor:
         finite = torch.isfinite(values).all().item() if isinstance(values, torch.Tensor) else np.isfinite(values).all()
         if not finite:
             raise KronosError("x holds NaN or inf; fill or drop those rows before predicting")
+        if isinstance(x_stamp, np.ndarray):
+            x_stamp, y_stamp = x_stamp.astype(np.float32, copy=False), np.asarray(y_stamp, dtype=np.float32)
         pred_len = y_stamp.shape[1]
         self._warn_long_history(x.shape[1])
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
         per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
         chunks = -(-x.shape[0] // per_chunk)
         with self._progress(verbose, chunks * pred_len, x.shape[0]) as advance:
-            _, samples = run_group(self, values, x_stamp, y_stamp, params, sample_count, per_chunk, True,
-                                   on_step=lambda _step: advance(0, 1), on_chunk=lambda done: advance(done, 0))
-        return samples
+            mean_path, samples = run_group(self, values, x_stamp, y_stamp, params, sample_count, per_chunk,
+                                           not mean_only, on_step=lambda _step: advance(0, 1),
+                                           on_chunk=lambda done: advance(done, 0))
+        return mean_path if mean_only else samples
 
     # Internals ---------------------------------------------------------------------------
 

@@ -195,22 +195,41 @@ def test_missing_price_column_names_it_and_lists_found(tmp_path) -> None:
 def test_nan_names_column_row_and_timestamp(tmp_path) -> None:
     df = small_frame()
     df.loc[3, "high"] = np.nan
-    with pytest.raises(KronosError, match=r"bad\.csv.*'high'.*NaN.*row 3 \(2024-03-04 09:50:00\)"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*'high'.*NaN.*line 5 \(2024-03-04 09:50:00\)"):
         read_kline(write_csv(tmp_path, df))
 
 
 def test_inf_names_column(tmp_path) -> None:
     df = small_frame()
     df.loc[2, "volume"] = np.inf
-    with pytest.raises(KronosError, match=r"bad\.csv.*'volume'.*infinite.*row 2"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*'volume'.*infinite.*line 4"):
         read_kline(write_csv(tmp_path, df))
 
 
 def test_non_numeric_names_column_and_row(tmp_path) -> None:
     df = small_frame().astype({"close": object})
     df.loc[4, "close"] = "n/a?"
-    with pytest.raises(KronosError, match=r"bad\.csv.*'close'.*non-numeric.*'n/a\?'.*row 4"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*'close'.*non-numeric.*'n/a\?'.*line 6"):
         read_kline(write_csv(tmp_path, df))
+
+
+def test_frames_name_rows_and_csv_files_name_lines(tmp_path) -> None:
+    df = small_frame()
+    df.loc[3, "high"] = np.nan
+    with pytest.raises(KronosError, match=r"mem: column 'high' has NaN/empty at row 3 \("):
+        validate_kline(df, source="mem")
+    path = write_csv(tmp_path, df)
+    with pytest.raises(KronosError, match=r"line 5 \("):
+        read_kline(path)
+    assert path.read_text().splitlines()[4].split(",")[0] == "2024-03-04 09:50:00"  # line 5 of the file
+
+
+def test_missing_volume_and_amount_are_reported_as_filled(tmp_path) -> None:
+    path = write_csv(tmp_path, small_frame().drop(columns=["volume", "amount"]))
+    out = read_kline(path)
+    assert out.attrs["filled_columns"] == ["volume", "amount"]
+    assert (out["volume"] == 0).all() and (out["amount"] == 0).all()
+    assert read_kline(write_csv(tmp_path, small_frame())).attrs["filled_columns"] == []
 
 
 def test_true_false_values_are_not_numbers() -> None:
@@ -223,14 +242,14 @@ def test_true_false_values_are_not_numbers() -> None:
 def test_unsorted_timestamps(tmp_path) -> None:
     df = small_frame()
     df = df.iloc[[0, 1, 3, 2, 4, 5]]
-    with pytest.raises(KronosError, match=r"bad\.csv.*not increasing at row 3 \(2024-03-04 09:45:00.*sort"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*not increasing at line 5 \(2024-03-04 09:45:00.*sort"):
         read_kline(write_csv(tmp_path, df))
 
 
 def test_duplicate_timestamps(tmp_path) -> None:
     df = small_frame()
     df.loc[4, "timestamps"] = df.loc[3, "timestamps"]
-    expected = r"bad\.csv.*duplicate timestamp 2024-03-04 09:50:00 at rows 3 and 4"
+    expected = r"bad\.csv.*duplicate timestamp 2024-03-04 09:50:00 at lines 5 and 6"
     with pytest.raises(KronosError, match=expected):
         read_kline(write_csv(tmp_path, df))
 
@@ -239,14 +258,14 @@ def test_duplicate_timestamps(tmp_path) -> None:
 def test_non_positive_price(tmp_path, value) -> None:
     df = small_frame()
     df.loc[1, "open"] = value
-    with pytest.raises(KronosError, match=r"bad\.csv.*'open'.*non-positive.*row 1"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*'open'.*non-positive.*line 3"):
         read_kline(write_csv(tmp_path, df))
 
 
 def test_unparseable_timestamp_names_file_and_row(tmp_path) -> None:
     df = small_frame().astype({"timestamps": object})
     df.loc[2, "timestamps"] = "not a date"
-    with pytest.raises(KronosError, match=r"bad\.csv.*timestamps.*'not a date'.*row 2"):
+    with pytest.raises(KronosError, match=r"bad\.csv.*timestamps.*'not a date'.*line 4"):
         read_kline(write_csv(tmp_path, df))
 
 
