@@ -2,7 +2,8 @@
 
 A forecaster is any callable ``forecaster(windows, pred_len) -> np.ndarray``
 (one predicted close per window). `KronosForecaster` runs the model through
-`KronosPredictor.predict_batch` in calls of ``batch_size`` series;
+`KronosPredictor.predict_arrays` (the array path: no DataFrame per series) in
+calls of ``batch_size`` series;
 `OracleForecaster` returns the realized close (a perfect predictor, to check
 the scoring).
 """
@@ -14,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.data import FEATURE_COLUMNS, calendar_features_ns
 from kronos_core.predictor import KronosPredictor
 from kronos_tune.backtest.config import PredictionSetting
 from kronos_tune.backtest.origins import Origin
@@ -68,16 +68,17 @@ class KronosForecaster:
         closes = []
         for start in range(0, len(windows), self.batch_size):
             chunk = windows[start:start + self.batch_size]
+            x = np.stack([w.history for w in chunk]).astype(np.float32)
+            x_stamp = calendar_features_ns(np.stack([w.history_stamps for w in chunk]).view(np.int64))
+            y_stamp = calendar_features_ns(np.stack([w.future_stamps for w in chunk]).view(np.int64))
             with warnings.catch_warnings():
                 # A lookback longer than max_context is reported once by the runner.
                 warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
-                frames = self.predictor.predict_batch(
-                    [pd.DataFrame(w.history, columns=list(FEATURE_COLUMNS)) for w in chunk],
-                    [pd.Series(w.history_stamps) for w in chunk],
-                    [pd.DatetimeIndex(w.future_stamps) for w in chunk],
-                    pred_len, T=self.setting.temperature, top_k=self.setting.sample_top_k,
+                samples = self.predictor.predict_arrays(
+                    x, x_stamp, y_stamp, T=self.setting.temperature, top_k=self.setting.sample_top_k,
                     top_p=self.setting.top_p, sample_count=self.setting.sample_count, verbose=False)
-            closes.extend(float(frame.iloc[-1, CLOSE]) for frame in frames)
+            # [series, samples, pred_len, 6]: the mean path's close at the end of the horizon.
+            closes.extend(samples[:, :, -1, CLOSE].astype(np.float64).mean(axis=1))
             if self.on_chunk is not None:
                 self.on_chunk(len(chunk))
         return np.asarray(closes, dtype=np.float64)

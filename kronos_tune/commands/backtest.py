@@ -22,8 +22,10 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.2f} %"
+def _pct(value: float | None, signed: bool = True) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{100 * value:+.2f} %" if signed else f"{100 * value:.2f} %"
 
 
 def results_table(result: BacktestResult) -> Table:
@@ -42,9 +44,9 @@ def results_table(result: BacktestResult) -> Table:
             ("MAE of returns", lambda h: _num(h["mae_return"], 5)),
             ("cumulative return", lambda h: _pct(h["cumulative_return"])),
             ("annualized return", lambda h: _pct(h["annualized_return"])),
-            ("annualized volatility", lambda h: _pct(h["annualized_volatility"])),
+            ("annualized volatility", lambda h: _pct(h["annualized_volatility"], signed=False)),
             ("Sharpe", lambda h: _num(h["sharpe"], 2)),
-            ("max drawdown", lambda h: _pct(h["max_drawdown"])),
+            ("max drawdown", lambda h: _pct(h["max_drawdown"], signed=False)),
             ("turnover / rebalance", lambda h: _num(h["turnover"], 3)),
             ("equal-weight universe", lambda h: _pct(h["benchmark_cumulative_return"]))]
     for name, cell in rows:
