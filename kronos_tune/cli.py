@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import PurePath
+from typing import Any, get_args
 
 import typer
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on click
+    from click import exceptions as click_errors
 
 from kronos_core import __version__
 from kronos_core.errors import KronosError
@@ -56,13 +63,72 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"kronos_tune.commands.{_name}").register(app)
 
 
+def metavar(param: Any) -> str:
+    """A short upper-case name for what an option takes: INT, FLOAT, TEXT, FILE, DIR, PATH or the choices.
+
+    Typer's own labels (`<int range>`, `<list[Path]>`, `<bool>` for a flag) are Python types, not what to type."""
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return ""
+    described = getattr(param, "type_descriptor", None)  # typer >= 0.2x: annotations, not click types
+    if described is None:
+        name = getattr(param.type, "name", "text")
+        return "|".join(map(str, param.type.choices)) if hasattr(param.type, "choices") else \
+            {"integer": "INT", "integer range": "INT", "float": "FLOAT", "float range": "FLOAT"}.get(
+                name, "PATH" if name in ("path", "directory", "file") else "TEXT")
+    if described.choices is not None:
+        return "|".join(str(getattr(choice, "value", choice)) for choice in described.choices)
+    annotation = described.annotation
+    if described.is_list:
+        annotation = get_args(annotation)[0]
+    if described.is_path or (isinstance(annotation, type) and issubclass(annotation, PurePath)):
+        return str(described.path_type).upper()
+    return {int: "INT", float: "FLOAT"}.get(annotation, "TEXT")
+
+
+def readable_metavars(command: Any) -> Any:
+    """Give every option of `command` and its subcommands a readable metavar (unless one was set)."""
+    for param in command.params:
+        if getattr(param, "param_type_name", "") == "option" and param.metavar is None:
+            param.metavar = metavar(param)
+    help_option = command.get_help_option
+
+    def quiet_help_option(ctx: Any) -> Any:  # --help is a flag: no value to name
+        option = help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = quiet_help_option
+    for sub in getattr(command, "commands", {}).values():
+        readable_metavars(sub)
+    return command
+
+
+def usage_error_line(error: Any) -> str:
+    """A click usage error (unknown option, missing or bad value) as one line that says where to look."""
+    message = " ".join(error.format_message().split()).rstrip(".")
+    ctx = getattr(error, "ctx", None)
+    if ctx is None:
+        return f"error: {message}"
+    return f"error: {ctx.command_path}: {message}; see `{ctx.command_path} --help`"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user-fixable errors become one line and exit code 2."""
+    """Console entry point: usage errors and user-fixable errors become one line on stderr and exit code 2."""
+    command = readable_metavars(typer.main.get_command(app))
     try:
-        app(args=argv, standalone_mode=True)
+        code = command.main(args=argv, prog_name="kronos-tune", standalone_mode=False)
     except KronosError as error:
         typer.echo(f"error: {error}", err=True)
         sys.exit(2)
+    except click_errors.ClickException as error:
+        if type(error).__name__ != "NoArgsIsHelpError":  # that one printed the help already
+            typer.echo(usage_error_line(error), err=True)
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

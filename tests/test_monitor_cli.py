@@ -142,12 +142,19 @@ def test_subprocess_bad_interval_exits_2_without_traceback() -> None:
     assert done.stderr.startswith("error: --interval") and done.stderr.count("\n") == 1
 
 
+def default_sigint() -> None:
+    """In the child before exec: a shell starts background jobs with SIGINT ignored, and an ignored signal
+    stays ignored across exec, so without this the child would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_subprocess_ctrl_c_exits_0() -> None:
     process = subprocess.Popen(
         [*_command(), "monitor", "--json", "--interval", "0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         assert process.stdout is not None

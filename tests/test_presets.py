@@ -415,3 +415,22 @@ def test_console_script_unknown_preset_exit_2() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: unknown preset 'nope'")
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("columns", ["40", "200"])
+def test_show_into_a_file_is_valid_toml_whatever_the_width(tmp_path: Path, columns: str) -> None:
+    """`presets show NAME > x.toml`: no wrapped description, the budget as a comment, loadable as a preset."""
+    import tomllib
+
+    env = {**{k: v for k, v in os.environ.items() if k != PRESET_DIR_ENV}, "COLUMNS": columns}
+    done = subprocess.run([sys.executable, "-m", "kronos_tune.cli", "presets", "show", "rtx3080"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b[" not in done.stdout  # no colour codes in a file
+    saved = tmp_path / "mine" / "copy.toml"
+    saved.parent.mkdir()
+    saved.write_text(done.stdout.replace('name = "rtx3080"', 'name = "copy"'))
+    parsed = tomllib.loads(saved.read_text())
+    assert parsed["name"] == "copy" and len(parsed["description"]) > int(columns) // 2
+    assert "# budget per device: 12,348,030,976 bytes" in done.stdout
+    assert resolve_preset("copy", [saved.parent]).budget_bytes == resolve_preset("rtx3080").budget_bytes

@@ -91,20 +91,33 @@ def show(
     name: Annotated[str, typer.Argument(help="Preset name, or a path to a preset .toml file.")],
     preset_dir: PresetDirOption = None,
 ) -> None:
-    """Print one preset as TOML, with the memory budget derived from it."""
+    """Print one preset as TOML, with the memory budget derived from it (`> file.toml` gives a valid preset)."""
     parent_dirs: list[Path] = list(ctx.parent.params.get("preset_dir") or []) if ctx.parent else []
     preset = resolve_preset(name, parent_dirs + list(preset_dir or []))
-    hw = preset.hardware
     console = Console()
-    console.print(f"# {preset.name}: {_display_path(preset.source_path)}", markup=False, highlight=False)
-    console.print(Syntax(preset_to_toml(preset), "toml", theme="ansi_dark", background_color="default", word_wrap=True))
-    console.print(
-        f"budget per device: {preset.budget_bytes:,} bytes "
-        f"({hw.memory_per_device_gb:g} GiB - {hw.cuda_context_overhead_gb:g} GiB CUDA context overhead; "
-        f"1 GiB = {BYTES_PER_GIB:,} bytes)",
-        markup=False,
-        highlight=False,
-    )
+    if not console.is_terminal:  # a file or a pipe: plain TOML, whatever the width
+        typer.echo(show_text(preset), nl=False)
+    else:  # colours; lines are never wrapped (soft wrap), so a copied line stays TOML
+        head, body, tail = show_parts(preset)
+        console.print(head, markup=False, highlight=False, soft_wrap=True)
+        console.print(Syntax(body, "toml", theme="ansi_dark", background_color="default", word_wrap=False),
+                      soft_wrap=True)
+        console.print(tail, markup=False, highlight=False, soft_wrap=True)
+
+
+def show_parts(preset: Preset) -> tuple[str, str, str]:
+    """(comment naming the file, the preset's TOML, comment with the derived budget): every line valid TOML."""
+    hw = preset.hardware
+    head = f"# {preset.name}: {_display_path(preset.source_path)}"
+    tail = (f"# budget per device: {preset.budget_bytes:,} bytes "
+            f"({hw.memory_per_device_gb:g} GiB - {hw.cuda_context_overhead_gb:g} GiB CUDA context overhead; "
+            f"1 GiB = {BYTES_PER_GIB:,} bytes)")
+    return head, preset_to_toml(preset).rstrip("\n"), tail
+
+
+def show_text(preset: Preset) -> str:
+    """What `presets show` writes to a file or pipe: plain TOML, no colours, no wrapping."""
+    return "\n".join(show_parts(preset)) + "\n"
 
 
 def register(app: typer.Typer) -> None:
