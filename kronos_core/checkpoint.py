@@ -36,7 +36,8 @@ class PretrainedMixin:
     def _remember_config(self, values: dict) -> None:
         self._config = dict(values)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write config.json + model.safetensors; `state_dict` replaces the module's own (e.g. gathered shards)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config_path = directory / CONFIG_NAME
@@ -44,7 +45,8 @@ class PretrainedMixin:
         temp.write_text(json.dumps(self.config_dict(), indent=2) + "\n")
         os.replace(temp, config_path)
         assert isinstance(self, nn.Module)
-        save_safetensors(self.state_dict(), directory / WEIGHTS_NAME, metadata={"format": "pt"})
+        state = self.state_dict() if state_dict is None else state_dict
+        save_safetensors(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
         return directory
 
     @classmethod

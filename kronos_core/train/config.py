@@ -23,11 +23,13 @@ from kronos_core.train.toml_io import dumps_flat, load_toml
 WHAT = ("predictor", "tokenizer")
 AMP = ("none", "bf16", "fp16")
 CHECKPOINTING = ("none", "all", "every_n")
-COMPILE = ("off", "default", "max-autotune")
+COMPILE = ("off", "default", "reduce-overhead", "max-autotune")
+MATMUL_PRECISION = ("highest", "high", "medium")
 OPTIMIZER_IMPL = ("auto", "fused", "foreach", "for-loop")
 SCHEDULES = ("onecycle", "plateau")
 PRELOAD = ("ram", "memmap")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLELISM = ("ddp", "fsdp")
 SYNTHETIC = "synthetic"
 
 DEFAULT_LR = {"predictor": 4e-5, "tokenizer": 2e-4}
@@ -46,6 +48,12 @@ class TrainConfig:
     The onecycle schedule also cycles Adam's beta1 between 0.85 and 0.95, as the
     reference's OneCycleLR does; plateau halves the lr (`plateau_factor`) after
     `plateau_patience` evaluations without a better validation loss.
+
+    `parallelism` applies under torchrun: "ddp" replicates the model on every
+    process, "fsdp" shards parameters, gradients and AdamW state over them
+    (kronos_core.train.fsdp; needs 2+ processes). With fsdp and accumulation,
+    non-final micro-batches keep unsharded gradients locally and skip the
+    reduce-scatter unless `fsdp_sync_micro_batches` (less memory, more traffic).
     """
 
     what: str = "predictor"
@@ -65,6 +73,7 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     checkpoint_every_n: int = 2
     compile: str = "off"
+    matmul_precision: str = "highest"
     optimizer_impl: str = "auto"
     lr: float | None = None
     betas: tuple[float, float] = (0.9, 0.95)
@@ -87,6 +96,10 @@ class TrainConfig:
     checkpoint_every: int = 0
     output_dir: str = "runs/kronos"
     device: str = "auto"
+    parallelism: str = "ddp"
+    fsdp_reshard_after_forward: bool = True
+    fsdp_cpu_offload: bool = False
+    fsdp_sync_micro_batches: bool = False
 
     def __init__(self, **values: Any) -> None:
         self._assign(values, "TrainConfig")
@@ -208,7 +221,8 @@ class TrainConfig:
         self._check_types()
         choices = {"what": WHAT, "amp": AMP, "activation_checkpointing": CHECKPOINTING, "compile": COMPILE,
                    "optimizer_impl": OPTIMIZER_IMPL, "schedule": SCHEDULES, "preload": PRELOAD, "device": DEVICES,
-                   "model_size": tuple(SIZES)}
+                   "model_size": tuple(SIZES), "parallelism": PARALLELISM,
+                   "matmul_precision": MATMUL_PRECISION}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise self._fail(key, "is not a valid choice", f"use one of {', '.join(allowed)}")
@@ -257,6 +271,27 @@ class TrainConfig:
             raise self._fail("device", "but no CUDA device is visible", "use device = \"cpu\" or \"auto\"")
         if self.amp == "fp16" and self.resolved_device() == "cpu":
             raise self._fail("amp", "needs a CUDA device (this run is on CPU)", "use amp = \"bf16\" or \"none\" on CPU")
+        self._check_parallelism()
+
+    def _check_parallelism(self) -> None:
+        """Combinations FSDP does not support here fail now, not at the first step."""
+        if self.parallelism != "fsdp":
+            if self.fsdp_sync_micro_batches:
+                raise self._fail("fsdp_sync_micro_batches", "needs parallelism = \"fsdp\"",
+                                 "set parallelism = \"fsdp\" or fsdp_sync_micro_batches = false")
+            if self.fsdp_cpu_offload:
+                raise self._fail("fsdp_cpu_offload", "needs parallelism = \"fsdp\"",
+                                 "set parallelism = \"fsdp\" or fsdp_cpu_offload = false")
+            return
+        if self.amp == "fp16":
+            raise self._fail("amp", "is not supported with parallelism = \"fsdp\" (fp16 needs a grad scaler "
+                             "over sharded gradients)", "use amp = \"bf16\" or \"none\"")
+        if self.fsdp_cpu_offload and self.resolved_device() != "cuda":
+            raise self._fail("fsdp_cpu_offload", "needs a CUDA device (on the CPU the parameters already live in "
+                             "host memory)", "set fsdp_cpu_offload = false or train on a GPU")
+        if self.compile != "off":
+            raise self._fail("compile", "is not supported with parallelism = \"fsdp\" here (compiling the "
+                             "sharded model is untested in this project)", "use compile = \"off\" with fsdp")
 
     def _check_types(self) -> None:
         for spec in dataclasses.fields(self):

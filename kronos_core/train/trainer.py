@@ -1,11 +1,12 @@
-"""The training loop: one class for predictor and tokenizer, single process or torchrun/DDP.
+"""The training loop: one class for predictor and tokenizer, single process or torchrun (DDP or FSDP).
 
 The loop prints nothing. Progress goes to ``callback(StepRecord)`` after every
 optimizer step; memory goes to an optional PhaseMeter. Rank 0 writes
 everything under ``output_dir``::
 
     config.toml            the run's TrainConfig
-    checkpoints/last.pt    resumable state (Trainer(config, resume=output_dir))
+    checkpoints/last.pt    resumable state (Trainer(config, resume=output_dir)); FSDP runs keep model
+                           and optimizer shards in a DCP folder beside it (sharded_checkpoint.py)
     best/                  lowest validation loss so far, published folder format
     tokenizer/             predictor runs on a random-init tokenizer: that tokenizer
 """
@@ -37,8 +38,12 @@ from kronos_core.train.checkpointing import (
 )
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
+from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
 from kronos_core.train.loading import GlobalBatchSampler, build_datasets, eval_loader, train_loader
 from kronos_core.train.records import PhaseClock, PhaseMeter, StepRecord, TrainSummary
+from kronos_core.train.sharded_checkpoint import (
+    SHARDED_KEY, load_sharded_checkpoint, load_whole_into_sharded, save_sharded_checkpoint,
+)
 from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 
 StepCallback = Callable[[StepRecord], None]
@@ -71,6 +76,8 @@ class Trainer:
         config, dist = self.config, self.dist
         self.device = dist.device(device_type)
         check_amp_support(config, self.device)
+        # Process-wide (TF32 tensor cores on CUDA for "high"); the protocol runs each trial in its own process.
+        torch.set_float32_matmul_precision(config.matmul_precision)
         self.output_dir = Path(config.output_dir)
         self._seed(config.seed)
 
@@ -85,7 +92,15 @@ class Trainer:
 
         model, tokenizer = build_models(config)
         model.set_activation_checkpointing(config.checkpoint_blocks)
-        self.model = model.to(self.device)  # the plain module: saved, evaluated, loaded
+        self.sharded = config.parallelism == "fsdp"
+        if self.sharded:
+            if not dist.enabled:
+                raise KronosError("parallelism = \"fsdp\" shards over processes but this run has one; start 2+ "
+                                  "(kronos-tune train --nproc N, or torchrun) or use parallelism = \"ddp\"")
+            # Sharded on the CPU copy: each rank moves only its shard to the device, never the whole model.
+            self.model = apply_fsdp(model, config, self.device, dist.world_size)
+        else:
+            self.model = model.to(self.device)  # the plain module: saved, evaluated, loaded
         if tokenizer is not None:
             tokenizer.to(self.device)
             self.steps: PredictorSteps | TokenizerSteps = PredictorSteps(tokenizer, config.teacher_forcing)
@@ -97,7 +112,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
         self.ddp: DistributedDataParallel | None = None
         train_model: nn.Module = self.model
-        if dist.enabled:
+        if dist.enabled and not self.sharded:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
             train_model = self.ddp
@@ -257,6 +272,8 @@ class Trainer:
                 batch = self.steps.prepare(*self._next_batch())
             last = micro == accumulation - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            if self.sharded:  # accumulate unsharded gradients locally, reduce-scatter after the last micro-batch
+                set_gradient_sync(self.model, last or config.fsdp_sync_micro_batches)
             with sync:
                 with clock.phase("forward"), autocast_context(config, self.device):
                     loss = self.steps.loss(self.train_model, self.model, batch)
@@ -289,7 +306,7 @@ class Trainer:
         record = StepRecord(
             step=self.step, epoch=(self.step - 1) // self.steps_per_epoch, micro_steps=config.accumulation_steps,
             samples=self.global_batch_size, tokens=self.tokens_per_step, loss=mean_loss, lr=lr,
-            grad_norm=float(grad_norm), data_time_s=seconds.get("data", 0.0),
+            grad_norm=local_norm_value(grad_norm), data_time_s=seconds.get("data", 0.0),
             forward_time_s=seconds.get("forward", 0.0), backward_time_s=seconds.get("backward", 0.0),
             optimizer_time_s=seconds.get("optimizer", 0.0), step_time_s=time.perf_counter() - start,
             peak_bytes_by_phase=clock.peaks(), peak_memory_bytes=self.peak_bytes_seen(), skipped=bool(skipped))
@@ -329,9 +346,8 @@ class Trainer:
             self.scheduler.step(val_loss)
         if val_loss < self.best_val_loss:
             self.best_val_loss = val_loss
+            best = self.save_pretrained(self.output_dir / "best")
             if self.dist.is_main:
-                best = self.output_dir / "best"
-                self.model.save_pretrained(best)
                 info = {"step": self.step, "what": self.config.what, **metrics}
                 temp = best / ".metrics.json.tmp"
                 temp.write_text(json.dumps(info, indent=2) + "\n")
@@ -340,20 +356,30 @@ class Trainer:
 
     # Checkpoints ----------------------------------------------------------------------------
 
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """The whole model in the published folder format (config.json + model.safetensors), written by
+        rank 0; a sharded run gathers the shards first, so every rank must call it."""
+        state = full_state_dict(self.model) if self.sharded else None
+        if self.dist.is_main:
+            self.model.save_pretrained(directory, state_dict=state)
+        self.dist.barrier()
+        return Path(directory)
+
     def save_checkpoint(self) -> Path:
         """Write checkpoints/last.pt atomically (rank 0; every rank contributes its RNG state)."""
         rng_by_rank = self.dist.all_gather_object(capture_rng())
         path = checkpoint_path(self.output_dir)
-        if self.dist.is_main:
-            payload: dict[str, Any] = {
-                "format": CHECKPOINT_FORMAT, "what": self.config.what, "step": self.step, "epoch": self.epoch,
-                "step_in_epoch": self.step % self.steps_per_epoch, "global_batch": self.global_batch_size,
-                "world_size": self.dist.world_size, "best_val_loss": self.best_val_loss,
-                "eval_step": self._eval_step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(), "rng": rng_by_rank, "config": self.config.to_dict(),
-            }
-            save_atomic(payload, path)
+        meta: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT, "what": self.config.what, "step": self.step, "epoch": self.epoch,
+            "step_in_epoch": self.step % self.steps_per_epoch, "global_batch": self.global_batch_size,
+            "world_size": self.dist.world_size, "best_val_loss": self.best_val_loss,
+            "eval_step": self._eval_step, "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(), "rng": rng_by_rank, "config": self.config.to_dict(),
+        }
+        if self.sharded:
+            save_sharded_checkpoint(self.model, self.optimizer, meta, path, self.dist)
+        elif self.dist.is_main:
+            save_atomic({**meta, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
         self._saved_step = self.step
         return path
 
@@ -367,12 +393,17 @@ class Trainer:
             raise KronosError(f"{where} was written with a global batch of {state['global_batch']} windows, this run "
                               f"has {self.global_batch_size} (batch_size x accumulation_steps x processes); "
                               f"resume with the same global batch")
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as error:
-            raise KronosError(f"{where}: model weights do not fit this config's model "
-                              f"({str(error).splitlines()[0]}); resume with the same model_size") from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get(SHARDED_KEY):
+            load_sharded_checkpoint(self.model, self.optimizer, state)
+        elif self.sharded:
+            load_whole_into_sharded(self.model, self.optimizer, state)
+        else:
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as error:
+                raise KronosError(f"{where}: model weights do not fit this config's model "
+                                  f"({str(error).splitlines()[0]}); resume with the same model_size") from None
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])

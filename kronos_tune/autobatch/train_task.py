@@ -30,8 +30,10 @@ import torch
 from kronos_core.errors import KronosError
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.builders import autocast_context, build_models, build_optimizer
+from kronos_core.train.fsdp import apply_fsdp
 from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
+from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 
 MIN_VAL_WINDOWS_PER_SERIES = 64
@@ -65,8 +67,10 @@ class TrainTask:
     files into a temporary folder that is removed at the end.
     """
 
-    def __init__(self, config: TrainConfig, device: str = "cpu") -> None:
+    def __init__(self, config: TrainConfig, device: str = "cpu", mesh: Any = None) -> None:
         self.config = config
+        # A sharded (fsdp) config is estimated as rank 0 of `mesh` (kronos_tune.memory.sharded.SimulatedRanks).
+        self.mesh = mesh
         self.device = torch.device(device).type
         self.notes: list[str] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="kronos-autobatch-")
@@ -100,7 +104,8 @@ class TrainTask:
             output_dir=str(self.work_dir / "probe"), device=self.device, amp=self.amp,
         )
         if estimate:
-            changes.update(tokenizer_dir=None, predictor_dir=None, device="cpu")
+            # CPU offload only changes where the shards live (host, not device): the planner accounts for it.
+            changes.update(tokenizer_dir=None, predictor_dir=None, device="cpu", fsdp_cpu_offload=False)
         return c.replace(**changes)
 
     def final_config(self, batch_size: int, accumulation_steps: int) -> TrainConfig:
@@ -116,6 +121,9 @@ class TrainTask:
 
     # real probes (kronos_core's Trainer) ---------------------------------------------------
     def step_factory(self, batch_size: int) -> ProbeStep:
+        if self.config.parallelism == "fsdp":
+            raise KronosTuneError("a parallelism = \"fsdp\" config shards over several processes, which one "
+                                  "probe process cannot run: use the estimate (fake tensors, rank 0 of N simulated)")
         slot = MeterSlot()
         trainer = Trainer(self.probe_config(batch_size), meter=slot)
         self._current = (batch_size, (trainer, slot))
@@ -151,6 +159,11 @@ class TrainTask:
         cpu = torch.device("cpu")
         model, tokenizer = build_models(config)
         model.set_activation_checkpointing(config.checkpoint_blocks)
+        if config.parallelism == "fsdp":
+            if self.mesh is None:
+                raise KronosTuneError("estimating a parallelism = \"fsdp\" config needs the simulated ranks: "
+                                      "TrainTask(config, mesh=SimulatedRanks(N).mesh) inside `with SimulatedRanks(N)`")
+            apply_fsdp(model, config, cpu, self.mesh.size(), mesh=self.mesh)
         steps: PredictorSteps | TokenizerSteps
         steps = PredictorSteps(tokenizer, config.teacher_forcing) if tokenizer is not None else TokenizerSteps()
         optimizer = build_optimizer(model, config, cpu)

@@ -102,6 +102,9 @@ def _unique_storage_bytes(tensors: Iterable[torch.Tensor | None], round_bytes: i
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
             continue
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):  # DTensor (FSDP): this rank's shard
+            t = local
         st = t.untyped_storage()
         if id(st) not in seen:
             seen.add(id(st))

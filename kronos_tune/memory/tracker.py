@@ -37,6 +37,33 @@ class _StorageRef(weakref.ref):
     nbytes: int
 
 
+# Storage resizes (FSDP frees a gathered parameter with ``untyped_storage().resize_(0)`` and re-grows it
+# before the next gather) are not ATen ops, so the dispatch mode never sees them: while any tracker is
+# active, UntypedStorage.resize_ reports to every active tracker.
+_ORIGINAL_RESIZE = torch.UntypedStorage.resize_
+_RESIZE_WATCHERS: list[StorageTracker] = []
+
+
+def _reporting_resize(storage: torch.UntypedStorage, size: int) -> Any:
+    result = _ORIGINAL_RESIZE(storage, size)
+    for tracker in list(_RESIZE_WATCHERS):
+        tracker._storage_resized(storage)
+    return result
+
+
+def _watch_resizes(tracker: StorageTracker) -> None:
+    if not _RESIZE_WATCHERS:
+        torch.UntypedStorage.resize_ = _reporting_resize  # type: ignore[method-assign]
+    _RESIZE_WATCHERS.append(tracker)
+
+
+def _unwatch_resizes(tracker: StorageTracker) -> None:
+    if tracker in _RESIZE_WATCHERS:
+        _RESIZE_WATCHERS.remove(tracker)
+    if not _RESIZE_WATCHERS:
+        torch.UntypedStorage.resize_ = _ORIGINAL_RESIZE  # type: ignore[method-assign]
+
+
 def _round_up(nbytes: int, block_bytes: int) -> int:
     if block_bytes <= 1 or nbytes <= 0:
         return nbytes
@@ -91,6 +118,9 @@ class StorageTracker(TorchDispatchMode):
                 self._see_all(item, func)
 
     def _see(self, tensor: torch.Tensor, func: Any = None) -> None:
+        local = getattr(tensor, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):  # a DTensor (FSDP): this rank holds only its local shard
+            tensor = local
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):
@@ -125,6 +155,13 @@ class StorageTracker(TorchDispatchMode):
         self._current_bytes = new_bytes
         if new_bytes > self._window_peak_bytes:
             self._window_peak_bytes = new_bytes
+
+    def _storage_resized(self, storage: torch.UntypedStorage) -> None:
+        ref = self._live.get(id(storage))
+        if ref is not None and ref() is storage:
+            nbytes = _round_up(storage.nbytes(), self.round_bytes)
+            if nbytes != ref.nbytes:
+                self._grow(ref, nbytes, "UntypedStorage.resize_")
 
     def _on_storage_freed(self, ref: _StorageRef) -> None:
         if self._live.pop(ref.key, None) is ref:
@@ -180,10 +217,14 @@ class StorageTracker(TorchDispatchMode):
     def __enter__(self) -> StorageTracker:
         super().__enter__()
         self._mode_depth += 1
+        if self._mode_depth == 1:
+            _watch_resizes(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._mode_depth -= 1
+        if self._mode_depth == 0:
+            _unwatch_resizes(self)
         super().__exit__(*exc)
 
     @contextlib.contextmanager
