@@ -25,8 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kronos_core.model import Kronos, KronosCache
+from kronos_core.static_cache import DECODE_STEPS, StaticStep
 
 WINDOW_MODES = ("refill", "shift")
+GRAPH_MIN_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -84,23 +86,40 @@ def _cached_step(model: Kronos, cache: KronosCache, s1: Tensor, s2: Tensor, stam
     return next_s1, next_s2
 
 
+def _one_token_steps(step: int, pred_len: int, history: int, max_context: int, cache_start: int,
+                     window_mode: str) -> int:
+    """One-token steps from `step` on before the cache is re-filled (refill mode re-fills once the window slides)."""
+    if window_mode == "shift":
+        return pred_len - step
+    return sum(1 for later in range(step, pred_len) if max(0, history + later - max_context) == cache_start)
+
+
 def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_len: int, max_context: int,
                     params: SamplingParams, use_cache: bool = True, window_mode: str = "refill",
                     cache_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
-                    on_step: Callable[[int], None] | None = None) -> tuple[Tensor, Tensor]:
+                    on_step: Callable[[int], None] | None = None,
+                    decode_step: str = "dynamic") -> tuple[Tensor, Tensor]:
     """Generate `pred_len` token pairs after the history tokens s1, s2 [B, L].
 
     `stamps` [B, L + pred_len, 5] holds the calendar features of history and
     future. Returns (s1, s2) of the generated tokens, each [B, pred_len].
+    `decode_step` runs the cached one-token steps over a view of the filled
+    cache ("dynamic"), over the whole preallocated cache with a mask ("static",
+    fixed shapes), or as CUDA graphs of those fixed-shape steps ("graph",
+    CUDA only; eager "static" when fewer than GRAPH_MIN_STEPS one-token steps
+    follow a prefill, since capturing costs a few steps).
     """
     if window_mode not in WINDOW_MODES:
         raise ValueError(f"window_mode must be one of {WINDOW_MODES}, got {window_mode!r}")
+    if decode_step not in DECODE_STEPS:
+        raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {decode_step!r}")
     batch, history = s1.shape
     tokens_s1 = torch.empty(batch, history + pred_len, dtype=s1.dtype, device=s1.device)
     tokens_s2 = torch.empty_like(tokens_s1)
     tokens_s1[:, :history] = s1
     tokens_s2[:, :history] = s2
     cache: KronosCache | None = None
+    static: StaticStep | None = None
     cache_start = -1  # absolute index of the first token held in the cache
     dtype = cache_dtype or next(model.parameters()).dtype
 
@@ -115,14 +134,24 @@ def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_
             if fresh:
                 capacity = min(max_context, history + pred_len) if start == 0 else max_context
                 cache = model.new_cache(batch, capacity, s1.device, dtype)
-                cache_start, begin = start, start
+                cache_start, begin, static = start, start, None
             else:
                 begin = end - 1
                 if cache.length == cache.dep.capacity:
                     cache.drop_oldest()
                     cache_start += 1
-            next_s1, next_s2 = _cached_step(model, cache, tokens_s1[:, begin:end], tokens_s2[:, begin:end],
-                                            stamps[:, begin:end], params, generator)
+            if fresh or decode_step == "dynamic":
+                next_s1, next_s2 = _cached_step(model, cache, tokens_s1[:, begin:end], tokens_s2[:, begin:end],
+                                                stamps[:, begin:end], params, generator)
+            else:
+                if static is None:
+                    following = _one_token_steps(step, pred_len, history, max_context, cache_start, window_mode)
+                    static = StaticStep(model, cache, stamps.dtype, history + pred_len + 1,
+                                        use_graph=decode_step == "graph" and following >= GRAPH_MIN_STEPS)
+                logits, hidden = static.s1_step(tokens_s1[:, begin:end], tokens_s2[:, begin:end],
+                                                stamps[:, begin:end])
+                next_s1 = sample_tokens(logits, params, generator)
+                next_s2 = sample_tokens(static.s2_logits(hidden, next_s1), params, generator)
         tokens_s1[:, end] = next_s1
         tokens_s2[:, end] = next_s2
         if on_step is not None:

@@ -76,16 +76,23 @@ class KronosPredictor:
     (and bf16 on CPU); `window_mode` ("refill" exact | "shift" approximate, see
     generation.py); `use_cache=False` recomputes the window each step like the
     reference; `max_batch_size` caps the sequences (series x sample_count) run
-    at once, default derived from free memory.
+    at once, default derived from free memory; `cuda_graphs` (None = on when
+    the device is CUDA) replays each cached one-token step as CUDA graphs over
+    a fixed-shape cache; `static_cache=True` runs those fixed-shape steps
+    eagerly (see static_cache.py).
 
-    `phase_clock`, when set, is called with "encode", "step" (after each
-    generated step) and "decode" as each phase of a chunk ends; benchmarks use
-    it to time the phases (it should synchronize the device itself).
+    `phase_clock`, when set, is called as each phase ends: "prepare" (host
+    conversion), per length group "h2d" (copy to the device and normalization),
+    per chunk "encode", "step" (after each generated step) and "decode", per
+    group "d2h" (de-normalization and copy back); output frames come after the
+    last mark. Benchmarks use it to time the phases (it should synchronize the
+    device itself).
     """
 
     def __init__(self, model: Kronos, tokenizer: KronosTokenizer, device: str | torch.device | None = None,
                  max_context: int = 512, clip: float = 5, amp: str | None = None, window_mode: str = "refill",
-                 use_cache: bool = True, max_batch_size: int | None = None):
+                 use_cache: bool = True, max_batch_size: int | None = None, cuda_graphs: bool | None = None,
+                 static_cache: bool = False):
         if amp is not None and amp not in AMP_DTYPES:
             raise KronosError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
         if window_mode not in WINDOW_MODES:
@@ -103,6 +110,10 @@ class KronosPredictor:
         self.window_mode = window_mode
         self.use_cache = use_cache
         self.max_batch_size = max_batch_size
+        if cuda_graphs and self.device.type != "cuda":
+            raise KronosError("cuda_graphs=True needs a CUDA device; use None (auto) or False")
+        self.cuda_graphs = cuda_graphs
+        self.static_cache = static_cache
         self.phase_clock: Callable[[str], None] | None = None
         self.price_cols = list(PRICE_COLUMNS)
         self.vol_col, self.amt_vol = "volume", "amount"
@@ -213,6 +224,15 @@ class KronosPredictor:
                           f"is used for normalization and tokenization, the predictor sees the last "
                           f"{self.max_context} tokens", stacklevel=3)
 
+    @property
+    def decode_step(self) -> str:
+        """How cached one-token steps run: "graph" (CUDA graphs of fixed-shape steps; the default on CUDA),
+        "static" (fixed shapes, eager) or "dynamic" (attention over a view of the filled cache)."""
+        graphs = self.device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
+        if graphs and self.use_cache:
+            return "graph"
+        return "static" if self.static_cache else "dynamic"
+
     def _mark(self, phase: str) -> None:
         if self.phase_clock is not None:
             self.phase_clock(phase)
@@ -247,7 +267,8 @@ class KronosPredictor:
             cache_dtype = AMP_DTYPES[self.amp] if self.amp else None
             new_s1, new_s2 = generate_tokens(self.model, s1, s2, stamps, pred_len, self.max_context, params,
                                              use_cache=self.use_cache, window_mode=self.window_mode,
-                                             cache_dtype=cache_dtype, on_step=stepped)
+                                             cache_dtype=cache_dtype, on_step=stepped,
+                                             decode_step=self.decode_step)
             total = s1.shape[1] + pred_len
             start = max(0, total - self.max_context)
             full_s1 = torch.cat([s1, new_s1], dim=1)[:, start:]

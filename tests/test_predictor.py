@@ -222,3 +222,73 @@ def test_wrong_number_of_future_timestamps(tiny):
     with pytest.raises(KronosError, match="y_timestamp has 5 entries but pred_len=6"):
         KronosPredictor(*tiny, device="cpu").predict(df, x_ts, y_ts, 6, verbose=False)
     assert issubclass(KronosError, ValueError)  # reference callers catch ValueError
+
+
+@pytest.mark.parametrize("window_mode", ["refill", "shift"])
+def test_static_cache_equals_the_growing_cache_across_the_slide(tiny, window_mode):
+    model = tiny[0].eval()
+    g = torch.Generator().manual_seed(11)
+    s1 = torch.randint(0, 1024, (3, 40), generator=g)
+    s2 = torch.randint(0, 1024, (3, 40), generator=g)
+    stamps = _stamps(3, 70)
+    greedy = SamplingParams(top_k=1)
+    with torch.inference_mode():  # the window (50) slides after 10 of the 30 steps
+        growing = generate_tokens(model, s1, s2, stamps, 30, 50, greedy, window_mode=window_mode)
+        static = generate_tokens(model, s1, s2, stamps, 30, 50, greedy, window_mode=window_mode,
+                                 decode_step="static")
+    assert torch.equal(growing[0], static[0]) and torch.equal(growing[1], static[1])
+
+
+def test_static_step_logits_match_and_masked_slots_do_not_matter(tiny):
+    from kronos_core.static_cache import StaticStep
+
+    model = tiny[0].eval()
+    g = torch.Generator().manual_seed(12)
+    s1, s2 = torch.randint(0, 1024, (2, 12), generator=g), torch.randint(0, 1024, (2, 12), generator=g)
+    stamps = _stamps(2, 12)
+    with torch.inference_mode():
+        growing, fixed = model.new_cache(2, 20, torch.device("cpu"), torch.float32), \
+            model.new_cache(2, 20, torch.device("cpu"), torch.float32)
+        for cache in (growing, fixed):
+            model.extend_cache(s1[:, :11], s2[:, :11], stamps[:, :11], cache)
+        for layer in (*fixed.layers, fixed.dep):  # garbage in the empty slots must be masked out
+            layer.keys[:, :, 12:] = 1e4
+            layer.values[:, :, 12:] = -1e4
+        logits, hidden = model.extend_cache(s1[:, 11:], s2[:, 11:], stamps[:, 11:], growing)
+        step = StaticStep(model, fixed, stamps.dtype, max_positions=32)
+        static_logits, static_hidden = step.s1_step(s1[:, 11:], s2[:, 11:], stamps[:, 11:])
+        torch.testing.assert_close(static_logits, logits)
+        ids = logits.argmax(-1)
+        torch.testing.assert_close(step.s2_logits(static_hidden, ids), model.s2_logits_cached(hidden, ids, growing))
+    assert fixed.length == growing.length == 12
+
+
+def test_predictor_with_static_cache_equals_default(tiny):
+    frames = synthetic_series(2, 90, seed=15)
+    args = _batch(frames, 60, 12)
+    default = KronosPredictor(*tiny, device="cpu", max_context=64)
+    static = KronosPredictor(*tiny, device="cpu", max_context=64, static_cache=True, window_mode="refill")
+    assert default.decode_step == "dynamic" and static.decode_step == "static"
+    for a, b in zip(default.predict_batch(*args, 12, top_k=1, verbose=False),
+                    static.predict_batch(*args, 12, top_k=1, verbose=False)):
+        pd.testing.assert_frame_equal(a, b)
+    with pytest.raises(KronosError, match="cuda_graphs=True needs a CUDA device"):
+        KronosPredictor(*tiny, device="cpu", cuda_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("window_mode", ["refill", "shift"])
+@pytest.mark.parametrize("amp", [None, "bf16"])
+def test_cuda_graph_steps_equal_eager_steps(window_mode, amp):
+    model, tokenizer = build_model("tiny", seed=1), build_tokenizer("tiny", seed=2)
+    frames = synthetic_series(6, 110, seed=16)
+    args = _batch(frames, 80, 30)  # max_context 96: the window slides after 16 of the 30 steps
+    eager = KronosPredictor(model, tokenizer, device="cuda", max_context=96, amp=amp, window_mode=window_mode,
+                            cuda_graphs=False, static_cache=True)
+    graphs = KronosPredictor(model, tokenizer, device="cuda", max_context=96, amp=amp, window_mode=window_mode)
+    assert graphs.decode_step == "graph"
+    for _ in range(2):  # the second call captures fresh graphs for fresh caches
+        for a, b in zip(eager.predict_batch(*args, 30, top_k=1, verbose=False),
+                        graphs.predict_batch(*args, 30, top_k=1, verbose=False)):
+            pd.testing.assert_frame_equal(a, b)
