@@ -63,6 +63,10 @@ class StaticStep:
         self.stamp = torch.zeros(batch, 1, 5, dtype=stamp_dtype, device=device)
         self.sampled = torch.zeros(batch, dtype=torch.long, device=device)
         self.index = torch.zeros(3, dtype=torch.long, device=device)  # RoPE position, write slot, filled slots
+        # One pinned host row per step, never rewritten, so the copies can be non-blocking on CUDA (a copy
+        # from pageable memory would wait for the device at every step).
+        self._host_index = torch.empty((max_positions, 3), dtype=torch.long, pin_memory=device.type == "cuda")
+        self._steps = 0
         self.slots = torch.arange(self.capacity, device=device)
         # Whole RoPE tables, built once: a table rebuilt after capture would leave the graph reading freed memory.
         self.tables = [block.self_attn.rotary.cos_sin(max_positions, 0) for block in model.transformer]
@@ -106,8 +110,12 @@ class StaticStep:
         if cache.length >= self.capacity:
             raise RuntimeError("static KV cache is full; drop the oldest position first")
         slot = (cache.dep.start + cache.length) % self.capacity
-        host = torch.tensor([cache.dep.next_position, slot, cache.length + 1], dtype=torch.long)
-        self.index.copy_(host)
+        if self._steps >= len(self._host_index):
+            raise RuntimeError(f"more one-token steps than the {len(self._host_index)} this StaticStep was built for")
+        host = self._host_index[self._steps]
+        host[0], host[1], host[2] = cache.dep.next_position, slot, cache.length + 1
+        self._steps += 1
+        self.index.copy_(host, non_blocking=True)
         self.s1.copy_(s1)
         self.s2.copy_(s2)
         self.stamp.copy_(stamp)
