@@ -203,8 +203,9 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
 
 
 def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int | None = None,
-                on_progress: Callable[[str], None] | None = None) -> Plan:
-    """Estimate every set-up for every size on the preset's cards (nothing is allocated)."""
+                setups: tuple[str, ...] | None = None, on_progress: Callable[[str], None] | None = None) -> Plan:
+    """Estimate the set-ups (default: all) for every size (default: the published four) on the preset's
+    cards, per rank of `ranks` (default: the preset's device count). Nothing is allocated."""
     from kronos_tune.autobatch.train_task import OPTIMIZER_EMULATION
     from kronos_tune.memory.estimate import CudaEmulation
     from kronos_tune.workloads import train_config_from_preset
@@ -215,6 +216,15 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
         raise KronosTuneError(f"preset {preset.name} has {ranks} device; sharding needs 2+ ranks: pass --ranks N "
                               f"to plan for N devices like it")
     sizes = tuple(sizes or PLAN_SIZES)
+    setups = tuple(setups or SETUPS)
+    from kronos_core.sizes import SIZES
+
+    for name in sizes:
+        if name not in SIZES:
+            raise KronosTuneError(f"--size {name}: unknown model size; use one of {', '.join(PLAN_SIZES)}")
+    for name in setups:
+        if name not in SETUPS:
+            raise KronosTuneError(f"--setup {name}: unknown set-up; use one of {', '.join(SETUPS)}")
     cuda = hardware.device == "cuda"
     budget = hardware.memory_per_device_bytes - (hardware.cuda_context_overhead_bytes if cuda else 0)
     margin = CUDA_MARGIN if cuda else CPU_MARGIN
@@ -227,7 +237,7 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
                                   optimizer_impl=OPTIMIZER_EMULATION[base.optimizer_impl]) if cuda else None
         rows = []
         probes: dict[str, dict[int, _Probe]] = {}
-        for setup in SETUPS:
+        for setup in setups:
             if on_progress is not None:
                 on_progress(f"{size}: {setup}")
             offload = setup == "fsdp+offload"

@@ -1,0 +1,70 @@
+"""`kronos-tune plan`: per-rank memory of DDP and FSDP set-ups on a preset's cards, estimated before running."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
+    """One table per model size: per-rank bytes by kind, the largest micro-batch, the effective batch."""
+    for size in plan.sizes:
+        table = Table(title=f"Kronos-{size.model_size} ({size.parameters / 1e6:.1f}M parameters) on "
+                            f"{plan.ranks} x {plan.memory_per_device_bytes / 2**30:g} GiB ({plan.preset}), "
+                            f"GiB per rank", title_justify="left")
+        for column in ("set-up", "weights", "grads", "optimizer", "frozen", "activations", "host",
+                       f"peak @ {size.rows[0].preset_batch if size.rows else '?'}", "max micro-batch",
+                       "accum", "effective batch", "fits", "source"):
+            table.add_column(column, justify="left" if column in ("set-up", "source") else "right")
+        for row in size.rows:
+            fits = "yes" if row.fits else "no"
+            table.add_row(row.setup, _gib(row.weights_bytes), _gib(row.grads_bytes), _gib(row.optimizer_bytes),
+                          _gib(row.frozen_bytes), _gib(row.activations_bytes), _gib(row.host_bytes),
+                          _gib(row.preset_batch_peak_bytes),
+                          str(row.micro_batch) if row.micro_batch else "none fits",
+                          str(row.accumulation_steps or "-"), str(row.effective_batch or "-"), fits, row.source)
+        console.print(table)
+        for row in size.rows:
+            if row.note:
+                console.print(f"[dim]{row.setup}: {row.note}[/]")
+    console.print(f"budget per rank {_gib(plan.budget_bytes)} GiB, margin {plan.margin:.0%}; columns other than "
+                  f"'peak @ preset batch' are at the max micro-batch (at 1 when none fits)")
+    for note in plan.assumptions:
+        console.print(f"[dim]note: {note}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def plan(
+        preset: Annotated[str, typer.Option("--preset", help="Hardware and workload (kronos-tune presets).")],
+        size: Annotated[Optional[list[str]], typer.Option(
+            "--size", help="Model size (repeatable); default mini, small, base and large.")] = None,
+        setup: Annotated[Optional[list[str]], typer.Option(
+            "--setup", help="Only these set-ups (repeatable): ddp, fsdp, fsdp+checkpointing, fsdp+offload.")] = None,
+        ranks: Annotated[Optional[int], typer.Option(
+            "--ranks", min=1, help="Plan for this many devices (default: the preset's device_count).")] = None,
+        preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", help="Extra preset folder.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    ) -> None:
+        """What fits where: per-rank memory of DDP, FSDP, FSDP + checkpointing and FSDP + CPU offload."""
+        from kronos_tune.planner import plan_preset
+        from kronos_tune.presets import resolve_preset
+
+        chosen = resolve_preset(preset, preset_dir)
+        console = Console(stderr=as_json)
+        with console.status("estimating on fake tensors") as status:
+            result = plan_preset(chosen, tuple(size or ()) or None, ranks, tuple(setup or ()) or None,
+                                 on_progress=lambda what: status.update(f"estimating {what}"))
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=2))
+            return
+        render_plan(result, console)
