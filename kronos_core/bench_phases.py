@@ -25,35 +25,50 @@ from kronos_core.model import Kronos
 from kronos_core.predictor import KronosPredictor
 
 
+PHASES = ("prepare", "h2d", "encode", "prefill", "steps", "decode", "d2h", "output")
+PHASE_LABELS = {"prepare": "host preparation", "h2d": "to device + normalize", "encode": "tokenizer encode",
+                "prefill": "prefill", "steps": "one-token steps", "decode": "tokenizer decode",
+                "d2h": "de-normalize + to host", "output": "output frames"}
+
+
 @dataclass(frozen=True)
 class PhaseTimes:
-    """Seconds spent in each phase of one predict_batch call (summed over chunks)."""
+    """Seconds spent in each phase of one predict_batch call (summed over groups and chunks)."""
 
-    encode: float   # input preparation and tokenizer encode
+    prepare: float  # host: frames and timestamps to arrays, calendar features
+    h2d: float      # copy to the device and normalization
+    encode: float   # tokenizer encode
     prefill: float  # first generated step: the whole history into the cache
     steps: float    # the remaining pred_len - 1 one-token steps
     decode: float   # tokenizer decode of the window
-    other: float    # building the output DataFrames
+    d2h: float      # de-normalization and the copy back to the host
+    output: float   # building the output DataFrames
     step_count: int
 
     @property
     def total(self) -> float:
-        return self.encode + self.prefill + self.steps + self.decode + self.other
+        return sum(getattr(self, name) for name in PHASES)
+
+    @property
+    def host(self) -> float:
+        """Host-only work: preparation and output construction."""
+        return self.prepare + self.output
 
 
 def split_phases(start: float, marks: list[tuple[str, float]], end: float, pred_len: int) -> PhaseTimes:
     """Turn the phase clock's (phase, time) marks of one call into PhaseTimes.
 
-    Per chunk the predictor marks "encode", then "step" pred_len times, then "decode".
+    The predictor marks "prepare" once, per length group "h2d", per chunk "encode", "step" pred_len
+    times and "decode", per group "d2h"; the time after the last mark is output construction.
     """
-    totals = {"encode": 0.0, "prefill": 0.0, "steps": 0.0, "decode": 0.0}
+    totals = dict.fromkeys(PHASES, 0.0)
     previous, steps_in_chunk, step_count = start, 0, 0
     for phase, moment in marks:
         if phase == "step":
             steps_in_chunk += 1
             totals["prefill" if steps_in_chunk == 1 else "steps"] += moment - previous
             step_count += steps_in_chunk > 1
-        elif phase in ("encode", "decode"):
+        elif phase in ("prepare", "h2d", "encode", "decode", "d2h"):
             if phase == "decode" and steps_in_chunk != pred_len:
                 raise ValueError(f"expected {pred_len} step marks before decode, got {steps_in_chunk}")
             totals[phase] += moment - previous
@@ -61,7 +76,8 @@ def split_phases(start: float, marks: list[tuple[str, float]], end: float, pred_
         else:
             raise ValueError(f"unknown phase mark {phase!r}")
         previous = moment
-    return PhaseTimes(other=end - previous, step_count=step_count, **totals)
+    totals["output"] = end - previous
+    return PhaseTimes(step_count=step_count, **totals)
 
 
 def time_phases(predictor: KronosPredictor, run: Callable[[], object], pred_len: int) -> PhaseTimes:
@@ -127,8 +143,7 @@ def measure_read_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, repe
 
 
 def _median_phases(runs: list[PhaseTimes]) -> PhaseTimes:
-    fields = ("encode", "prefill", "steps", "decode", "other")
-    medians = {name: statistics.median(getattr(r, name) for r in runs) for name in fields}
+    medians = {name: statistics.median(getattr(r, name) for r in runs) for name in PHASES}
     return PhaseTimes(step_count=runs[0].step_count, **medians)
 
 
@@ -142,10 +157,10 @@ def breakdown_lines(runs: list[PhaseTimes], model: Kronos, rows: int, history: i
     phases = _median_phases(runs)
     ms = 1e3
     per_step = phases.steps / max(phases.step_count, 1)
-    lines = [f"cached path phases (median of {len(runs)} runs, ms): encode {phases.encode * ms:.0f}, "
-             f"prefill {phases.prefill * ms:.0f}, {phases.step_count} one-token steps {phases.steps * ms:.0f} "
-             f"({per_step * ms:.2f} per step), decode {phases.decode * ms:.0f}, other {phases.other * ms:.0f}; "
-             f"total {phases.total * ms:.0f}"]
+    parts = [f"{PHASE_LABELS[name]} {getattr(phases, name) * ms:.0f}" for name in PHASES if name != "steps"]
+    parts.insert(4, f"{phases.step_count} one-token steps {phases.steps * ms:.0f} ({per_step * ms:.2f} per step)")
+    lines = [f"cached path phases (median of {len(runs)} runs, ms): " + ", ".join(parts)
+             + f"; total {phases.total * ms:.0f}"]
     floor_step = None
     if history + pred_len > context and window_mode == "refill":
         lines.append(f"the window slides after {context - history} steps and later steps re-fill the cache "

@@ -233,6 +233,10 @@ class KronosPredictor:
             return "graph"
         return "static" if self.static_cache else "dynamic"
 
+    def mark_phase(self, phase: str) -> None:
+        """Report the end of a phase to `phase_clock` (callers that prepare inputs themselves mark "prepare")."""
+        self._mark(phase)
+
     def _mark(self, phase: str) -> None:
         if self.phase_clock is not None:
             self.phase_clock(phase)

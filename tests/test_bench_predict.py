@@ -34,17 +34,19 @@ def test_phase_clock_marks_each_chunk_in_order(tiny):
     predictor.phase_clock = marks.append
     predictor.predict_batch(*_inputs(3, 60, 4), 4, top_k=1, verbose=False)
     one_chunk = ["encode"] + ["step"] * 4 + ["decode"]
-    assert marks == one_chunk * 2  # 3 series in chunks of 2: two chunks
+    assert marks == ["prepare", "h2d"] + one_chunk * 2 + ["d2h"]  # 3 series in chunks of 2: two chunks
 
 
 def test_split_phases_sums_chunks_and_separates_the_prefill():
-    marks = [("encode", 1.0), ("step", 3.0), ("step", 3.5), ("step", 4.5), ("decode", 5.0),
-             ("encode", 6.0), ("step", 8.0), ("step", 8.25), ("step", 8.5), ("decode", 9.0)]
+    marks = [("prepare", 0.5), ("h2d", 1.0), ("encode", 1.5), ("step", 3.0), ("step", 3.5), ("step", 4.5),
+             ("decode", 5.0), ("encode", 6.0), ("step", 8.0), ("step", 8.25), ("step", 8.5), ("decode", 9.0),
+             ("d2h", 9.25)]
     phases = split_phases(0.0, marks, 9.5, pred_len=3)
-    assert phases == PhaseTimes(encode=2.0, prefill=4.0, steps=2.0, decode=1.0, other=0.5, step_count=4)
-    assert phases.total == pytest.approx(9.5)
+    assert phases == PhaseTimes(prepare=0.5, h2d=0.5, encode=1.5, prefill=3.5, steps=2.0, decode=1.0, d2h=0.25,
+                                output=0.25, step_count=4)
+    assert phases.total == pytest.approx(9.5) and phases.host == pytest.approx(0.75)
     with pytest.raises(ValueError, match="expected 3 step marks before decode, got 2"):
-        split_phases(0.0, marks[:3] + [("decode", 5.0)], 6.0, pred_len=3)
+        split_phases(0.0, marks[:5] + [("decode", 5.0)], 6.0, pred_len=3)
 
 
 def test_time_phases_measures_a_real_call_and_detaches_the_clock(tiny):
@@ -52,7 +54,8 @@ def test_time_phases_measures_a_real_call_and_detaches_the_clock(tiny):
     dfs, xs, ys = _inputs(2, 80, 6)
     phases = time_phases(predictor, lambda: predictor.predict_batch(dfs, xs, ys, 6, top_k=1, verbose=False), 6)
     assert phases.step_count == 5
-    assert min(phases.encode, phases.prefill, phases.steps, phases.decode) > 0
+    assert min(phases.prepare, phases.h2d, phases.encode, phases.prefill, phases.steps, phases.decode, phases.d2h,
+               phases.output) > 0
     assert predictor.phase_clock is None
 
 
@@ -69,7 +72,8 @@ def test_memory_floor_counts_every_weight_but_the_embedding_tables(tiny):
 
 
 def test_breakdown_ceilings_follow_from_the_phases(tiny):
-    runs = [PhaseTimes(encode=0.1, prefill=0.9, steps=0.6, decode=0.1, other=0.0, step_count=30)]
+    runs = [PhaseTimes(prepare=0.05, h2d=0.0, encode=0.05, prefill=0.9, steps=0.6, decode=0.1, d2h=0.0, output=0.0,
+                       step_count=30)]
     model = tiny[0]
     floor_bytes = weight_bytes_per_step(model) + kv_bytes_per_step(model, 8, 400, 30, 4)
     bandwidth = floor_bytes / 0.01  # a 10 ms floor per step
@@ -86,9 +90,25 @@ def test_breakdown_ceilings_follow_from_the_phases(tiny):
 
 def test_bench_predict_command_compares_paths_and_breaks_down(capsys, one_thread):
     code = bench.main(["predict", "--size", "tiny", "--series", "3", "--lookback", "64", "--pred-len", "5",
-                       "--repeats", "1", "--breakdown", "--threads", "1"])
+                       "--repeats", "2", "--breakdown", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("path"))
+    assert header.split()[:8] == ["path", "first", "call", "steady", "median", "min", "max", "runs"]
+    cached = next(line for line in out.splitlines() if line.startswith("cached ")).split()
+    assert len(cached) == 6 and cached[-1] == "1"  # name, first call, steady median, min, max, runs
     assert "greedy outputs identical: True" in out
-    assert "cached path phases (median of 1 runs" in out and "4 one-token steps" in out
+    assert "cached path phases (median of 2 runs" in out and "4 one-token steps" in out
+    assert "host preparation" in out and "output frames" in out and "phase sum / timed = " in out
     assert "steps free" in out and "per-step memory floor" in out
+
+
+def test_bench_panel_input_and_host_path(capsys, one_thread):
+    code = bench.main(["predict", "--size", "tiny", "--series", "3", "--lookback", "40", "--pred-len", "3",
+                       "--repeats", "1", "--input", "panel", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "as panel" in out and "greedy outputs identical: True" in out
+    assert bench.main(["predict", "--series", "4", "--lookback", "30", "--pred-len", "2", "--paths", "host",
+                       "--repeats", "2", "--input", "panel"]) == 0
+    out = capsys.readouterr().out
+    assert "host path only (panel in and out, no model)" in out and out.splitlines()[-1].startswith("host")
