@@ -123,6 +123,12 @@ def _estimate(config: Any, batch: int, ranks: int, emulation: Any) -> _Probe:
     return run(None)
 
 
+def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation: Any = None) -> int:
+    """Per-rank peak bytes of one steady-state training step of `config` at `batch_size` (FSDP: rank 0 of
+    `ranks`), as the planner estimates it before adjustments (no DDP buckets, no offload)."""
+    return _estimate(config, batch_size, ranks, cuda_emulation).peak
+
+
 def _parameter_count(size: str) -> int:
     import torch
 
