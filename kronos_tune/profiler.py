@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import sys
 import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,35 @@ class ProfileResult:
         out = dict(self.__dict__)
         out["top_ops"] = [op.__dict__ for op in self.top_ops]
         return out
+
+
+NATIVE_NOISE = ("USDT:",)  # libkineto's trace markers (profiler_start / profiler_stop), written to fd 2
+
+
+@contextlib.contextmanager
+def native_stderr_without(prefixes: tuple[str, ...]) -> Iterator[None]:
+    """Route file descriptor 2 (where C++ libraries write) to a temporary file for the block, then pass on every
+    line except those starting with `prefixes`. Python's own stderr writes in the block are kept too."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(prefixes)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def check_output_paths(trace_path: Path | None, tensorboard_dir: Path | None) -> None:
@@ -117,13 +150,25 @@ def profile_training(config: TrainConfig, *, steps: int = 3, warmup: int = 1, wa
                     prof.export_chrome_trace(str(trace_path))
 
             records = []
-            with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
-                         on_trace_ready=on_ready, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Profiler won't be using warmup")  # noted below
+                prof = profile(activities=activities,
+                               schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+                               on_trace_ready=on_ready, profile_memory=True, record_shapes=True, with_stack=True)
+            if warmup == 0:
+                notes.append("no profiler warm-up step (--warmup 0): the first profiled step carries one-off costs")
+            with native_stderr_without(NATIVE_NOISE):  # the profiler's start/stop: kineto's log lines
+                prof.start()
+            try:
                 for index in range(wait + warmup + steps):
                     record = trainer.train_step()
                     if index >= wait + warmup:
                         records.append(record)
-                    prof.step()
+                    with native_stderr_without(NATIVE_NOISE):
+                        prof.step()
+            finally:
+                with native_stderr_without(NATIVE_NOISE):
+                    prof.stop()
             top_ops = _top_ops(prof, on_cuda, top)
             by_category, peak, note = _memory_by_category(prof, str(trainer.device))
             if note:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,33 @@ def test_cli_profile_json_and_bad_trace_path(tmp_path):
                          timeout=300)
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _table_ops(text: str) -> list[str]:
+    """The op column of the printed table, folded cells joined back (a row continues while `calls` is blank)."""
+    names: list[str] = []
+    for line in text.splitlines():
+        cells = line.split("│")
+        if len(cells) < 4 or not cells[1].strip():
+            continue
+        fragment, calls = cells[1].strip(), cells[2].strip()
+        if calls:
+            names.append(fragment)
+        elif names:
+            names[-1] += fragment
+    return names
+
+
+def test_cli_profile_table_has_whole_distinct_names_and_no_kineto_lines(tmp_path):
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny-profile.toml").write_text(TINY_PRESET)
+    env = {**os.environ, "COLUMNS": "60"}
+    done = subprocess.run([sys.executable, "-m", "kronos_tune.cli", "profile", "--preset", "tiny-profile",
+                           "--preset-dir", str(tmp_path / "presets"), "--steps", "1", "--warmup", "1", "--top", "40"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr + done.stdout and "profiler_start" not in done.stderr
+    names = _table_ops(done.stdout.split("memory at peak")[0])
+    assert len(names) >= 20 and "…" not in done.stdout
+    assert len(set(names)) == len(names)  # folded, never cut to the same text
+    assert any(name.startswith("autograd::engine::evaluate_function:") for name in names)

@@ -52,8 +52,9 @@ def register(app: typer.Typer) -> None:
             return
         basis = "CUDA time" if result.time_basis == "device" else "CPU time"
         ops = Table(title=f"top {len(result.top_ops)} ops by self {basis} over {result.steps} steps")
-        for column in ("op", "calls", "self s", "total s", "self mem"):
-            ops.add_column(column, justify="left" if column == "op" else "right")
+        ops.add_column("op", overflow="fold")  # long names wrap, never cut: two ops never look the same
+        for column in ("calls", "self s", "total s", "self mem"):
+            ops.add_column(column, justify="right", no_wrap=True)
         for op in result.top_ops:
             ops.add_row(op.name, str(op.calls), f"{op.self_time_s:.4f}", f"{op.total_time_s:.4f}",
                         _bytes(op.self_memory_bytes))
