@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dashboard",
     "autobatch",
     "benchmark",
+    "config",
     "plan",
     "backtest",
 )

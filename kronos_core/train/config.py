@@ -344,4 +344,4 @@ def check_keys(values: dict[str, Any], source: str) -> None:
         close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
         hints.append(f"'{key}' (did you mean '{close[0]}'?)" if close else f"'{key}'")
     raise KronosError(f"{source}: unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                      f"valid keys are the TrainConfig fields (see `kronos-tune train --help`)")
+                      f"valid keys are the TrainConfig fields (list them: `kronos-tune config keys`)")

@@ -1,0 +1,138 @@
+"""`kronos-tune config keys`: every TrainConfig key (the keys of a `train --config` file) with type and default."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+# What each key does, in a line. A key missing here is still listed (with its type and default).
+DESCRIPTIONS: dict[str, str] = {
+    "what": "which model to train: the predictor, or the tokenizer",
+    "model_size": "Kronos size (published: mini with context 2048; small and base with context 512)",
+    "tokenizer_dir": "folder of a published or trained tokenizer (config.json + model.safetensors); "
+                     "left out: a random-init tokenizer",
+    "predictor_dir": "folder of a published predictor to finetune (e.g. Kronos-small); left out: random init",
+    "data": "CSV/Parquet files or folders of K-lines, or [\"synthetic\"]",
+    "synthetic_series": "synthetic data: number of series",
+    "synthetic_rows": "synthetic data: rows per series",
+    "val_fraction": "share of each series kept for validation (its last rows)",
+    "lookback_window": "history rows per training window",
+    "predict_window": "future rows per training window",
+    "clip": "normalized values are clipped to [-clip, clip]",
+    "batch_size": "windows per micro-batch on each process",
+    "accumulation_steps": "micro-batches per optimizer step (effective batch = batch_size x this x processes)",
+    "amp": "autocast precision for the forward pass",
+    "activation_checkpointing": "recompute activations in backward: none, every block, or every n-th",
+    "checkpoint_every_n": "with activation_checkpointing = \"every_n\": which blocks",
+    "compile": "torch.compile mode (off skips compilation)",
+    "matmul_precision": "torch.set_float32_matmul_precision (high allows TF32 on Ampere+)",
+    "optimizer_impl": "AdamW implementation (auto picks fused on CUDA)",
+    "lr": "peak learning rate; left out: 4e-5 (predictor) or 2e-4 (tokenizer), as the reference",
+    "betas": "AdamW betas",
+    "weight_decay": "AdamW weight decay",
+    "schedule": "learning-rate schedule: onecycle (reference) or plateau",
+    "pct_start": "onecycle: share of the steps spent warming up",
+    "div_factor": "onecycle: initial lr = lr / div_factor",
+    "plateau_factor": "plateau: lr multiplier after a plateau",
+    "plateau_patience": "plateau: evaluations without improvement before lowering the lr",
+    "grad_clip": "gradient-norm clip; left out: 3.0 (predictor) or 2.0 (tokenizer)",
+    "num_workers": "DataLoader worker processes (0: load in the training process)",
+    "pin_memory": "pin host batches for faster copies to the GPU",
+    "preload": "keep the windows' data in RAM, or memory-map it",
+    "teacher_forcing": "predictor: condition s2 on the true s1 tokens (reference behaviour)",
+    "seed": "seed for weights, windows and sampling",
+    "samples_per_epoch": "windows drawn per epoch (an epoch is samples_per_epoch / effective batch steps)",
+    "epochs": "epochs in the schedule",
+    "eval_samples": "validation windows per evaluation",
+    "eval_every": "evaluate every N optimizer steps (0: at the end of each epoch)",
+    "checkpoint_every": "save checkpoints/last.pt every N optimizer steps (0: at the end of each epoch)",
+    "output_dir": "where the run writes; `kronos-tune train` gives each run its own folder unless --out is given",
+    "device": "auto, cpu or cuda",
+    "parallelism": "with several processes: ddp (replicated weights) or fsdp (sharded)",
+    "fsdp_reshard_after_forward": "fsdp: free gathered weights after forward (less memory, more traffic)",
+    "fsdp_cpu_offload": "fsdp: keep parameters and optimizer state in host memory",
+    "fsdp_sync_micro_batches": "fsdp: reduce gradients after every micro-batch instead of the last one",
+}
+
+CHOICE_CONSTANTS = {"what": "WHAT", "amp": "AMP", "activation_checkpointing": "CHECKPOINTING", "compile": "COMPILE",
+                    "optimizer_impl": "OPTIMIZER_IMPL", "schedule": "SCHEDULES", "preload": "PRELOAD",
+                    "device": "DEVICES", "matmul_precision": "MATMUL_PRECISION", "parallelism": "PARALLELISM"}
+
+
+@dataclasses.dataclass
+class KeyInfo:
+    """One TrainConfig key as a config file writes it."""
+
+    name: str
+    type: str
+    default: Any
+    choices: list[str] | None
+    description: str
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return "(left out)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def config_keys() -> list[KeyInfo]:
+    """Every TrainConfig field, in declaration order, with the choices the config validates against."""
+    from kronos_core.sizes import SIZES
+    from kronos_core.train import TrainConfig
+    from kronos_core.train import config as config_module
+
+    keys = []
+    for spec in dataclasses.fields(TrainConfig):
+        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        if isinstance(default, tuple):
+            default = list(default)
+        constant = CHOICE_CONSTANTS.get(spec.name)
+        choices = list(SIZES) if spec.name == "model_size" else (
+            list(getattr(config_module, constant)) if constant and hasattr(config_module, constant) else None)
+        kind = str(spec.type).replace("tuple[float, float]", "list of 2 floats").replace(" | None", " (optional)")
+        keys.append(KeyInfo(spec.name, kind, default, choices, DESCRIPTIONS.get(spec.name, "")))
+    return keys
+
+
+def keys_table(keys: list[KeyInfo]) -> Table:
+    table = Table(title="TrainConfig keys (a `kronos-tune train --config FILE` TOML file: flat key = value lines)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("type", no_wrap=True)
+    table.add_column("default", overflow="fold")
+    table.add_column("what it does", overflow="fold")
+    for key in keys:
+        text = key.description + (f" ({', '.join(key.choices)})" if key.choices else "")
+        table.add_row(key.name, escape(key.type), escape(_toml_value(key.default)), escape(text))
+    return table
+
+
+config_app = typer.Typer(help="Training configuration files: the keys they take.", no_args_is_help=True)
+
+
+@config_app.command("keys")
+def keys(as_json: Annotated[bool, typer.Option("--json", help="Print the keys as JSON.")] = False) -> None:
+    """List every TrainConfig key with its type, default and what it does."""
+    found = config_keys()
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(key) for key in found], indent=2))
+        return
+    Console().print(keys_table(found))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")
