@@ -15,12 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS, NAT_NS, PRICE_COLUMNS, TIME_COLUMN, calendar_features_ns, wall_clock_ns
+from kronos_core.data import (
+    FEATURE_COLUMNS,
+    NAT_NS,
+    PRICE_COLUMNS,
+    TIME_COLUMN,
+    TIME_COLUMN_ALIASES,
+    _parse_timestamps,
+    _read_table,
+    calendar_features_ns,
+    wall_clock_ns,
+)
 from kronos_core.errors import KronosError
 from kronos_core.predict_arrays import SeriesGroup, frame_values
 
@@ -40,6 +51,8 @@ class PanelInputs:
     future_ns: np.ndarray       # [n, P] wall-clock nanoseconds
     tz: object | None           # time zone of the input's time column (the output gets it back)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (symbol, reason)
+    actual: np.ndarray | None = None  # [n, P, 6] the held-out rows (holdout > 0)
+    filled_columns: tuple[str, ...] = ()  # volume/amount the panel lacked (filled by the reference rule)
 
     @property
     def pred_len(self) -> int:
@@ -78,10 +91,14 @@ def _future_for(symbols: list[str], histories: list[np.ndarray], future: FutureS
     return np.ascontiguousarray(result)
 
 
-def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec, pred_len: int | None = None,
+def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, pred_len: int | None = None,
                  symbol_col: str = "symbol", time_col: str = TIME_COLUMN, on_short: str = "error",
-                 source: str = "panel") -> PanelInputs:
+                 source: str = "panel", holdout: int = 0) -> PanelInputs:
     """Validate a panel and cut the last `lookback` rows of each symbol (see the module doc).
+
+    With `holdout` = P > 0 the last P rows of each symbol are held out instead: the history is the
+    `lookback` rows before them, the future stamps are theirs and `actual` holds their values
+    (`future` is then ignored and may be None).
 
     Errors (KronosError, one line naming the symbol): no symbol/time/price column (the message lists the
     columns found); a missing timestamp; a duplicate timestamp; a step shorter than the symbol's usual
@@ -124,8 +141,10 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec, pred_le
     _check_steps(codes, ns, names, source)
     _check_finite(values, codes, ns, names, source, order)
 
-    short = counts < lookback
-    skipped = [(names[k], f"{counts[k]} rows, fewer than lookback {lookback}") for k in np.flatnonzero(short)]
+    need = lookback + holdout
+    short = counts < need
+    wanted = f"lookback {lookback}" + (f" + holdout {holdout}" if holdout else "")
+    skipped = [(names[k], f"{counts[k]} rows, fewer than {wanted}") for k in np.flatnonzero(short)]
     if skipped and on_short == "error":
         symbol, reason = skipped[0]
         more = f" (and {len(skipped) - 1} more symbols)" if len(skipped) > 1 else ""
@@ -133,14 +152,20 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec, pred_le
                           f"or skip short symbols")
     kept = np.flatnonzero(~short)
     if len(kept) == 0:
-        raise KronosError(f"{source}: no symbol has {lookback} rows; use a shorter lookback")
-    rows = (ends[kept] - lookback)[:, None] + np.arange(lookback)[None, :]
-    histories = [ns[starts[k]:ends[k]] for k in kept]
+        raise KronosError(f"{source}: no symbol has {need} rows; use a shorter lookback")
+    rows = (ends[kept] - need)[:, None] + np.arange(lookback)[None, :]
     kept_names = [names[k] for k in kept]
-    future_ns = _future_for(kept_names, histories, future, pred_len, tz)
+    actual = None
+    if holdout:
+        held = (ends[kept] - holdout)[:, None] + np.arange(holdout)[None, :]
+        future_ns, actual = ns[held], values[held]
+    else:
+        histories = [ns[starts[k]:ends[k]] for k in kept]
+        future_ns = _future_for(kept_names, histories, future, pred_len, tz)
     calendar = calendar_features_ns(np.concatenate([ns[rows], future_ns], axis=1))
     group = SeriesGroup(list(range(len(kept))), values[rows], calendar[:, :lookback], calendar[:, lookback:])
-    return PanelInputs(kept_names, group, future_ns, tz, skipped)
+    filled = tuple(c for c in ("volume", "amount") if c not in panel.columns)
+    return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled)
 
 
 def _check_steps(codes: np.ndarray, ns: np.ndarray, names: list[str], source: str) -> None:
@@ -178,6 +203,33 @@ def _check_finite(values: np.ndarray, codes: np.ndarray, ns: np.ndarray, names: 
         position, column = np.argwhere(~finite)[0]
         raise KronosError(f"{source}: symbol {names[codes[position]]}: {FEATURE_COLUMNS[column]} is NaN or inf at "
                           f"{pd.Timestamp(int(ns[position]))} (row {int(order[position])}); fill or drop it")
+
+
+def read_panel(path: str | Path, symbol_col: str = "symbol") -> pd.DataFrame:
+    """Read a panel file (.csv or .parquet): the symbol column, the time column (any accepted spelling) and
+    the feature columns, names matched without case; timestamps parsed (errors name file and line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise KronosError(f"{path}: file not found; check the path")
+    raw = _read_table(path)
+    raw.columns = [str(c).strip().lower() for c in raw.columns]
+    names = list(raw.columns)
+    key = symbol_col.strip().lower()
+    if key not in names:
+        raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {', '.join(names) or 'none'}); "
+                          f"pass the column that names each series with --symbol-column")
+    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
+    if time_col is None:
+        raise KronosError(f"{path}: no time column (found: {', '.join(names)}); "
+                          f"name it one of {', '.join(TIME_COLUMN_ALIASES)}")
+    for column in PRICE_COLUMNS:
+        if column not in names:
+            raise KronosError(f"{path}: missing price column '{column}' (found: {', '.join(names)}); add or rename it")
+    keep = [key, time_col, *(c for c in FEATURE_COLUMNS if c in names)]
+    frame = raw[keep].rename(columns={key: "symbol", time_col: TIME_COLUMN})
+    first_line = 2 if path.suffix.lower() == ".csv" else None
+    frame[TIME_COLUMN] = _parse_timestamps(frame[TIME_COLUMN], str(path), first_line)
+    return frame
 
 
 def panel_frame(inputs: PanelInputs, values: np.ndarray, symbol_col: str = "symbol",
@@ -221,4 +273,4 @@ def predict_panel(predictor: KronosPredictor, inputs: PanelInputs, T: float = 1.
     return panel_frame(inputs, values) if output == "panel" else series_frames(inputs, values)
 
 
-__all__ = ["PanelInputs", "panel_frame", "panel_inputs", "predict_panel", "series_frames", "PRICE_COLUMNS"]
+__all__ = ["PanelInputs", "panel_frame", "panel_inputs", "predict_panel", "read_panel", "series_frames"]

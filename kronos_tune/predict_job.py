@@ -9,12 +9,9 @@ Future timestamps come from `kronos_tune.future_times`.
 from __future__ import annotations
 
 import math
-import os
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,26 +21,42 @@ import pandas as pd
 import psutil
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline
+from kronos_core.data import FEATURE_COLUMNS
 from kronos_core.errors import KronosError
+from kronos_core.launch import LaunchSpec
 from kronos_core.model import Kronos
+from kronos_core.predict_sharded import ShardJob
 from kronos_core.predictor import KronosPredictor, default_device
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
-from kronos_core.synthetic import synthetic_series
 from kronos_core.tokenizer import KronosTokenizer
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.future_times import future_timestamps
+from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
+from kronos_tune.predict_inputs import (
+    DEFAULT_SYNTHETIC_SERIES,
+    JobInputs,
+    NoteCallback,
+    SeriesInput,
+    load_inputs,
+    load_series,
+)
+from kronos_tune.predict_output import (
+    OUTPUT_COLUMNS,
+    OUTPUT_FORMATS,
+    Precision,
+    check_output_path,
+    fix_volumes,
+    input_precision,
+    long_frame,
+    output_format,
+    predictions_json,
+    write_table,
+)
+from kronos_tune.predict_shards import check_shards, run_sharded
 
-OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet"}
 DEVICES = ("auto", "cpu", "cuda")
 AMP_CHOICES = ("none", "bf16", "fp16")
 DEFAULT_MAX_CONTEXT = 512
-DEFAULT_SYNTHETIC_SERIES = 4
 RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
-OUTPUT_COLUMNS = ("series", TIME_COLUMN, *FEATURE_COLUMNS)
-
-# Called as on_note(level, message) with level "note" or "warning", as soon as a note is known.
-NoteCallback = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -69,16 +82,20 @@ class PredictConfig:
     seed: int = 0
     holdout: bool = False
     progress: bool = True
+    symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
+    skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
+    window_mode: str = "refill"
+    nproc: int = 1
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_backend: str | None = None
 
-
-@dataclass
-class SeriesInput:
-    """One series ready for the predictor: its history, future stamps and (holdout) actual closes."""
-
-    name: str
-    history: pd.DataFrame            # TIME_COLUMN + FEATURE_COLUMNS, `lookback` rows
-    future: pd.DatetimeIndex         # pred_len stamps
-    actual_close: np.ndarray | None  # holdout only
+    @property
+    def launch(self) -> LaunchSpec:
+        return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
+                          self.rdzv_backend)
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class PredictResult:
     scores: list[SeriesScore] | None = None
     notes: list[tuple[str, str]] = field(default_factory=list)
     peak_gpu_bytes: int | None = None
+    precision: Precision = field(default_factory=Precision)
 
     @property
     def series_per_s(self) -> float:
@@ -137,43 +155,11 @@ class PredictResult:
             report["mape"] = self.mean_mape
             report["per_series"] = [{"series": s.series, "mae": s.mae, "mape": s.mape} for s in self.scores]
         report["notes"] = [f"{level}: {message}" for level, message in self.notes]
+        report["predictions"] = predictions_json(self.series_names, self.frames, self.precision)
         return report
 
 
 # Checks before any work ----------------------------------------------------------------------
-
-
-def output_format(path: Path) -> str:
-    """'csv' or 'parquet' from the suffix; anything else is a user error."""
-    fmt = OUTPUT_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise KronosTuneError(f"--out {path}: unknown suffix '{path.suffix}'; use a .csv or .parquet file name")
-    return fmt
-
-
-def check_output_path(path: Path) -> str:
-    """Suffix, folder and write permission of --out, checked by creating (and removing) a temp file there."""
-    fmt = output_format(path)
-    if fmt == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise KronosTuneError(f"--out {path}: writing Parquet needs pyarrow; pip install pyarrow "
-                                  "or use a .csv name") from None
-    if path.is_dir():
-        raise KronosTuneError(f"--out {path} is a folder; give a file name ending in .csv or .parquet")
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise KronosTuneError(f"--out {path}: {folder} {what}; create the folder or choose another path")
-    try:
-        handle, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
-    except OSError as error:
-        raise KronosTuneError(f"--out {path}: cannot write in {folder} ({error.strerror or error}); "
-                              "choose a writable folder") from None
-    os.close(handle)
-    os.unlink(probe)
-    return fmt
 
 
 def check_config(config: PredictConfig) -> None:
@@ -214,6 +200,14 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
     if config.amp == "fp16" and resolve_device(config.device) == "cpu":
         raise KronosTuneError("--amp fp16 needs a CUDA device; use --amp bf16 or none on CPU")
+    if config.window_mode not in ("refill", "shift"):
+        raise KronosTuneError(f"--window-mode {config.window_mode}: choose refill (exact) or shift (approximate)")
+    if config.nproc < 1:
+        raise KronosTuneError(f"--nproc {config.nproc}: must be at least 1")
+    if config.symbol_column is not None and not config.data:
+        raise KronosTuneError("--symbol-column reads panel files; give them with --data")
+    if config.skip_short and config.symbol_column is None:
+        raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
     if config.out is not None:
         check_output_path(config.out)
 
@@ -233,55 +227,6 @@ def resolve_max_context(config: PredictConfig) -> int:
 # Loading -------------------------------------------------------------------------------------
 
 
-def _unique_names(paths: list[Path]) -> list[str]:
-    """File stems, or the path (without suffix) where two files share a stem."""
-    stems = [p.stem for p in paths]
-    return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
-
-
-def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: str) -> SeriesInput:
-    rows = len(frame)
-    if config.holdout:
-        need = config.lookback + config.pred_len
-        if rows < need:
-            raise KronosTuneError(f"{where} has {rows} rows; --holdout needs --lookback {config.lookback} + "
-                                  f"--pred-len {config.pred_len} = {need}; use a shorter lookback or more data")
-        history = frame.iloc[rows - need:rows - config.pred_len].reset_index(drop=True)
-        tail = frame.iloc[rows - config.pred_len:]
-        future = pd.DatetimeIndex(tail[TIME_COLUMN], name=TIME_COLUMN)
-        return SeriesInput(name, history, future, tail["close"].to_numpy(dtype=np.float64))
-    if rows < config.lookback:
-        raise KronosTuneError(f"{where} has {rows} rows, fewer than --lookback {config.lookback}; "
-                              "use a shorter lookback or more data")
-    history = frame.iloc[rows - config.lookback:].reset_index(drop=True)
-    # The whole file defines the bar grid; the history alone may be too short to show it.
-    future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where)
-    return SeriesInput(name, history, future, None)
-
-
-def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInput]:
-    """Read every --data file (or make --synthetic series) into predictor inputs; errors name the file."""
-    if config.data:
-        paths = find_data_files(list(config.data))
-        names = _unique_names(paths)
-        inputs = []
-        for name, path in zip(names, paths):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                frame = read_kline(path)
-            for warning in caught:
-                on_note("warning", str(warning.message))
-            inputs.append(_series_input(name, frame, config, str(path)))
-        return inputs
-    count = config.synthetic
-    if count is None:
-        count = DEFAULT_SYNTHETIC_SERIES
-        on_note("note", f"no --data given: predicting {count} synthetic series (--synthetic N to change)")
-    rows = config.lookback + config.pred_len if config.holdout else config.lookback
-    frames = synthetic_series(count, n_rows=max(rows, 2), seed=config.seed)
-    return [_series_input(f"synthetic_{i}", frame, config, f"synthetic_{i}") for i, frame in enumerate(frames)]
-
-
 def load_predictor(config: PredictConfig, on_note: NoteCallback) -> KronosPredictor:
     """Random-init weights for --size, or the --checkpoint/--tokenizer folders (errors name file and key)."""
     with warnings.catch_warnings(record=True) as caught:
@@ -299,7 +244,7 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback) -> KronosPredic
     amp = None if config.amp == "none" else config.amp
     return KronosPredictor(model, tokenizer, device=resolve_device(config.device),
                            max_context=resolve_max_context(config), amp=amp,
-                           max_batch_size=config.max_batch_size)
+                           max_batch_size=config.max_batch_size, window_mode=config.window_mode)
 
 
 # Scoring and output --------------------------------------------------------------------------
@@ -309,35 +254,6 @@ def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray) -> S
     """MAE and MAPE (percent) of the predicted close against the actual close (prices are > 0)."""
     error = np.abs(np.asarray(predicted_close, dtype=np.float64) - actual_close)
     return SeriesScore(name, float(error.mean()), float((error / np.abs(actual_close)).mean() * 100.0))
-
-
-def long_frame(names: list[str], frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """One row per (series, timestamp): series, timestamps, open ... amount."""
-    parts = []
-    for name, frame in zip(names, frames):
-        part = frame.reset_index(names=TIME_COLUMN)[[TIME_COLUMN, *FEATURE_COLUMNS]]
-        part.insert(0, "series", name)
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)[list(OUTPUT_COLUMNS)]
-
-
-def write_table(table: pd.DataFrame, path: Path) -> None:
-    """CSV or Parquet by suffix, atomically: a temp file in the same folder, then os.replace."""
-    fmt = output_format(path)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        if fmt == "csv":
-            table.to_csv(temp, index=False)
-        else:
-            table.to_parquet(temp, index=False)
-        os.replace(temp, path)
-    except (OSError, ValueError, ImportError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise KronosTuneError(f"--out {path}: writing failed ({reason}); check the folder and free space") from None
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
 
 
 def peak_rss_bytes() -> int:
@@ -355,6 +271,16 @@ def peak_rss_bytes() -> int:
 
 
 # The job -------------------------------------------------------------------------------------
+
+
+def _shard_job(config: PredictConfig, device: str) -> ShardJob:
+    return ShardJob(size=config.size, checkpoint=None if config.checkpoint is None else str(config.checkpoint),
+                    tokenizer=None if config.tokenizer is None else str(config.tokenizer), seed=config.seed,
+                    device="cuda" if device.startswith("cuda") else "cpu",
+                    amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
+                    window_mode=config.window_mode, max_batch_size=config.max_batch_size,
+                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                    sample_count=config.sample_count)
 
 
 def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> PredictResult:
@@ -375,13 +301,17 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
         note("warning", f"--lookback {config.lookback} is longer than max_context {max_context}: every row sets "
                         f"the normalization, but the predictor only sees the last {max_context} tokens")
     elif config.lookback + config.pred_len > max_context:
+        after = ("re-fills its cache each step after that (slower per step)" if config.window_mode == "refill"
+                 else "shifts its cache (approximate)")
         note("note", f"--lookback {config.lookback} + --pred-len {config.pred_len} > max_context {max_context}: "
-                     f"the window slides after {max_context - config.lookback} steps and re-fills its cache "
-                     "each step after that (slower per step)")
+                     f"the window slides after {max_context - config.lookback} steps and {after}")
 
-    inputs = load_series(config, note)
-    predictor = load_predictor(config, note)
-    device = str(predictor.device)
+    inputs = load_inputs(config, note)
+    device = resolve_device(config.device)
+    sharded = config.launch.launched
+    if sharded:
+        check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
+    predictor = load_predictor(config, note)  # in the parent too: bad checkpoints fail here, in one line
     if predictor.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(predictor.device)
 
@@ -390,33 +320,45 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
     with warnings.catch_warnings():
         # The long-history warning is already a note above.
         warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
-        frames = predictor.predict_batch(
-            [item.history[list(FEATURE_COLUMNS)] for item in inputs],
-            [item.history[TIME_COLUMN] for item in inputs],
-            [item.future for item in inputs],
-            config.pred_len, T=config.temperature, top_k=config.top_k, top_p=config.top_p,
-            sample_count=config.sample_count, verbose=config.progress,
-        )
+        if sharded:
+            values = run_sharded(config.launch, _shard_job(config, device), inputs.x, inputs.x_stamp,
+                                 inputs.y_stamp, note)
+        else:
+            values = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp, T=config.temperature,
+                                              top_k=config.top_k, top_p=config.top_p,
+                                              sample_count=config.sample_count, verbose=config.progress,
+                                              mean_only=True)
     predict_seconds = time.perf_counter() - predict_started
     peak_gpu = int(torch.cuda.max_memory_allocated(predictor.device)) if predictor.device.type == "cuda" else None
+    precision = input_precision(inputs.x)
+    frames: list[pd.DataFrame] = []
+    names = inputs.names if values is not None else []
+    if values is not None:
+        negative = fix_volumes(values, inputs.no_volume)
+        if negative:
+            note("note", f"{negative} predicted volume/amount values were below 0 and are written as 0")
+        columns = pd.Index(FEATURE_COLUMNS)
+        frames = [pd.DataFrame(v, columns=columns, index=index) for v, index in zip(values, inputs.futures)]
 
-    names = [item.name for item in inputs]
     scores = None
-    if config.holdout:
-        scores = [score(item.name, frame["close"].to_numpy(), item.actual_close)
-                  for item, frame in zip(inputs, frames)]
-    if config.out is not None:
-        write_table(long_frame(names, frames), config.out)
+    if config.holdout and frames:
+        scores = [score(name, frame["close"].to_numpy(), actual)
+                  for name, frame, actual in zip(names, frames, inputs.actual_close)]
+    if config.out is not None and frames:
+        write_table(long_frame(names, frames), config.out, precision)
+        if output_format(config.out) == "csv":
+            note("note", f"{config.out} rounds {precision.describe()} (the input's precision)")
     return PredictResult(
-        series_names=names, frames=frames, device=device, max_context=max_context,
+        series_names=names, frames=frames, device=str(predictor.device), max_context=max_context,
         random_weights=config.checkpoint is None, seconds=time.perf_counter() - started,
-        predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out, scores=scores,
-        notes=notes, peak_gpu_bytes=peak_gpu,
+        predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out if frames else None,
+        scores=scores, notes=notes, peak_gpu_bytes=peak_gpu, precision=precision,
     )
 
 
 __all__ = [
-    "PredictConfig", "PredictResult", "SeriesInput", "SeriesScore", "check_config",
-    "check_output_path", "future_timestamps", "infer_interval", "load_predictor", "load_series", "long_frame",
-    "output_format", "peak_rss_bytes", "run_predict", "score", "session_grid", "write_table",
+    "DEFAULT_SYNTHETIC_SERIES", "JobInputs", "OUTPUT_COLUMNS", "OUTPUT_FORMATS", "PredictConfig", "PredictResult", "SeriesInput", "SeriesScore",
+    "check_config", "check_output_path", "future_timestamps", "infer_interval", "load_inputs", "load_predictor",
+    "load_series", "long_frame", "output_format", "peak_rss_bytes", "run_predict", "score", "session_grid",
+    "write_table",
 ]

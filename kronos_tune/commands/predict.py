@@ -97,6 +97,21 @@ def predict_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")] = 0,
     holdout: Annotated[bool, typer.Option(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
+    symbol_column: Annotated[Optional[str], typer.Option(
+        "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
+    skip_short: Annotated[bool, typer.Option(
+        "--skip-short", help="Panels: skip symbols with fewer rows than needed (default: stop with an error).")] = False,
+    window_mode: Annotated[str, typer.Option(
+        "--window-mode", help="After the window slides: refill (exact) or shift (approximate, faster).")] = "refill",
+    nproc: Annotated[int, typer.Option(
+        "--nproc", help="Processes on this node (one per GPU); >1 shards the series with torchrun.")] = 1,
+    nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="torchrun: this node's rank.")] = None,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option(
+        "--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")] = None,
+    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
+    rdzv_backend: Annotated[Optional[str], typer.Option(
+        "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps continue each series' own bar grid."""
@@ -116,12 +131,16 @@ def predict_command(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
-        max_context=max_context, seed=seed, holdout=holdout, progress=not as_json,
+        max_context=max_context, seed=seed, holdout=holdout, progress=not as_json, symbol_column=symbol_column,
+        skip_short=skip_short, window_mode=window_mode, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
     )
     result = run_predict(config, on_note=on_note)
 
     if as_json:
         typer.echo(json.dumps(_json_ready(result.to_json_dict())))
+        return
+    if not result.frames:  # a node whose ranks are done; the node with rank 0 writes the predictions
         return
     if result.scores is not None:
         console.print(_scores_table(result))

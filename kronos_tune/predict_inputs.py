@@ -1,0 +1,157 @@
+"""Inputs of `kronos-tune predict`: files, synthetic series or panels, read once and turned into arrays.
+
+Per-series files (or --synthetic) become `SeriesInput`s (`load_series`), whose
+future timestamps continue each series' own bar grid; panels (--symbol-column)
+are cut with `kronos_core.panel`, with future timestamps computed once per
+distinct history grid. Either way `load_inputs` returns one `JobInputs` of
+arrays that the predictor (or the ranks of a sharded run) consume directly.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline
+from kronos_core.errors import KronosError
+from kronos_core.panel import panel_inputs, read_panel
+from kronos_core.predict_arrays import prepare_lists
+from kronos_core.synthetic import synthetic_series
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.future_times import future_timestamps
+
+if TYPE_CHECKING:
+    from kronos_tune.predict_job import PredictConfig
+
+DEFAULT_SYNTHETIC_SERIES = 4
+
+# Called as on_note(level, message) with level "note" or "warning", as soon as a note is known.
+NoteCallback = Callable[[str, str], None]
+
+
+@dataclass
+class SeriesInput:
+    """One series ready for the predictor: its history, future stamps and (holdout) actual closes."""
+
+    name: str
+    history: pd.DataFrame            # TIME_COLUMN + FEATURE_COLUMNS, `lookback` rows
+    future: pd.DatetimeIndex         # pred_len stamps
+    actual_close: np.ndarray | None  # holdout only
+    filled: tuple[str, ...] = ()     # volume/amount the file lacked
+
+
+def _unique_names(paths: list[Path]) -> list[str]:
+    """File stems, or the path (without suffix) where two files share a stem."""
+    stems = [p.stem for p in paths]
+    return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
+
+
+def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: str) -> SeriesInput:
+    rows = len(frame)
+    if config.holdout:
+        need = config.lookback + config.pred_len
+        if rows < need:
+            raise KronosTuneError(f"{where} has {rows} rows; --holdout needs --lookback {config.lookback} + "
+                                  f"--pred-len {config.pred_len} = {need}; use a shorter lookback or more data")
+        history = frame.iloc[rows - need:rows - config.pred_len].reset_index(drop=True)
+        tail = frame.iloc[rows - config.pred_len:]
+        future = pd.DatetimeIndex(tail[TIME_COLUMN], name=TIME_COLUMN)
+        return SeriesInput(name, history, future, tail["close"].to_numpy(dtype=np.float64),
+                           tuple(frame.attrs.get("filled_columns", ())))
+    if rows < config.lookback:
+        raise KronosTuneError(f"{where} has {rows} rows, fewer than --lookback {config.lookback}; "
+                              "use a shorter lookback or more data")
+    history = frame.iloc[rows - config.lookback:].reset_index(drop=True)
+    # The whole file defines the bar grid; the history alone may be too short to show it.
+    future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where)
+    return SeriesInput(name, history, future, None, tuple(frame.attrs.get("filled_columns", ())))
+
+
+def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInput]:
+    """Read every --data file (or make --synthetic series) into predictor inputs; errors name the file."""
+    if config.data:
+        paths = find_data_files(list(config.data))
+        names = _unique_names(paths)
+        inputs = []
+        for name, path in zip(names, paths):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                frame = read_kline(path)
+            for warning in caught:
+                on_note("warning", str(warning.message))
+            inputs.append(_series_input(name, frame, config, str(path)))
+        return inputs
+    count = config.synthetic
+    if count is None:
+        count = DEFAULT_SYNTHETIC_SERIES
+        on_note("note", f"no --data given: predicting {count} synthetic series (--synthetic N to change)")
+    rows = config.lookback + config.pred_len if config.holdout else config.lookback
+    frames = synthetic_series(count, n_rows=max(rows, 2), seed=config.seed)
+    return [_series_input(f"synthetic_{i}", frame, config, f"synthetic_{i}") for i, frame in enumerate(frames)]
+
+
+@dataclass
+class JobInputs:
+    """Every series as arrays (one history length), with what the output and the scores need."""
+
+    names: list[str]
+    x: np.ndarray                      # [N, L, 6] raw features
+    x_stamp: np.ndarray                # [N, L, 5]
+    y_stamp: np.ndarray                # [N, P, 5]
+    futures: list[pd.DatetimeIndex]    # output index of each series
+    actual_close: np.ndarray | None    # [N, P] (holdout)
+    no_volume: np.ndarray              # [N] bool: the input had no volume column (predict zeros)
+
+
+def _from_series(items: list[SeriesInput], pred_len: int) -> JobInputs:
+    prepared = prepare_lists([item.history[list(FEATURE_COLUMNS)] for item in items],
+                             [item.history[TIME_COLUMN] for item in items], [item.future for item in items], pred_len)
+    (group,) = prepared.groups  # every history has --lookback rows
+    actual = None if items[0].actual_close is None else np.stack([item.actual_close for item in items])
+    return JobInputs([item.name for item in items], group.x, group.x_stamp, group.y_stamp,
+                     [pd.DatetimeIndex(item.future, name=TIME_COLUMN) for item in items], actual,
+                     np.array(["volume" in item.filled for item in items]))
+
+
+def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
+    paths = find_data_files(list(config.data))
+    panels = [read_panel(path, config.symbol_column) for path in paths]
+    panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
+    inputs = panel_inputs(panel, config.lookback, lambda stamps, count: future_timestamps(stamps, count, source),
+                          pred_len=config.pred_len, source=source, on_short="skip" if config.skip_short else "error",
+                          holdout=config.pred_len if config.holdout else 0)
+    if inputs.skipped:
+        listed = ", ".join(symbol for symbol, _ in inputs.skipped[:5])
+        more = f" and {len(inputs.skipped) - 5} more" if len(inputs.skipped) > 5 else ""
+        on_note("warning", f"skipped {len(inputs.skipped)} symbols with too few rows ({inputs.skipped[0][1]} for "
+                           f"{inputs.skipped[0][0]}): {listed}{more}")
+    futures = [pd.DatetimeIndex(row.view("datetime64[ns]"), name=TIME_COLUMN) for row in inputs.future_ns]
+    if inputs.tz is not None:
+        futures = [f.tz_localize(inputs.tz, ambiguous="NaT", nonexistent="shift_forward") for f in futures]
+    actual = None if inputs.actual is None else inputs.actual[..., FEATURE_COLUMNS.index("close")].astype(np.float64)
+    no_volume = np.full(len(inputs.symbols), "volume" in inputs.filled_columns)
+    group = inputs.group
+    return JobInputs(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume)
+
+
+def load_inputs(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
+    """Per-series files or synthetic series (`load_series`), or panels (--symbol-column), as arrays."""
+    try:
+        if config.symbol_column is not None:
+            inputs = _from_panels(config, on_note)
+        else:
+            inputs = _from_series(load_series(config, on_note), config.pred_len)
+    except KronosError as error:
+        raise KronosTuneError(str(error)) from None
+    missing = int(inputs.no_volume.sum())
+    if missing:
+        on_note("note", f"{missing} of {len(inputs.names)} series have no volume/amount column: the model sees "
+                        f"zeros there and their predicted volume and amount are written as 0")
+    return inputs
