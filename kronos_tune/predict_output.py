@@ -31,21 +31,27 @@ MAX_VOLUME_DECIMALS = 2
 
 @dataclass(frozen=True)
 class Precision:
-    """Decimals for text output: prices, and volume/amount."""
+    """Decimals for text output: prices, volume and amount."""
 
     price: int = MAX_PRICE_DECIMALS
     volume: int = MAX_VOLUME_DECIMALS
+    amount: int = MAX_VOLUME_DECIMALS
 
     def describe(self) -> str:
-        volume = "whole numbers" if self.volume == 0 else f"{self.volume} decimals"
-        return f"prices to {self.price} decimals, volume and amount to {volume}"
+        def places(decimals: int) -> str:
+            return "whole numbers" if decimals == 0 else f"{decimals} decimals"
+
+        return f"prices to {self.price} decimals, volume to {places(self.volume)}, amount to {places(self.amount)}"
 
 
 def decimals_used(values: np.ndarray, limit: int) -> int:
-    """The fewest decimals (<= limit) that write every value exactly; `limit` when none do."""
-    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    """The fewest decimals (<= limit) that write every value exactly; `limit` when none do.
+    float32 inputs (what the predictor holds) are exact to their own rounding error only."""
+    values = np.asarray(values)
+    relative = 8 * np.finfo(np.float32).eps if values.dtype == np.float32 else 1e-9
+    flat = values.astype(np.float64).reshape(-1)
     flat = flat[np.isfinite(flat)]
-    tolerance = 1e-9 * np.maximum(1.0, np.abs(flat))
+    tolerance = relative * np.maximum(1.0, np.abs(flat))
     for decimals in range(limit + 1):
         if np.all(np.abs(np.round(flat, decimals) - flat) <= tolerance):
             return decimals
@@ -54,8 +60,10 @@ def decimals_used(values: np.ndarray, limit: int) -> int:
 
 def input_precision(x: np.ndarray) -> Precision:
     """Precision of raw inputs x [..., 6] (open, high, low, close, volume, amount)."""
-    return Precision(decimals_used(x[..., :len(PRICE_COLUMNS)], MAX_PRICE_DECIMALS),
-                     decimals_used(x[..., len(PRICE_COLUMNS):], MAX_VOLUME_DECIMALS))
+    volume, amount = len(PRICE_COLUMNS), len(PRICE_COLUMNS) + 1
+    return Precision(decimals_used(x[..., :volume], MAX_PRICE_DECIMALS),
+                     decimals_used(x[..., volume], MAX_VOLUME_DECIMALS),
+                     decimals_used(x[..., amount], MAX_VOLUME_DECIMALS))
 
 
 def fix_volumes(values: np.ndarray, zero_rows: np.ndarray | None) -> int:
@@ -117,9 +125,9 @@ def rounded(table: pd.DataFrame, precision: Precision) -> pd.DataFrame:
     out = table.copy()
     for column in PRICE_COLUMNS:
         out[column] = np.round(out[column].to_numpy(dtype=np.float64), precision.price)
-    for column in VOLUME_COLUMNS:
-        values = np.round(out[column].to_numpy(dtype=np.float64), precision.volume)
-        out[column] = values.astype(np.int64) if precision.volume == 0 else values
+    for column, decimals in zip(VOLUME_COLUMNS, (precision.volume, precision.amount)):
+        values = np.round(out[column].to_numpy(dtype=np.float64), decimals)
+        out[column] = values.astype(np.int64) if decimals == 0 else values
     return out
 
 

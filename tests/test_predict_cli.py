@@ -229,3 +229,82 @@ def test_console_script_error_and_success(checkpoints: dict[str, Path], tmp_path
     report = json.loads(done.stdout)
     assert report["series"] == 2 and report["out"] == str(out)
     assert len(pd.read_parquet(out)) == 4
+
+
+# Output a user can read, panels, sharding checks ----------------------------------------------
+
+
+def test_csv_without_volume_is_noted_rounded_and_never_negative(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    frame = synthetic_kline(80, seed=5)
+    frame[["open", "high", "low", "close"]] = frame[["open", "high", "low", "close"]].round(2)
+    frame.drop(columns=["volume", "amount"]).to_csv(tmp_path / "novol.csv", index=False)
+    frame.assign(volume=frame["volume"].round(0)).to_csv(tmp_path / "full.csv", index=False)
+    out = tmp_path / "p.csv"
+    report = _run_json(capsys, "--size", "tiny", "--data", tmp_path / "novol.csv", "--data", tmp_path / "full.csv",
+                       "--lookback", 40, "--pred-len", 3, "--out", out)
+    assert any("1 of 2 series have no volume/amount column" in n for n in report["notes"])
+    assert any("rounds prices to 2 decimals" in n for n in report["notes"])
+    text = out.read_text().splitlines()
+    written = pd.read_csv(out)
+    novol = written[written["series"] == "novol"]
+    assert (novol[["volume", "amount"]] == 0).all().all()
+    assert (written[["volume", "amount"]] >= 0).all().all()
+    for line in text[1:]:  # prices carry at most 2 decimals, volume is a whole number
+        fields = line.split(",")
+        assert all(len(value.partition(".")[2]) <= 2 for value in fields[2:6]), line
+        assert "." not in fields[6] and "e" not in fields[6].lower(), line
+    predictions = {item["series"]: item for item in report["predictions"]}
+    assert set(predictions) == {"novol", "full"} and len(predictions["full"]["close"]) == 3
+    assert predictions["full"]["timestamps"][0] == written["timestamps"].iloc[3].replace(" ", "T")
+    np.testing.assert_allclose(predictions["full"]["close"], written["close"].iloc[3:].to_numpy())
+
+
+def _write_panel(path: Path, symbols: dict[str, int]) -> pd.DataFrame:
+    parts = [synthetic_kline(rows, seed=k).assign(ticker=name) for k, (name, rows) in enumerate(symbols.items())]
+    panel = pd.concat(parts, ignore_index=True)
+    panel.to_csv(path, index=False)
+    return panel
+
+
+def test_panel_file_predicts_every_symbol_like_separate_files(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    panel = _write_panel(tmp_path / "panel.csv", {"AAA": 190, "BBB": 120})
+    for name in ("AAA", "BBB"):
+        panel[panel["ticker"] == name].drop(columns=["ticker"]).to_csv(tmp_path / f"{name}.csv", index=False)
+    common = ("--size", "tiny", "--lookback", LOOKBACK, "--pred-len", PRED_LEN, "--top-k", 1, "--max-batch-size", 2)
+    _run_json(capsys, *common, "--data", tmp_path / "panel.csv", "--symbol-column", "Ticker",
+              "--out", tmp_path / "from_panel.parquet")
+    _run_json(capsys, *common, "--data", tmp_path / "AAA.csv", "--data", tmp_path / "BBB.csv",
+              "--out", tmp_path / "from_files.parquet")
+    from_panel = pd.read_parquet(tmp_path / "from_panel.parquet")
+    from_files = pd.read_parquet(tmp_path / "from_files.parquet")
+    assert list(from_panel["series"]) == list(from_files["series"]) == ["AAA"] * PRED_LEN + ["BBB"] * PRED_LEN
+    assert list(from_panel["timestamps"]) == EXPECTED_STAMPS["a"] + EXPECTED_STAMPS["b"]
+    np.testing.assert_array_equal(from_panel[list(FEATURE_COLUMNS)].to_numpy(),
+                                  from_files[list(FEATURE_COLUMNS)].to_numpy())
+
+
+def test_panel_and_sharding_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write_panel(tmp_path / "panel.csv", {"AAA": 60, "SHORT": 10})
+    common = ("--size", "tiny", "--lookback", 40, "--pred-len", 2, "--data", tmp_path / "panel.csv")
+    cases = [
+        (("--symbol-column", "code"), "no symbol column 'code' (found: timestamps, open, high, low, close, volume, "
+                                      "amount, ticker)"),
+        (("--symbol-column", "ticker"), "symbol SHORT has 10 rows, fewer than lookback 40"),
+        (("--symbol-column", "ticker", "--skip-short", "--nproc", 3),
+         "--nproc 3 starts 3 processes for 1 series; use at most 1 processes"),
+        (("--skip-short",), "--skip-short applies to panels; add --symbol-column NAME"),
+    ]
+    for extra, fragment in cases:
+        code, out, err = _run(capsys, *common, *extra)
+        assert code == 2 and err.startswith("error: ") and fragment in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+    report = _run_json(capsys, *common, "--symbol-column", "ticker", "--skip-short")
+    assert report["series"] == 1 and any("skipped 1 symbols" in n and "SHORT" in n for n in report["notes"])
+    mixed = synthetic_kline(60, seed=3).assign(ticker="MIX")
+    mixed.loc[30, "timestamps"] = mixed.loc[29, "timestamps"] + pd.Timedelta(minutes=1)
+    mixed.to_csv(tmp_path / "mixed.csv", index=False)
+    code, _, err = _run(capsys, "--size", "tiny", "--lookback", 40, "--pred-len", 2, "--data", tmp_path / "mixed.csv",
+                        "--symbol-column", "ticker")
+    assert code == 2 and "symbol MIX mixes bar intervals" in err and len(err.strip().splitlines()) == 1

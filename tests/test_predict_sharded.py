@@ -1,0 +1,105 @@
+"""Prediction over torchrun processes (real gloo ranks) and the launcher that starts and stops them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.launch import EVENT_PREFIX, LaunchSpec, run_launch, torchrun_command
+from kronos_core.predict_sharded import ShardJob, shard_bounds
+from kronos_core.synthetic import synthetic_series
+from kronos_tune.cli import main
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict_shards import run_sharded
+
+
+def test_blocks_cover_every_series_once():
+    assert shard_bounds(5, 2) == [(0, 2), (2, 5)] or shard_bounds(5, 2) == [(0, 3), (3, 5)]
+    for count, world in ((4, 2), (7, 3), (3, 3)):
+        bounds = shard_bounds(count, world)
+        assert bounds[0][0] == 0 and bounds[-1][1] == count
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert max(e - b for b, e in bounds) - min(e - b for b, e in bounds) <= 1
+
+
+def test_torchrun_command_for_one_node_and_several():
+    one = torchrun_command(LaunchSpec(nproc=2), "pkg.mod", ["job.json"], python="py")
+    assert one == ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0",
+                   "--standalone", "-m", "pkg.mod", "job.json"]
+    many = torchrun_command(LaunchSpec(nproc=4, nnodes="2", node_rank=1, rdzv_endpoint="host:29400"), "m", [])
+    assert many[many.index("--nnodes") + 1] == "2" and many[many.index("--node-rank") + 1] == "1"
+    assert "--standalone" not in many and many[many.index("--rdzv-endpoint") + 1] == "host:29400"
+    with pytest.raises(Exception, match="needs --rdzv-endpoint"):
+        torchrun_command(LaunchSpec(nproc=1, nnodes="2"), "m", [])
+
+
+def test_launcher_streams_events_and_a_stop_file_stops_the_whole_group(tmp_path: Path):
+    stop = tmp_path / "STOP"
+    pid_file = tmp_path / "child.pid"
+    script = (  # a parent and a grandchild that both sleep: the stop must reach the whole session
+        "import os, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        f"print({EVENT_PREFIX!r} + '{{\"event\": \"ready\"}}', flush=True)\n"
+        "print('plain line', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    events, lines = [], []
+
+    def on_event(event):
+        events.append(event)
+        stop.touch()
+
+    result = run_launch([sys.executable, "-c", script], on_event=on_event, on_line=lines.append, stop_file=stop,
+                        grace_s=5)
+    assert result.stopped and not result.ok and result.returncode != 0
+    assert events == [{"event": "ready"}] and "plain line" in lines
+    assert not _alive(int(pid_file.read_text()))  # the grandchild is gone too
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _predict(capsys, out: Path, *extra: object) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["predict", "--device", "cpu", "--size", "tiny", "--synthetic", 4, "--lookback", 48, "--pred-len", 4,
+              "--top-k", 1, "--max-batch-size", 2, "--out", out, "--json", *map(str, extra)])
+    assert caught.value.code == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_predict_what_one_process_predicts(tmp_path: Path, capsys):
+    # --max-batch-size 2: one process runs the same two blocks of two series the two ranks run
+    _predict(capsys, tmp_path / "one.parquet")
+    _predict(capsys, tmp_path / "two.parquet", "--nproc", 2)
+    one, two = pd.read_parquet(tmp_path / "one.parquet"), pd.read_parquet(tmp_path / "two.parquet")
+    assert list(two["series"]) == list(one["series"]) and list(two["timestamps"]) == list(one["timestamps"])
+    np.testing.assert_array_equal(two[list(FEATURE_COLUMNS)].to_numpy(), one[list(FEATURE_COLUMNS)].to_numpy())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.parquet", "two.parquet"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_stops_the_others_and_nothing_looks_complete(tmp_path: Path):
+    frames = synthetic_series(4, 40, seed=1)
+    x = np.stack([f[list(FEATURE_COLUMNS)].to_numpy(np.float32)[:36] for f in frames])
+    stamps = np.zeros((4, 40, 5), np.float32)
+    job = ShardJob(size="tiny", top_k=1, fault_rank=1)
+    notes = []
+    with pytest.raises(KronosTuneError, match=r"rank 1 failed: rank 1 failed on purpose .*the other ranks were "
+                                              r"stopped and nothing was written \(parts kept in (\S+)\)") as caught:
+        run_sharded(LaunchSpec(nproc=2), job, x, stamps[:, :36], stamps[:, 36:], lambda *n: notes.append(n))
+    work = Path(str(caught.value).rsplit("parts kept in ", 1)[1].rstrip(")"))
+    assert not (work / "predictions.npy").exists()  # no merged result without every rank
+    assert not list(work.glob("part-00001*"))
