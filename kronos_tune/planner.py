@@ -43,6 +43,7 @@ class PlanRow:
     host_bytes: int  # held in host memory per rank (CPU offload)
     peak_bytes: int  # at `micro_batch` (at 1 when nothing fits)
     micro_batch: int | None  # largest micro-batch that fits the budget (None: not even 1)
+    train_micro_batch: int | None  # the largest one <= micro_batch that divides the preset's batch per rank
     accumulation_steps: int | None
     effective_batch: int | None
     preset_batch: int
@@ -187,7 +188,9 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
         pick = None
     preset_peak = device_peak(probe_at(preset_batch)) if preset_batch not in (small_batch, large_batch) else \
         device_peak(low if preset_batch == small_batch else high)
-    accumulation = math.ceil(target_per_rank / pick) if pick else None
+    # Accumulation keeps the effective batch exactly: the micro-batch must divide the batch per rank.
+    train_micro = max(d for d in range(1, pick + 1) if target_per_rank % d == 0) if pick else None
+    accumulation = target_per_rank // train_micro if train_micro else None
     weights, grads, optimizer = shown.weights, shown.grads, shown.optimizer
     frozen = max(shown.step_start - weights - optimizer, 0)
     host = 0
@@ -203,8 +206,9 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
         note = (note + "; " if note else "") + "micro-batch capped at the preset's batch per rank"
     return PlanRow(setup=setup, ranks=ranks, weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                    frozen_bytes=frozen, activations_bytes=max(peak - weights - grads - optimizer - frozen, 0),
-                   host_bytes=host, peak_bytes=peak, micro_batch=pick, accumulation_steps=accumulation,
-                   effective_batch=pick * accumulation * ranks if pick and accumulation else None,
+                   host_bytes=host, peak_bytes=peak, micro_batch=pick, train_micro_batch=train_micro,
+                   accumulation_steps=accumulation,
+                   effective_batch=train_micro * accumulation * ranks if train_micro and accumulation else None,
                    preset_batch=preset_batch, preset_batch_peak_bytes=preset_peak, budget_bytes=budget, note=note)
 
 

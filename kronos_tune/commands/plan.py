@@ -21,9 +21,9 @@ def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
         table = Table(title=f"Kronos-{size.model_size} ({size.parameters / 1e6:.1f}M parameters) on "
                             f"{plan.ranks} x {plan.memory_per_device_bytes / 2**30:g} GiB ({plan.preset}), "
                             f"GiB per rank", title_justify="left")
-        for column in ("set-up", "weights", "grads", "optimizer", "frozen", "activations", "host",
+        for column in ("set-up", "weights", "grads", "optimizer", "frozen", "activations+temp", "host",
                        f"peak @ {size.rows[0].preset_batch if size.rows else '?'}", "max micro-batch",
-                       "accum", "effective batch", "fits", "source"):
+                       "micro x accum", "effective batch", "fits", "source"):
             table.add_column(column, justify="left" if column in ("set-up", "source") else "right")
         for row in size.rows:
             fits = "yes" if row.fits else "no"
@@ -31,13 +31,15 @@ def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
                           _gib(row.frozen_bytes), _gib(row.activations_bytes), _gib(row.host_bytes),
                           _gib(row.preset_batch_peak_bytes),
                           str(row.micro_batch) if row.micro_batch else "none fits",
-                          str(row.accumulation_steps or "-"), str(row.effective_batch or "-"), fits, row.source)
+                          f"{row.train_micro_batch} x {row.accumulation_steps}" if row.train_micro_batch else "-",
+                          str(row.effective_batch or "-"), fits, row.source)
         console.print(table)
         for row in size.rows:
             if row.note:
                 console.print(f"[dim]{row.setup}: {row.note}[/]")
-    console.print(f"budget per rank {_gib(plan.budget_bytes)} GiB, margin {plan.margin:.0%}; columns other than "
-                  f"'peak @ preset batch' are at the max micro-batch (at 1 when none fits)")
+    console.print(f"budget per rank {_gib(plan.budget_bytes)} GiB, margin {plan.margin:.0%}; the bytes columns are "
+                  f"at the max micro-batch (at 1 when none fits) and add up to its peak; 'peak @ N' is at the "
+                  f"preset's micro-batch; micro x accum keeps the preset's effective batch")
     for note in plan.assumptions:
         console.print(f"[dim]note: {note}[/]")
 
