@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -103,3 +104,20 @@ def test_a_rank_that_dies_stops_the_others_and_nothing_looks_complete(tmp_path: 
     work = Path(str(caught.value).rsplit("parts kept in ", 1)[1].rstrip(")"))
     assert not (work / "predictions.npy").exists()  # no merged result without every rank
     assert not list(work.glob("part-00001*"))
+
+
+@pytest.mark.slow
+def test_protocol_sharding_trial_runs_processes_and_matches_one_process():
+    from kronos_tune.protocol.predict_protocol import measure_prediction
+    from kronos_tune.protocol.records import PredictSettings
+
+    one = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=4,
+                          max_batch_size=2)
+    steps = []
+    sharded = measure_prediction(dataclasses.replace(one, devices=2), "cpu", 2**34, repeats=2, on_step=steps.append)
+    single = measure_prediction(one, "cpu", 2**34, repeats=1)
+    assert sharded.status == "ok" and len(sharded.seconds) == 2 and sharded.metered_time_s > 0
+    assert [s.timed for s in steps] == [False, True, True]
+    for a, b in zip(sharded.outputs, single.outputs):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+        assert list(a.index) == list(b.index)

@@ -1,5 +1,5 @@
 """The predict protocol: the reference's full recompute vs the KV cache vs bf16 vs the autobatch chunk vs
-sharding the series over devices, on the preset's predict workload shape.
+sharding the series over processes, on the preset's predict workload shape.
 
 Each trial predicts the same `measured_series` synthetic series (the preset's
 lookback, pred_len and sample paths; random weights of the preset's model
@@ -7,11 +7,19 @@ size; greedy decoding so the outputs of the methods can be compared): one
 metered run first (peak memory, the budget enforced: simulated on the CPU),
 then `repeats` timed runs without the meter. series/s is per timed run; the
 projection is the preset's series_count at the median rate.
+
+The sharding trial runs torchrun processes (one per GPU, NCCL; CPU ranks
+use gloo with the cores split between them), not threads: the host work of a
+prediction holds the GIL. Each rank loads the model once, predicts
+its block of series `repeats` + 1 times between barriers, and rank 0 reports
+each run's wall time; the first run stands in for the metered run (the
+memory meter cannot see other processes: on CUDA the ranks report their
+allocator peak, on the CPU the peak is not measured).
 """
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,6 +30,9 @@ import pandas as pd
 import torch
 
 from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
+from kronos_core.predict_arrays import prepare_lists
+from kronos_core.predict_sharded import ShardJob, read_merged, write_job
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.synthetic import synthetic_series
@@ -45,7 +56,7 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
         bf16_skip = "this GPU has no bf16 support"
     elif preset.hardware.device == "cuda" and not preset.hardware.bf16_supported:
         bf16_skip = "the preset's hardware has no bf16 (hardware.bf16_supported = false)"
-    devices = device_count(device)
+    devices = shard_processes(device)
     specs = [
         TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
                   "the reference method: the whole window recomputed for every new token"),
@@ -59,14 +70,29 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
                   None if autobatch_available() else "autobatch not available",
                   "KV cache with the chunk size autobatch finds within the budget"),
         TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
-                  None if devices >= 2 else "sharding series needs 2+ devices",
-                  "KV cache, the series split over the visible devices, one thread each"),
+                  _sharding_skip(devices, measured, device),
+                  f"KV cache, the series split over {devices} torchrun processes "
+                  + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
     ]
     optional = PREDICT_TRIALS[1:]
     for spec in specs:
         spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
         spec.warmup_steps, spec.measured_steps = 1, options.predict_repeats
     return specs
+
+
+def shard_processes(device: str) -> int:
+    """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
+    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
+    return device_count(device)
+
+
+def _sharding_skip(processes: int, measured: int, device: str) -> str | None:
+    if processes < 2:
+        return "sharding series needs 2+ devices"
+    if measured < processes:
+        return f"{measured} measured series cannot be split over {processes} processes; raise --predict-series"
+    return None
 
 
 @dataclass
@@ -88,51 +114,83 @@ def series_inputs(settings: PredictSettings) -> tuple[list[pd.DataFrame], list[p
     return dfs, xs, ys
 
 
-def _predictors(settings: PredictSettings, device: str) -> list[KronosPredictor]:
-    targets = [f"cuda:{i}" for i in range(settings.devices)] if device == "cuda" else ["cpu"]
-    out = []
-    for target in targets:
-        model = build_model(settings.model_size, seed=settings.seed)
-        tokenizer = build_tokenizer(settings.model_size, seed=settings.seed)
-        out.append(KronosPredictor(model, tokenizer, device=target, max_context=SIZES[settings.model_size].context,
-                                   amp=None if settings.amp == "none" else settings.amp,
-                                   use_cache=settings.use_cache, max_batch_size=settings.max_batch_size))
-    return out
+def _predictor(settings: PredictSettings, device: str) -> KronosPredictor:
+    model = build_model(settings.model_size, seed=settings.seed)
+    tokenizer = build_tokenizer(settings.model_size, seed=settings.seed)
+    return KronosPredictor(model, tokenizer, device="cuda:0" if device == "cuda" else "cpu",
+                           max_context=SIZES[settings.model_size].context,
+                           amp=None if settings.amp == "none" else settings.amp,
+                           use_cache=settings.use_cache, max_batch_size=settings.max_batch_size)
 
 
-def _run(predictors: list[KronosPredictor], settings: PredictSettings,
+def _run(predictor: KronosPredictor, settings: PredictSettings,
          inputs: tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]) -> list[pd.DataFrame]:
-    """Predict every measured series (split over the predictors, one thread each), greedy and seeded."""
+    """Predict every measured series, greedy and seeded."""
     dfs, xs, ys = inputs
-    shards = [list(range(i, len(dfs), len(predictors))) for i in range(len(predictors))]
-    outputs: list[Any] = [None] * len(dfs)
-    errors: list[BaseException] = []
+    torch.manual_seed(settings.seed)
+    frames = predictor.predict_batch(dfs, xs, ys, settings.pred_len, T=1.0, top_k=1, top_p=1.0,
+                                     sample_count=settings.sample_count, verbose=False)
+    if predictor.device.type == "cuda":
+        torch.cuda.synchronize(predictor.device)
+    return frames
 
-    def work(predictor: KronosPredictor, members: list[int]) -> None:
-        try:
-            torch.manual_seed(settings.seed)
-            frames = predictor.predict_batch([dfs[i] for i in members], [xs[i] for i in members],
-                                             [ys[i] for i in members], settings.pred_len, T=1.0, top_k=1,
-                                             top_p=1.0, sample_count=settings.sample_count, verbose=False)
-            for i, frame in zip(members, frames):
-                outputs[i] = frame
-        except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
-            errors.append(error)
 
-    if len(predictors) == 1:
-        work(predictors[0], shards[0])
-    else:
-        threads = [threading.Thread(target=work, args=(p, m)) for p, m in zip(predictors, shards) if m]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    if errors:
-        raise errors[0]
-    for predictor in predictors:
-        if predictor.device.type == "cuda":
-            torch.cuda.synchronize(predictor.device)
-    return outputs
+def measure_sharded(settings: PredictSettings, device: str, repeats: int,
+                    on_step: Callable[[PredictStep], None] | None = None,
+                    should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
+    """The sharding trial: `settings.devices` torchrun ranks, each predicting its block `repeats` + 1 times."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    result = PredictMeasurement(status="ok")
+    dfs, xs, ys = series_inputs(settings)
+    (group,) = prepare_lists(dfs, xs, ys, settings.pred_len).groups
+    processes = settings.devices
+    threads = None if device == "cuda" else max(1, (os.cpu_count() or 1) // processes)
+    job = ShardJob(size=settings.model_size, seed=settings.seed, device="cuda" if device == "cuda" else "cpu",
+                   amp=None if settings.amp == "none" else settings.amp,
+                   max_context=SIZES[settings.model_size].context, max_batch_size=settings.max_batch_size,
+                   top_k=1, top_p=1.0, sample_count=settings.sample_count, repeats=repeats, threads=threads)
+    work = Path(tempfile.mkdtemp(prefix="kronos-predict-trial-"))
+    tokens = settings.measured_series * settings.sample_count * settings.pred_len
+    peaks: list[int] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == "run":
+            index, seconds = int(event["index"]), float(event["seconds"])
+            if index == 0:
+                result.metered_time_s = seconds
+            else:
+                result.seconds.append(seconds)
+            if on_step is not None:
+                on_step(PredictStep(index + 1, repeats + 1, settings.measured_series, tokens, seconds,
+                                    timed=index > 0))
+        elif event.get("event") == "part" and event.get("peak_gpu_bytes") is not None:
+            peaks.append(int(event["peak_gpu_bytes"]))
+
+    try:
+        job_file = write_job(work, job, group.x, group.x_stamp, group.y_stamp)
+        launched = run_launch(torchrun_command(LaunchSpec(nproc=processes), "kronos_core.predict_sharded",
+                                               [str(job_file)]), on_event=on_event, should_stop=should_stop)
+        if launched.stopped:
+            result.status, result.reason = "cancelled", f"cancelled after {len(result.seconds)} timed runs"
+            return result
+        if not launched.ok:
+            errors = launched.error_events()
+            message = errors[0].get("message", "") if errors else (launched.tail or ["no message"])[-1]
+            oom = "out of memory" in message.lower()
+            result.status = "oom" if oom else "failed"
+            result.reason = f"rank {errors[0].get('rank')}: {message}" if errors else f"torchrun: {message}"
+            return result
+        merged = read_merged(work)
+        columns = pd.Index(FEATURE_COLUMNS)
+        result.outputs = [pd.DataFrame(values, columns=columns, index=pd.Index(stamps))
+                          for values, stamps in zip(merged, ys)]
+        result.peak_memory_bytes = max(peaks) if peaks else None
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int, repeats: int,
@@ -141,23 +199,24 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
     """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result."""
     from kronos_tune.memory import CpuExactMeter
 
+    if settings.devices > 1:
+        return measure_sharded(settings, device, repeats, on_step, should_stop)
     result = PredictMeasurement(status="ok")
     inputs = series_inputs(settings)
     tokens = settings.measured_series * settings.sample_count * settings.pred_len
     try:
-        predictors = _predictors(settings, device)
+        predictor = _predictor(settings, device)
         start = time.perf_counter()
         if device == "cuda":
-            for predictor in predictors:
-                torch.cuda.reset_peak_memory_stats(predictor.device)
-            result.outputs = _run(predictors, settings, inputs)
-            result.peak_memory_bytes = max(torch.cuda.max_memory_allocated(p.device) for p in predictors)
+            torch.cuda.reset_peak_memory_stats(predictor.device)
+            result.outputs = _run(predictor, settings, inputs)
+            result.peak_memory_bytes = torch.cuda.max_memory_allocated(predictor.device)
         else:
             meter = CpuExactMeter(budget_bytes=budget_bytes)
             try:
-                meter.track_existing(*(m for p in predictors for m in (p.model, p.tokenizer)))
+                meter.track_existing(predictor.model, predictor.tokenizer)
                 with meter:
-                    result.outputs = _run(predictors, settings, inputs)
+                    result.outputs = _run(predictor, settings, inputs)
             finally:
                 result.peak_memory_bytes = meter.peak_bytes()
         result.metered_time_s = time.perf_counter() - start
@@ -168,7 +227,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
                 return result
             start = time.perf_counter()
-            _run(predictors, settings, inputs)
+            _run(predictor, settings, inputs)
             result.seconds.append(time.perf_counter() - start)
             if on_step is not None:
                 on_step(PredictStep(index + 2, repeats + 1, settings.measured_series, tokens, result.seconds[-1]))
