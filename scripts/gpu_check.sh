@@ -25,14 +25,20 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 step nvidia-smi            20  nvidia-smi
-# Issue 2's H200 target (400/120 slides after 112 steps: exact refill, then the approximate shift mode)
-step predict-bf16          90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \
-                                 --pred-len 120 --paths cached --amp bf16 --repeats 3 --max-batch-size 2048 --breakdown
-step predict-bf16-shift    90  python -m kronos_core.bench predict --size small --series 2048 --lookback 400 \
-                                 --pred-len 120 --paths cached --amp bf16 --repeats 3 --max-batch-size 2048 \
-                                 --window-mode shift --breakdown
-step predict-cache-vs-full 60  python -m kronos_core.bench predict --size small --series 64 --lookback 400 \
-                                 --pred-len 30 --repeats 2 --breakdown
+# ---- issue 12: batch prediction at GPU scale (first, within its own ~8 minutes) ---------------------
+# 2,048 synthetic series, Kronos-small, lookback 400, pred_len 120 (the window slides after 112 steps), bf16:
+# exact refill and approximate shift, CUDA graphs on (default) and off, first call apart from the
+# steady state, the KV-read floor measured in the same run (--breakdown), then cached vs full recompute.
+i12="python -m kronos_core.bench predict --size small --series 2048 --lookback 400 --pred-len 120 --paths cached \
+     --amp bf16 --max-batch-size 2048"
+step i12-graphs-equal-eager  90  python -m pytest -m gpu -q -p no:cacheprovider tests/test_predictor.py
+step i12-refill-graphs      110  $i12 --repeats 3 --breakdown
+step i12-shift-graphs        80  $i12 --repeats 3 --breakdown --window-mode shift
+step i12-refill-eager        80  $i12 --repeats 3 --cuda-graphs off
+step i12-shift-eager         60  $i12 --repeats 3 --cuda-graphs off --window-mode shift
+step i12-cached-vs-recompute 60  python -m kronos_core.bench predict --size small --series 256 --lookback 400 \
+                                 --pred-len 30 --amp bf16 --repeats 3 --breakdown
+# ---- end of issue 12 --------------------------------------------------------------------------------
 step pytest-gpu           120  python -m pytest -m gpu -q -p no:cacheprovider
 step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50 --modes fp32 bf16
 step monitor-nvml          20  kronos-tune monitor --json --duration 3 --interval 0.5
