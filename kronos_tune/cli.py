@@ -41,6 +41,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "autobatch",
     "benchmark",
     "config",
+    "report",
     "plan",
     "backtest",
 )

@@ -55,7 +55,7 @@ _HARDWARE_KEYS = (
 )
 _WORKLOAD_KEYS = (
     "model_size", "tokenizer", "lookback_window", "predict_window", "batch_size",
-    "accumulation_steps", "epochs", "samples_per_epoch", "eval_samples", "amp",
+    "accumulation_steps", "epochs", "samples_per_epoch", "eval_samples", "amp", "trial_timeout_s",
 )
 _PREDICT_KEYS = ("series_count", "lookback", "pred_len", "sample_count")
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -119,6 +119,7 @@ class TrainWorkload:
     samples_per_epoch: int
     eval_samples: int
     amp: str = "none"
+    trial_timeout_s: float | None = None  # the benchmark's per-trial watchdog; None: DEFAULT_TRIAL_TIMEOUT_S
 
     @property
     def context_tokens(self) -> int:
@@ -294,6 +295,7 @@ def _parse_workload(path: Path, data: Any, hardware: HardwareSpec) -> TrainWorkl
         samples_per_epoch=table.integer("samples_per_epoch", 1),
         eval_samples=table.integer("eval_samples", 0),
         amp=table.string("amp", AMP_MODES, default="none"),
+        trial_timeout_s=table.number("trial_timeout_s", positive=True) if "trial_timeout_s" in table.data else None,
     )
     if workload.window_tokens > workload.context_tokens:
         raise table.fail(
@@ -435,7 +437,7 @@ def preset_to_dict(preset: Preset) -> dict[str, Any]:
         "name": preset.name,
         "description": preset.description,
         "hardware": hardware,
-        "workload": {key: getattr(wl, key) for key in _WORKLOAD_KEYS},
+        "workload": {key: getattr(wl, key) for key in _WORKLOAD_KEYS if getattr(wl, key) is not None},
         "predict": {key: getattr(pr, key) for key in _PREDICT_KEYS},
     }
 

@@ -407,7 +407,7 @@ def test_cuda_meter_phase_peaks() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_budget_counts_ooms_and_fake_estimate_is_close() -> None:
-    device = torch.device("cuda")
+    device = torch.device("cuda")  # bare, as users write it: every CUDA API below must accept it
     emu = CudaEmulation(context_overhead_bytes=0, workspace_bytes=0)
     build, step = make_build(d_model=256, n_heads=4, n_layers=2, seq_len=128, vocab=512), make_step()
     est = estimate_step_peak(build, step, 16, cuda_emulation=emu)
@@ -439,4 +439,4 @@ def test_cuda_budget_counts_ooms_and_fake_estimate_is_close() -> None:
                 torch.empty(1 << 30, dtype=torch.uint8, device=device)
         assert capped.phase_stats()["forward"].ooms == 1
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())

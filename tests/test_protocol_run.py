@@ -30,7 +30,8 @@ from kronos_tune.protocol.runner import ProtocolRun
 
 from tiny_preset import write_tiny_preset  # noqa: E402
 
-FAST = dict(steps=2, warmup=2, skip=("compile",))  # compile: minutes of inductor work on a CPU
+# compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps
+FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, skip=("compile",))
 TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_s", "tokens_per_s",
               "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
 
@@ -76,7 +77,10 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
         assert TRIAL_KEYS <= set(trial), trial["name"]
         assert trial["stage"] in ("baseline", "single", "combined")
         if trial["status"] == "ok":
-            assert set(trial["step_time_s"]) == {"median", "min", "max", "n"} and trial["step_time_s"]["n"] == 2
+            assert set(trial["step_time_s"]) == {"median", "min", "max", "n", "q1", "q3"}
+            assert 2 <= trial["step_time_s"]["n"] == len(trial["step_times_s"]) <= 4  # +1 after the evaluation
+            assert trial["timing"]["stop"] in ("interval", "budget", "max-steps")
+            assert len(trial["warmup_times_s"]) == 2  # max_warmup 2
             assert trial["mfu"] is None  # the preset has no peak figure
             assert trial["peak_memory_bytes"] > 0 and trial["val_loss"] > 0
     lines = (out / "results.jsonl").read_text().splitlines()
@@ -85,7 +89,10 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     assert (out / "report.csv").read_text().startswith("name,stage,status,")
     config = TrainConfig.from_toml(out / "recommended.toml")
     assert config.model_size == "tiny" and config.eval_samples == 8
-    assert report.recommended["command"].startswith("kronos-tune train --config recommended.toml")
+    assert report.recommended["command"].startswith(f"kronos-tune train --config {out}/recommended.toml")
+    assert data["partial"] is False and data["missing"] == [] and data["decision"]["threshold"] >= 0.03
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    assert not (out / "stacks").exists() or not any((out / "stacks").iterdir())  # nothing hung
     trained = CliRunner().invoke(app, ["train", "--config", str(out / "recommended.toml"), "--steps", "1",
                                        "--out", str(out.parent / "train")])
     assert trained.exit_code == 0, trained.output  # the recommendation runs as it is
@@ -111,8 +118,27 @@ def test_every_trial_sees_the_same_tokens_steps_and_is_compared_to_the_baseline(
     assert report.quality["noise_source"] == "noise-probe" and report.quality["noise"] is not None
     assert report.trial("fp16").status == "skipped" and report.trial("fp16").reason == "fp16 autocast needs CUDA"
     assert report.trial("compile").reason == "skipped by --skip"
-    steps = [e for e in events.events if isinstance(e, TrialStep)]
-    assert len(steps) == sum(s.total_steps for s in (e.spec for e in events.events if isinstance(e, TrialStarted)))
+    for trial in ran:  # every optimizer step of every trial came back as an event, from the trial's process
+        steps = [e for e in events.events if isinstance(e, TrialStep) and e.trial_name == trial.name]
+        assert [e.record.loss for e in steps] == pytest.approx(trial.train_losses)
+        assert len(steps) >= trial.val_loss_step
+
+
+def test_equivalent_changes_reproduce_the_baseline_losses(full_run) -> None:
+    """The tiny model has no dropout: checkpointing and accumulation compute the same gradients, so their
+    training losses equal the baseline's step by step up to float error; bf16 is approximate."""
+    report, _, _ = full_run
+    base = report.trial("baseline")
+    for name in ("checkpointing", "accumulation", "dataloader", "fused-adamw"):
+        trial = report.trial(name)
+        check = trial.trajectory
+        assert check["expected"] in ("equivalent", "close") and not check["defect"], (name, check)
+        steps = check["steps"]
+        assert trial.train_losses[:steps] == pytest.approx(base.train_losses[:steps], rel=1e-4)
+    assert report.trial("checkpointing").trajectory["measured"] == "equivalent"
+    assert report.trial("accumulation").trajectory["measured"] == "equivalent"
+    assert report.trial("bf16").trajectory["expected"] == "approximate"
+    assert report.quality["defects"] == []
 
 
 def test_cancel_mid_trial_leaves_a_valid_report_and_resume_runs_only_the_rest(tmp_path: Path) -> None:
@@ -148,7 +174,7 @@ def test_resume_refuses_a_folder_of_another_preset(tmp_path: Path, capsys: pytes
     out = tmp_path / "out"
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"preset": "tiny-bench", "task": "train"}))
-    with pytest.raises(KronosTuneError, match="holds preset 'tiny-bench'"):
+    with pytest.raises(KronosTuneError, match="holds a 'benchmark' run \\(preset tiny-bench"):
         run_protocol(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)
     with pytest.raises(SystemExit) as exited:
         main(["benchmark", "--preset", "tiny-other", "--preset-dir", str(folder), "--out", str(out), "--resume"])
@@ -192,7 +218,7 @@ def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> No
     preset = resolve_preset(write_preset(tmp_path / "presets"))
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("accumulation",), "budget_bytes": budget})
-    report = run_protocol(preset, options=options)
+    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
     oom = report.trial("baseline")
     assert oom.status == "oom" and "out of memory" in oom.reason
     assert 0 < oom.peak_memory_bytes <= budget
@@ -226,44 +252,96 @@ def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
     assert started.total_steps == 3
 
 
-def test_cli_renders_the_table_and_json(tmp_path: Path) -> None:
+def test_cli_renders_the_table_and_json_and_never_reuses_a_run_folder(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "presets"
     write_preset(folder)
-    args = ["benchmark", "--preset", "tiny-bench", "--preset-dir", str(folder), "--steps", "2",
-            "--skip", "compile,noise-probe,baseline-repeat", "--only", "fused-adamw"]
+    args = ["benchmark", "--preset", "tiny-bench", "--preset-dir", str(folder), "--steps", "2", "--max-steps", "2",
+            "--trial-budget", "0.5", "--skip", "compile,noise-probe,baseline-repeat", "--only", "fused-adamw"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     assert "kronos-tune benchmark: preset tiny-bench" in result.output and "fused-adamw" in result.output
     assert "recommended:" in result.output and (tmp_path / "out" / "report.json").is_file()
-    as_json = CliRunner().invoke(app, [*args, "--json"])
+    assert f"next: kronos-tune train --config {tmp_path / 'out'}/recommended.toml" in result.output
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])  # a finished run is never replaced
+    message = str(again.exception)  # main() turns it into one line on stderr and exit code 2
+    assert isinstance(again.exception, KronosTuneError) and "--resume" in message and "--overwrite" in message
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "complete"
+    as_json = CliRunner().invoke(app, [*args, "--json"])  # no --out: a fresh folder under runs/benchmark/
     assert as_json.exit_code == 0, as_json.output
-    assert json.loads(as_json.stdout)["trials"][0]["name"] == "baseline"
+    data = json.loads(as_json.stdout)
+    assert data["trials"][0]["name"] == "baseline"
+    assert Path(data["out_dir"]).parent == Path("runs/benchmark") and Path(data["out_dir"], "report.md").is_file()
 
 
-def test_ctrl_c_stops_at_a_step_boundary_reports_and_exits_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_run_and_its_children_reports_and_exits(tmp_path: Path, signum: int, code: int) -> None:
     folder = tmp_path / "presets"
     write_preset(folder)
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "kronos_tune.cli", "benchmark", "--preset", "tiny-bench", "--preset-dir",
-               str(folder), "--out", str(out), "--steps", "150", "--skip", "compile", "--only", "bf16"]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               str(folder), "--out", str(out), "--steps", "150", "--max-steps", "150", "--skip", "compile",
+               "--only", "bf16"]
+    # A non-interactive shell starts background jobs with SIGINT ignored; the child must not inherit that.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240  # a guard against a hang, not a timing assertion
         while not ((out / "results.jsonl").is_file() and (out / "results.jsonl").read_text().strip()):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the baseline never finished"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)  # during the noise probe's 150 steps
+        while not _trial_processes(proc.pid):  # the noise probe's process has started
+            assert proc.poll() is None and time.monotonic() < deadline, "no trial process"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        children = _trial_processes(proc.pid)
+        proc.send_signal(signum)  # during the noise probe's 150 steps, in its own process
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr[-2000:]
+    assert proc.returncode == code, stderr[-2000:]
     data = json.loads((out / "report.json").read_text())
-    assert data["cancelled"] is True and "bf16" in data["not_run"]
+    assert data["cancelled"] is True and data["partial"] is True and "bf16" in data["not_run"]
     assert [(t["name"], t["status"]) for t in data["trials"]] == [("baseline", "ok"), ("noise-probe", "cancelled")]
     assert "cancelled" in stdout and "Traceback" not in stderr
+    assert (out / "recommended.toml").read_text().startswith("# partial")
+    assert json.loads((out / "run.json").read_text())["status"] == "cancelled"
+    assert children and not [p for p in children if p.is_running() and p.status() != "zombie"]
+
+
+def _trial_processes(pid: int) -> list:
+    import psutil
+
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True)
+                if "trial_worker" in " ".join(p.cmdline())]
+    except psutil.Error:
+        return []
+
+
+def test_a_trial_past_its_watchdog_is_killed_recorded_as_timeout_and_the_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    monkeypatch.setenv("KRONOS_TUNE_FAULT", "hang:checkpointing")  # blocks in its first step, ignoring SIGTERM
+    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
+                                 "only": ("checkpointing", "fused-adamw"), "trial_timeout_s": 45.0})
+    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    hung = report.trial("checkpointing")
+    assert hung.status == "timeout" and "watchdog" in hung.reason and "45 s" in hung.reason
+    stacks = (tmp_path / "out" / "stacks" / "checkpointing.txt").read_text()
+    assert "watchdog" in stacks and "trial_worker" in stacks  # the process tree
+    assert 'File "' in stacks and "in emit" in stacks  # faulthandler's frames of the blocked thread
+    assert report.trial("fused-adamw").status == "ok" and not report.cancelled
+    assert "checkpointing" not in report.decision["eligible"]
+    assert {r.name: r.status for r in load_results(tmp_path / "out")}["checkpointing"] == "timeout"
+    import psutil
+
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "trial_worker" in " ".join(p.info["cmdline"] or [])
+                and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.slow
@@ -272,7 +350,7 @@ def test_cpu_ddp_trial_runs_two_gloo_processes_through_torchrun(tmp_path: Path) 
     events = Events()
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"), "only": ("ddp",),
                                  "cpu_ddp": True})
-    report = run_protocol(preset, options=options, on_event=events)
+    report = run_protocol(preset, options=options, on_event=events, out_dir=tmp_path / "out")
     ddp, baseline = report.trial("ddp"), report.trial("baseline")
     assert ddp.status == "ok", ddp.reason
     assert ddp.nproc == 2 and ddp.hardware == "2 x cpu (gloo)" and ddp.changes["batch_size"] == 4
@@ -280,4 +358,6 @@ def test_cpu_ddp_trial_runs_two_gloo_processes_through_torchrun(tmp_path: Path) 
     assert ddp.val_loss == pytest.approx(baseline.val_loss, rel=1e-4)  # the same global batches, split in two
     assert ddp.peak_memory_bytes < baseline.peak_memory_bytes  # half the micro-batch per process
     # rank 0's step records came back through torchrun's stdout as events, one per optimizer step
-    assert sum(1 for e in events.events if isinstance(e, TrialStep) and e.trial_name == "ddp") == ddp.val_loss_step
+    assert sum(1 for e in events.events if isinstance(e, TrialStep) and e.trial_name == "ddp") == \
+        len(ddp.train_losses) >= ddp.val_loss_step
+    assert ddp.trajectory["expected"] == "equivalent" and not ddp.trajectory["defect"]

@@ -6,8 +6,11 @@ boundary (a second Ctrl-C interrupts at once) and the finished trials are still 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -18,7 +21,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kronos_core.train.signals import stop_on_signals
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.protocol import (
@@ -30,12 +32,30 @@ TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""
 EXIT_CANCELLED = 130
 
 
-class _CancelOnSignal:
-    def __init__(self, cancel: threading.Event) -> None:
-        self.cancel = cancel
+EXIT_TERMINATED = 143
 
-    def request_stop(self) -> None:
-        self.cancel.set()
+
+@contextlib.contextmanager
+def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM set `cancel` (the runner kills the trial in flight within seconds and writes the
+    report); a second SIGINT interrupts at once. Yields the list of signals received."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        received.append(signum)
+        cancel.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class ProtocolProgress:
@@ -101,20 +121,29 @@ def render(console: Console, report: ProtocolReport) -> None:
         threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
         lines.append(f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
                      f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows")
-        if t.get("band_pct") is not None:
-            lines.append(f"timing noise band: ±{t['band_pct']:.1f}% (baseline vs its repeats); ~ marks noise")
+        if t.get("threshold_pct") is not None:
+            drift = "not measured" if t.get("drift_pct") is None else f"{t['drift_pct']:.1f}%"
+            lines.append(f"timing: decision threshold ±{t['threshold_pct']:.1f}% (drift of the baseline's "
+                         f"re-measurements {drift}); Δ shows the 95% interval of the ratio of medians; ~ = the rule "
+                         f"calls it neither faster nor slower")
+        if t.get("noisy"):
+            lines.append("too noisy to decide: the baseline is kept; rerun on a quiet machine")
         if report.flops:
             lines.append(f"MFU: {report.flops['formula']}")
     for line in lines:
         console.print(f"[dim]- {line}[/]", highlight=False, soft_wrap=True)
     if report.recommended:
         rec = report.recommended
-        console.print(f"recommended: [bold]{rec['source']}[/] ({rec['reason']}): {rec['command']}", highlight=False,
-                      soft_wrap=True)
+        partial = " [yellow](partial run)[/]" if report.partial else ""
+        console.print(f"recommended{partial}: [bold]{escape(rec['source'])}[/]: {escape(rec['reason'])}",
+                      highlight=False, soft_wrap=True)
+        console.print(f"next: {escape(rec['command'])}", highlight=False, soft_wrap=True)
     if report.out_dir:
-        console.print(f"reports in {report.out_dir}", highlight=False)
+        console.print(f"reports in {report.out_dir}", highlight=False, soft_wrap=True)
     if report.cancelled:
-        console.print(f"[yellow]cancelled[/]: not run: {', '.join(report.not_run) or 'none'}", highlight=False)
+        console.print(f"[yellow]cancelled[/]: not run: {', '.join(report.not_run) or 'none'}; resume with "
+                      f"kronos-tune benchmark --preset {report.preset} --task {report.task} --resume --out "
+                      f"{report.out_dir}", highlight=False, soft_wrap=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -126,42 +155,51 @@ def register(app: typer.Typer) -> None:
     def benchmark(
         preset: Annotated[str, typer.Option("--preset", help="Preset name or TOML file (kronos-tune presets).")],
         task: Annotated[str, typer.Option("--task", help="train or predict.")] = "train",
-        out: Annotated[Optional[Path], typer.Option("--out", help="Folder for results.jsonl, report.*, recommended.toml.", file_okay=False)] = None,
-        resume: Annotated[bool, typer.Option("--resume", help="Skip the trials already finished in --out.")] = False,
-        steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Measured steps (train) / timed runs (predict) per trial.")] = None,
-        warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warm-up steps excluded from timing (train runs at least 2: the last is metered).")] = None,
-        skip: Annotated[Optional[list[str]], typer.Option("--skip", help="Trial to leave out (repeatable or comma-separated).")] = None,
-        only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these single changes (plus the baseline).")] = None,
+        out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="Run folder (default: runs/benchmark/<preset>-<task>-<time>/).", file_okay=False)] = None,
+        resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out: finished trials are kept.")] = False,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
+        steps: Annotated[Optional[int], typer.Option("--steps", min=1, metavar="N", help="At least N measured steps per trial (train) / timed runs (predict).")] = None,
+        max_steps: Annotated[Optional[int], typer.Option("--max-steps", min=1, metavar="N", help="At most N measured steps per trial (train).")] = None,
+        warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, metavar="N", help="At least N warm-up steps (train runs at least 2, then until the step time settles).")] = None,
+        trial_budget: Annotated[Optional[float], typer.Option("--trial-budget", metavar="SECONDS", help="Measuring time per trial before it stops adding steps (default 15 s CPU, 20 s CUDA).")] = None,
+        trial_timeout: Annotated[Optional[float], typer.Option("--trial-timeout", metavar="SECONDS", help="Watchdog: a trial running longer is killed and recorded as timeout (default: the preset's).")] = None,
+        objective: Annotated[str, typer.Option("--objective", metavar="speed|memory", help="speed: memory savers only when memory binds; memory: recommend saving memory.")] = "speed",
+        skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="TRIAL", help="Trial to leave out (repeatable or comma-separated).")] = None,
+        only: Annotated[Optional[list[str]], typer.Option("--only", metavar="TRIAL", help="Run only these single changes (plus the baseline).")] = None,
         cpu_ddp: Annotated[bool, typer.Option("--cpu-ddp", help="DDP trial on the CPU: 2 gloo processes via torchrun.")] = False,
-        budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", help="Per-device memory budget in GiB (default: the preset's).")] = None,
-        preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", help="Extra folder of preset TOML files.")] = None,
+        budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", metavar="GIB", help="Per-device memory budget in GiB (default: the preset's).")] = None,
+        preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", metavar="DIR", help="Extra folder of preset TOML files.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (progress goes to stderr).")] = False,
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
-        helpful ones together; writes a recommended config."""
+        helpful ones together; writes the reports and a recommended config into the run folder."""
         if task not in ("train", "predict"):
             raise KronosTuneError(f"--task {task}: use train or predict")
         if resume and out is None:
             raise KronosTuneError("--resume needs --out DIR, the folder of the run to continue")
         if budget_gb is not None and not budget_gb > 0:
             raise KronosTuneError(f"--budget-gb {budget_gb}: give a positive number of GiB")
+        for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget)):
+            if value is not None and not value > 0:
+                raise KronosTuneError(f"{flag} {value:g}: give a positive number of seconds")
         chosen = resolve_preset(preset, list(preset_dir or []))
         defaults = ProtocolOptions()
         options = ProtocolOptions(
-            steps=steps or defaults.steps, warmup=defaults.warmup if warmup is None else warmup,
-            skip=_names(skip), only=_names(only), cpu_ddp=cpu_ddp,
-            budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
+            steps=steps or defaults.steps, max_steps=max(max_steps or defaults.max_steps, steps or 1),
+            warmup=defaults.warmup if warmup is None else warmup, trial_budget_s=trial_budget,
+            trial_timeout_s=trial_timeout, objective=objective, skip=_names(skip), only=_names(only),
+            cpu_ddp=cpu_ddp, budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
             predict_repeats=steps or defaults.predict_repeats)
         console = Console(stderr=json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
         cancel = threading.Event()
-        with stop_on_signals(_CancelOnSignal(cancel), second_interrupts=True), ProtocolProgress(console) as view:
+        with cancel_on_signals(cancel) as received, ProtocolProgress(console) as view:
             report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,
-                                  on_event=view.on_event, cancel=cancel)
+                                  on_event=view.on_event, cancel=cancel, overwrite=overwrite)
         if json_out:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:
             render(console, report)
         if report.cancelled:
-            raise typer.Exit(EXIT_CANCELLED)
+            raise typer.Exit(EXIT_TERMINATED if signal.SIGTERM in received else EXIT_CANCELLED)

@@ -46,6 +46,16 @@ class MemoryBudget:
         )
 
 
+def indexed_cuda_device(device: torch.device | int | str | None = None) -> torch.device:
+    """`device` as a CUDA device with an explicit index (a bare "cuda" means the current device): some CUDA
+    APIs (set_per_process_memory_fraction) reject a device without one."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device) \
+        if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type != "cuda":
+        raise KronosTuneError(f"expected a cuda device, got {dev}")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def apply_cuda_budget(budget_bytes: int, device: torch.device | int | str | None = None) -> str:
     """Cap the caching allocator on a real GPU at ``budget_bytes``; returns a caveat note.
 
@@ -53,9 +63,7 @@ def apply_cuda_budget(budget_bytes: int, device: torch.device | int | str | None
     """
     if not torch.cuda.is_available():
         raise KronosTuneError("apply_cuda_budget needs a CUDA device; use CpuExactMeter(budget_bytes=...) instead")
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if dev.type != "cuda":
-        raise KronosTuneError(f"apply_cuda_budget needs a cuda device, got {dev}")
+    dev = indexed_cuda_device(device)
     total_bytes = torch.cuda.get_device_properties(dev).total_memory
     if budget_bytes <= 0:
         raise KronosTuneError(f"memory budget must be positive, got {budget_bytes} bytes")

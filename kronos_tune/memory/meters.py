@@ -19,7 +19,7 @@ from typing import ContextManager, Protocol, runtime_checkable
 import torch
 
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget
+from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
 from kronos_tune.memory.tracker import StorageTracker
 
 
@@ -72,12 +72,7 @@ class CudaMeter:
     def __init__(self, device: torch.device | int | str | None = None, notes: list[str] | None = None) -> None:
         if not torch.cuda.is_available():
             raise KronosTuneError("CudaMeter needs a CUDA device; use CpuExactMeter on this machine")
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if dev.type != "cuda":
-            raise KronosTuneError(f"CudaMeter needs a cuda device, got {dev}")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        self.device = dev
+        self.device = indexed_cuda_device(device)
         self.notes: list[str] = list(notes or [])
         self._stats: dict[str, CudaPhaseStats] = {}
         # Peaks (allocated, reserved) of each open window that the allocator's

@@ -16,16 +16,19 @@ import torch
 from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.protocol.quality import helps
+from kronos_tune.protocol.decision import OBJECTIVES
 from kronos_tune.protocol.records import TASKS, ProtocolOptions, TrialResult, TrialSpec
 from kronos_tune.workloads import runnable_device
 
-TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "checkpointing", "accumulation", "autobatch", "compile",
-                "dataloader", "fused-adamw", "ddp", "baseline-repeat", "combined")
+TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
+                "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
+                "baseline-repeat", "combined")
 BASELINE_REPEATS = ("noise-probe", "baseline-repeat")  # the baseline run again: the noise estimates
 REQUIRED = ("baseline",)
 CPU_DDP_PROCESSES = 2
-MIN_WARMUP = 2  # train: the metered step is the last warm-up step and must come after AdamW created its state
+MIN_WARMUP = 2  # train: AdamW creates its state in the first step; the metered step comes after the warm-up
+COMPILE_EXTRA_WARMUP = 4  # compile trials may need more steps to settle (recompilations)
+DRIFT_STEPS = 5  # measured steps of one interleaved baseline drift check
 
 
 def autobatch_available() -> bool:
@@ -54,6 +57,12 @@ def check_names(task: str, options: ProtocolOptions, names: tuple[str, ...]) -> 
         raise KronosTuneError(f"--steps {options.steps}: give at least 1 measured step")
     if options.warmup < 0 or options.compile_warmup < 0:
         raise KronosTuneError(f"--warmup {min(options.warmup, options.compile_warmup)}: give 0 or more warm-up steps")
+    if options.trial_timeout_s is not None and not options.trial_timeout_s > 0:
+        raise KronosTuneError(f"--trial-timeout {options.trial_timeout_s:g}: give a positive number of seconds")
+    if options.trial_budget_s is not None and not options.trial_budget_s > 0:
+        raise KronosTuneError(f"--trial-budget {options.trial_budget_s:g}: give a positive number of seconds")
+    if options.objective not in OBJECTIVES:
+        raise KronosTuneError(f"--objective {options.objective}: use one of {', '.join(OBJECTIVES)}")
 
 
 def selection_reason(name: str, options: ProtocolOptions, optional: tuple[str, ...]) -> str | None:
@@ -92,11 +101,9 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
     bf16_skip = None
     if device == "cuda" and not torch.cuda.is_bf16_supported():
         bf16_skip = "this GPU has no bf16 support"
-    elif preset.hardware.device == "cuda" and not preset.hardware.bf16_supported:
-        bf16_skip = "the preset's hardware has no bf16 (hardware.bf16_supported = false)"
-    bf16_note = ""
-    if device == "cpu" and not preset.hardware.bf16_supported:
-        bf16_note = "; the preset marks bf16 unsupported (no native bf16 units), so it is measured emulated"
+    elif not preset.hardware.bf16_supported:
+        bf16_skip = "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    cuda_only = None if device == "cuda" else "needs a CUDA device (this run is on the CPU)"
     halves = None if batch % 2 == 0 else f"batch size {batch} is odd: it cannot be halved keeping the effective batch"
     world = device_count(device) if device == "cuda" else (CPU_DDP_PROCESSES if options.cpu_ddp else 1)
     ddp_skip = None
@@ -109,9 +116,11 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
     if device == "cuda":
         loader_changes["pin_memory"] = True
     return [
-        _single("bf16", base, {"amp": "bf16"}, "bf16 autocast" + bf16_note, "precision", bf16_skip),
+        _single("bf16", base, {"amp": "bf16"}, "bf16 autocast", "precision", bf16_skip),
         _single("fp16", base, {"amp": "fp16"}, "fp16 autocast with GradScaler", "precision",
                 "fp16 autocast needs CUDA" if device != "cuda" else None),
+        _single("tf32", base, {"matmul_precision": "high"}, "TF32 tensor cores for float32 matmuls "
+                "(torch.set_float32_matmul_precision(\"high\"))", "matmul", cuda_only),
         _single("checkpointing", base, {"activation_checkpointing": "all"},
                 "activation checkpointing of every transformer block"),
         _single("accumulation", base, {"batch_size": batch // 2, "accumulation_steps": 2},
@@ -121,7 +130,9 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
                   "the largest micro-batch autobatch finds within the budget, accumulation keeping the effective "
                   "batch", group="batch"),
         _single("compile", base, {"compile": "default"}, "torch.compile (mode default); its first steps compile "
-                "and are its own, longer warm-up"),
+                "and are its own, longer warm-up", "compile"),
+        _single("compile-cudagraphs", base, {"compile": "reduce-overhead"}, "torch.compile with CUDA graphs "
+                "(mode reduce-overhead): kernel launches replayed from a graph", "compile", cuda_only),
         _single("dataloader", base, loader_changes, "2 DataLoader worker processes" +
                 (" with pinned memory" if device == "cuda" else "") +
                 "; windows are preloaded in RAM (preload = \"ram\", already the baseline's)"),
@@ -130,6 +141,12 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
                 f"DistributedDataParallel over {world} processes ({'gloo' if device == 'cpu' else 'nccl'}), "
                 "the effective batch split between them", "ddp", ddp_skip, nproc=world,
                 config_changes={"batch_size": ddp_batch}),
+        _single("fsdp", base, {"parallelism": "fsdp", "processes": world if world >= 2 else "2+",
+                               "batch_size": ddp_batch},
+                f"FSDP2 over {world} processes ({'gloo' if device == 'cpu' else 'nccl'}): parameters, gradients "
+                "and AdamW state sharded per transformer block, the effective batch split between them", "parallel",
+                ddp_skip.replace("DDP", "FSDP") if ddp_skip else None, nproc=world,
+                config_changes={"parallelism": "fsdp", "batch_size": ddp_batch}),
     ]
 
 
@@ -145,7 +162,20 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
              TrialSpec("noise-probe", "baseline", {"seed": base.seed + 1}, base.replace(seed=base.seed + 1), None,
                        "the baseline again from the same initial weights on the same windows, shuffled with "
                        "another seed: the run-to-run noise of the validation loss")]
-    specs += _train_singles(preset, base, options, device)
+    singles = _train_singles(preset, base, options, device)
+    for single in singles:
+        if single.skip_reason is None:
+            single.skip_reason = selection_reason(single.name, options, optional)
+    runnable = [s.name for s in singles if s.skip_reason is None]
+    checks = 0
+    for single in singles:
+        specs.append(single)
+        done = runnable.index(single.name) + 1 if single.name in runnable else 0
+        if options.drift_every and done and done % options.drift_every == 0 and done < len(runnable):
+            checks += 1
+            specs.append(TrialSpec(f"drift-{checks}", "drift", {}, base, None,
+                                   "a short re-measurement of the baseline between single trials: how far the same "
+                                   "step's time drifts while the protocol runs"))
     specs.append(TrialSpec("baseline-repeat", "baseline", {}, base, None,
                            "the baseline again, after the single changes: with the noise-probe, how far the same "
                            "step's time drifts on this machine during the protocol (the timing noise band)"))
@@ -153,27 +183,34 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
                            "the single changes that helped and passed the quality guard, together (decided after "
                            "the single trials)"))
     for spec in specs:
-        if spec.skip_reason is None:
+        if spec.skip_reason is None and spec.stage != "drift":
             spec.skip_reason = selection_reason(spec.name, options, optional)
-    set_steps(specs, options, compile_runs=any(s.name == "compile" and s.skip_reason is None for s in specs))
+    set_steps(specs, options)
     return specs
 
 
-def set_steps(specs: list[TrialSpec], options: ProtocolOptions, compile_runs: bool) -> None:
-    """Warm-up, measured and padding steps so that every trial is evaluated after the same optimizer step.
+def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
+    """Warm-up and measured steps (at least / at most) and the common evaluation step.
 
-    At least MIN_WARMUP warm-up steps run: the last one is metered, and AdamW's state exists only from the
-    second step on. The compile trial's longer warm-up comes out of its measured steps (at least one is
-    left); only when that is not enough do the other trials run untimed padding steps."""
+    At least MIN_WARMUP warm-up steps run (AdamW creates its state in the first), then one metered step, then
+    the measured steps; compile trials may warm up COMPILE_EXTRA_WARMUP steps longer. Every trial is evaluated
+    after the same optimizer step: the latest step at which any trial can have measured its minimum."""
     warmup = max(options.warmup, MIN_WARMUP)
-    total = warmup + options.steps
+    max_warmup = max(options.max_warmup, warmup)
     compile_warmup = max(warmup, options.compile_warmup)
-    if compile_runs:
-        total = max(total, compile_warmup + 1)
+    compile_max = max(max_warmup + COMPILE_EXTRA_WARMUP, compile_warmup)
+    eval_step = 0
     for spec in specs:
-        spec.warmup_steps = compile_warmup if spec.name == "compile" else warmup
-        spec.measured_steps = min(options.steps, total - spec.warmup_steps)
-        spec.pad_steps = total - spec.warmup_steps - spec.measured_steps
+        compiled = spec.name.startswith("compile")
+        spec.warmup_steps = compile_warmup if compiled else warmup
+        spec.max_warmup_steps = compile_max if compiled else max_warmup
+        spec.measured_steps = min(DRIFT_STEPS, options.steps) if spec.stage == "drift" else options.steps
+        spec.max_measured_steps = spec.measured_steps if spec.stage == "drift" else max(options.max_steps,
+                                                                                         options.steps)
+        if spec.stage != "drift" and (spec.skip_reason is None or spec.stage == "combined"):
+            eval_step = max(eval_step, spec.max_warmup_steps + 1 + spec.measured_steps)
+    for spec in specs:
+        spec.eval_step = None if spec.stage == "drift" else eval_step
 
 
 def plan_trials(preset: Preset | str, task: str = "train",
@@ -193,34 +230,27 @@ def plan_trials(preset: Preset | str, task: str = "train",
 
 def evaluation_step(specs: list[TrialSpec]) -> int:
     """The optimizer step every training trial is evaluated at."""
-    return max((s.total_steps for s in specs if s.stage != "combined"), default=0)
+    return max((s.eval_step or 0 for s in specs), default=0)
 
 
-def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: TrialSpec) -> TrialSpec:
-    """The combined trial from the single results: every change that helped, one per group (the fastest)."""
+def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: TrialSpec,
+            members: list[str]) -> TrialSpec:
+    """The combined trial from the singles the decision rule chose (decision.decide(...).combination)."""
     template = next(s for s in specs if s.name == "combined")
-    baseline = results.get("baseline")
-    chosen: dict[str, TrialResult] = {}
-    for spec in specs:
-        result = results.get(spec.name)
-        if spec.stage != "single" or result is None or not helps(result, baseline):
-            continue
-        key = spec.group or spec.name
-        best = chosen.get(key)
-        if best is None or _faster(result, best):
-            chosen[key] = result
-    names = [r.name for r in chosen.values()]
+    chosen = {name: results[name] for name in members if name in results}
+    names = list(chosen)
     spec = TrialSpec("combined", "combined", {}, None, template.skip_reason, template.description,
                      warmup_steps=template.warmup_steps, measured_steps=template.measured_steps,
-                     pad_steps=template.pad_steps)
+                     max_warmup_steps=template.max_warmup_steps, max_measured_steps=template.max_measured_steps,
+                     eval_step=template.eval_step)
     if spec.skip_reason:
         return spec
     if not names:
-        spec.skip_reason = "no single change helped: the baseline is the recommendation"
+        spec.skip_reason = "no single change qualified (faster beyond the noise, or a memory saver where memory binds)"
         return spec
     if len(names) == 1:
-        spec.changes = dict(chosen[next(iter(chosen))].changes)
-        spec.skip_reason = f"only '{names[0]}' helped: the combination is that trial"
+        spec.changes = dict(chosen[names[0]].changes)
+        spec.skip_reason = f"only '{names[0]}' qualified: the combination is that trial"
         return spec
     values = base.config.to_dict()
     nproc = 1
@@ -228,7 +258,7 @@ def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: Trial
         for key, value in result.changes.items():
             if key == "processes":
                 nproc = int(value)  # its batch_size is the split below, not a change of its own
-            elif key in values and not (result.name == "ddp" and key == "batch_size"):
+            elif key in values and not (result.name in ("ddp", "fsdp") and key == "batch_size"):
                 values[key] = value
     notes = []
     if nproc > 1:
@@ -243,18 +273,10 @@ def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: Trial
     changes = {k: v for k, v in values.items() if v != base.config.to_dict().get(k)}
     if nproc > 1:
         changes["processes"] = nproc
-    compile_spec = next((s for s in specs if s.name == "compile"), None)
-    if "compile" in chosen and compile_spec is not None:
-        spec.warmup_steps, spec.measured_steps, spec.pad_steps = (compile_spec.warmup_steps,
-                                                                  compile_spec.measured_steps, compile_spec.pad_steps)
+    if any(name.startswith("compile") for name in names):
+        compile_spec = next(s for s in specs if s.name.startswith("compile"))
+        spec.warmup_steps, spec.max_warmup_steps = compile_spec.warmup_steps, compile_spec.max_warmup_steps
     spec.changes, spec.nproc = changes, nproc
     spec.config = TrainConfig.from_dict(values, source="combined")
     spec.description = f"{' + '.join(names)} together" + (f" ({'; '.join(notes)})" if notes else "")
     return spec
-
-
-def _faster(result: TrialResult, other: TrialResult) -> bool:
-    mine, theirs = result.step_time_s, other.step_time_s
-    if mine is None or theirs is None:
-        return (result.peak_memory_bytes or 0) < (other.peak_memory_bytes or 0)
-    return mine.median < theirs.median

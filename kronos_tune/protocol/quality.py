@@ -11,12 +11,10 @@ Guard: a change is flagged (and left out of the combination) when
 (defaults 2 x noise and 0.5 %). Improvements never fail the guard.
 
 Deltas are percent changes vs the baseline. A time/throughput delta is marked
-noise when either median lies inside the other's [min, max], or when it is
-within the timing band: the largest difference between the baseline's median
-step time and that of its repeats (noise-probe early, baseline-repeat late),
-i.e. how far the very same step drifts while the protocol runs (a shared or
-throttling machine). A memory delta is noise under MEMORY_NOISE_FRACTION; a
-val-loss delta when it is within the guard's threshold.
+noise unless the decision rule (decision.py: ratio of medians with a
+bootstrap interval against max(floor, drift)) calls it faster or slower. A
+memory delta is noise under MEMORY_NOISE_FRACTION; a val-loss delta when it
+is within the guard's threshold.
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kronos_tune.protocol.records import Delta, Spread, TrialResult
+from kronos_tune.protocol.records import Delta, TrialResult
+from kronos_tune.protocol.stats import Comparison
 
 MEMORY_NOISE_FRACTION = 0.005
 
@@ -76,43 +75,28 @@ def _pct(value: float, reference: float) -> float | None:
     return None if not reference else 100.0 * (value - reference) / reference
 
 
-def timing_band(baseline: TrialResult | None, repeats: list[TrialResult]) -> float | None:
-    """Largest |%| difference of a repeat's median step time from the baseline's (None without a repeat)."""
-    if baseline is None or baseline.step_time_s is None:
-        return None
-    pcts = [abs(_pct(r.step_time_s.median, baseline.step_time_s.median) or 0.0) for r in repeats
-            if r.status == "ok" and r.step_time_s is not None]
-    return max(pcts) if pcts else None
-
-
-def _spread_delta(value: Spread | None, reference: Spread | None, band_pct: float | None) -> Delta | None:
-    if value is None or reference is None:
-        return None
-    pct = _pct(value.median, reference.median)
-    if pct is None:
-        return None
-    return Delta(pct, value.overlaps(reference) or (band_pct is not None and abs(pct) <= band_pct))
-
-
 def compute_deltas(result: TrialResult, baseline: TrialResult | None, val_threshold: float | None,
-                   band_pct: float | None = None) -> dict[str, Delta]:
+                   comparison: Comparison | None = None) -> dict[str, Delta]:
     """Percent deltas of `result` vs `baseline` for every figure both have (none unless both
     ran ok, and none for the baseline itself).
 
-    `band_pct`: the timing noise band (see timing_band); time deltas within it are noise."""
+    A time or throughput delta is noise unless the decision rule's comparison (ratio of medians with its
+    interval, against max(floor, drift): see decision.py) calls the trial faster or slower."""
     if baseline is None or result.name == baseline.name or baseline.status != "ok" \
             or result.status not in ("ok", "cancelled"):
         return {}
+    timing_noise = comparison is None or comparison.verdict not in ("faster", "slower")
     deltas: dict[str, Delta] = {}
     for key in ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s"):
-        delta = _spread_delta(getattr(result, key), getattr(baseline, key), band_pct)
-        if delta is not None:
-            deltas[key] = delta
-    for key, twin in (("projected_train_time_s", "samples_per_s"), ("projected_predict_time_s", "series_per_s")):
+        mine, theirs = getattr(result, key), getattr(baseline, key)
+        pct = None if mine is None or theirs is None else _pct(mine.median, theirs.median)
+        if pct is not None:
+            deltas[key] = Delta(pct, timing_noise)
+    for key in ("projected_train_time_s", "projected_predict_time_s"):
         mine, theirs = getattr(result, key), getattr(baseline, key)
         pct = None if mine is None or theirs is None else _pct(mine, theirs)
         if pct is not None:
-            deltas[key] = Delta(pct, deltas[twin].noise if twin in deltas else False)
+            deltas[key] = Delta(pct, timing_noise)
     if result.peak_memory_bytes is not None and baseline.peak_memory_bytes:
         pct = _pct(result.peak_memory_bytes, baseline.peak_memory_bytes)
         if pct is not None:
@@ -123,35 +107,3 @@ def compute_deltas(result: TrialResult, baseline: TrialResult | None, val_thresh
             within = val_threshold is not None and abs(result.val_loss - baseline.val_loss) <= val_threshold
             deltas["val_loss"] = Delta(pct, within)
     return deltas
-
-
-def is_faster(result: TrialResult) -> bool:
-    delta = result.deltas.get("step_time_s") or result.deltas.get("series_per_s")
-    if delta is None or delta.noise:
-        return False
-    return delta.pct < 0 if "step_time_s" in result.deltas else delta.pct > 0
-
-
-def is_slower(result: TrialResult) -> bool:
-    delta = result.deltas.get("step_time_s")
-    return delta is not None and not delta.noise and delta.pct > 0
-
-
-def is_smaller(result: TrialResult) -> bool:
-    delta = result.deltas.get("peak_memory_bytes")
-    return delta is not None and not delta.noise and delta.pct < 0
-
-
-def helps(result: TrialResult, baseline: TrialResult | None) -> bool:
-    """Whether a single change goes into the combination.
-
-    It must have run ok and passed the quality guard. Then, with a baseline that
-    ran: faster beyond the noise, or smaller in memory without being slower
-    beyond the noise. With a baseline that did not run (oom, failed): fitting
-    and running is help enough.
-    """
-    if result.status != "ok" or (result.quality is not None and not result.quality.get("passed", True)):
-        return False
-    if baseline is None or baseline.status != "ok":
-        return True
-    return is_faster(result) or (is_smaller(result) and not is_slower(result))

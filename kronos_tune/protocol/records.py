@@ -7,54 +7,63 @@ number gets the median, and the spread is never lost on the way to a report).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-STAGES = ("baseline", "single", "combined")
-STATUSES = ("ok", "oom", "failed", "skipped", "cancelled")
+from kronos_tune.protocol.stats import quantiles
+
+STAGES = ("baseline", "single", "combined", "drift")
+STATUSES = ("ok", "oom", "failed", "skipped", "cancelled", "timeout")
 TASKS = ("train", "predict")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Spread(float):
-    """The median of ``n`` measurements (the float value) with their ``min`` and ``max``."""
+    """The median of ``n`` measurements (the float value) with their ``min``, ``max`` and quartiles
+    (``q1``, ``q3``; None in results written before quartiles were kept)."""
 
     median: float
     min: float
     max: float
     n: int
+    q1: float | None
+    q3: float | None
 
-    def __new__(cls, median: float, min: float, max: float, n: int) -> Spread:  # noqa: A002 (schema names)
+    def __new__(cls, median: float, min: float, max: float, n: int,  # noqa: A002 (schema names)
+                q1: float | None = None, q3: float | None = None) -> Spread:
         value = super().__new__(cls, median)
         value.median, value.min, value.max, value.n = float(median), float(min), float(max), int(n)
+        value.q1 = None if q1 is None else float(q1)
+        value.q3 = None if q3 is None else float(q3)
         return value
 
     @classmethod
     def of(cls, values: list[float]) -> Spread | None:
-        """Median, min, max and count of `values`; None for no values."""
+        """Median, min, max, count and quartiles of `values`; None for no values."""
         if not values:
             return None
-        return cls(statistics.median(values), min(values), max(values), len(values))
+        q1, median, q3 = quantiles(values)
+        return cls(median, min(values), max(values), len(values), q1, q3)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Spread | None:
         if data is None:
             return None
-        return cls(data["median"], data["min"], data["max"], data["n"])
+        return cls(data["median"], data["min"], data["max"], data["n"], data.get("q1"), data.get("q3"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "min": self.min, "max": self.max, "n": self.n}
+        return {"median": self.median, "min": self.min, "max": self.max, "n": self.n, "q1": self.q1, "q3": self.q3}
 
-    def overlaps(self, other: Spread) -> bool:
-        """True when either median lies inside the other's [min, max]: the difference is within the noise."""
-        return other.min <= self.median <= other.max or self.min <= other.median <= self.max
+    @property
+    def iqr(self) -> float | None:
+        return None if self.q1 is None or self.q3 is None else self.q3 - self.q1
 
     def __repr__(self) -> str:
-        return f"Spread(median={self.median!r}, min={self.min!r}, max={self.max!r}, n={self.n})"
+        return (f"Spread(median={self.median!r}, min={self.min!r}, max={self.max!r}, n={self.n}, q1={self.q1!r}, "
+                f"q3={self.q3!r})")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Spread, (self.median, self.min, self.max, self.n))
+        return (Spread, (self.median, self.min, self.max, self.n, self.q1, self.q3))
 
 
 @dataclass(frozen=True)
@@ -92,10 +101,13 @@ class PredictSettings:
 class ProtocolOptions:
     """How to run the protocol. Defaults size the `cpu` preset's train protocol to a few minutes on 2 cores.
 
-    steps / warmup: measured and excluded optimizer steps per trial (train runs at least 2 warm-up steps: the
-    last one is metered, and AdamW's state only exists from the second step on); ``compile_warmup`` is the
-    compile trial's own warm-up (its first steps compile and recompile), taken out of its measured steps.
-    Every trial is evaluated after the same number of optimizer steps.
+    Timing (train): each trial warms up until a step's time settles within ``settle_tolerance`` of the one
+    before (at least ``warmup``, at most ``max_warmup`` steps; compile at least ``compile_warmup`` and up to
+    ``max_warmup + COMPILE_EXTRA_WARMUP``), runs one metered step, then measures at least ``steps`` and at most
+    ``max_steps`` steps: it stops once the median's 95 % interval is within ``target_ci`` of the median or
+    ``trial_budget_s`` of measuring is spent (None: the device's default). Every trial is evaluated after the
+    same optimizer step. ``drift_every``: a short baseline drift check runs after every that many single trials
+    (0: none). ``trial_timeout_s``: the watchdog (None: the preset's). ``objective``: speed | memory.
     skip / only: trial names. budget_bytes overrides the preset's per-device budget. eval_windows caps the
     validation windows of the quality check. noise_factor and quality_floor set the quality guard
     (worse than baseline by more than max(noise_factor x noise, quality_floor x baseline) is flagged).
@@ -103,9 +115,17 @@ class ProtocolOptions:
     autobatch_estimate: search on fake tensors (None: on the CPU, where real probes are slow).
     """
 
-    steps: int = 4
+    steps: int = 8
     warmup: int = 2
     compile_warmup: int = 2
+    max_steps: int = 40
+    max_warmup: int = 6
+    settle_tolerance: float = 0.10
+    target_ci: float = 0.02
+    trial_budget_s: float | None = None
+    drift_every: int = 3
+    trial_timeout_s: float | None = None
+    objective: str = "speed"
     skip: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
     cpu_ddp: bool = False
@@ -126,8 +146,8 @@ class ProtocolOptions:
 
     def measurement_key(self) -> dict[str, Any]:
         """The options that change what a trial measures: a resumed run must use the same."""
-        keys = ("steps", "warmup", "compile_warmup", "budget_bytes", "seed", "eval_windows", "predict_series",
-                "predict_repeats", "cpu_ddp")
+        keys = ("steps", "warmup", "compile_warmup", "max_steps", "max_warmup", "target_ci", "budget_bytes", "seed",
+                "eval_windows", "predict_series", "predict_repeats", "cpu_ddp")
         return {key: getattr(self, key) for key in keys}
 
 
@@ -142,23 +162,28 @@ class TrialSpec:
     config: Any
     skip_reason: str | None = None
     description: str = ""
-    warmup_steps: int = 0
-    measured_steps: int = 0
-    pad_steps: int = 0  # untimed steps after the measured ones, so every trial is evaluated at the same step
+    warmup_steps: int = 0  # at least (train: then until the step time settles, up to max_warmup_steps)
+    measured_steps: int = 0  # at least (train: then until the interval is tight, up to max_measured_steps)
+    max_warmup_steps: int = 0
+    max_measured_steps: int = 0
+    eval_step: int | None = None  # train: the optimizer step the validation loss is taken at (same for all)
     nproc: int = 1  # processes (DDP)
     group: str | None = None  # trials of one group change the same thing; the combination takes one of them
 
     @property
     def total_steps(self) -> int:
-        """Optimizer steps the trial runs (warm-up + measured + padding): for progress bars."""
-        return self.warmup_steps + self.measured_steps + self.pad_steps
+        """Optimizer steps the trial runs at least (train: up to the evaluation step): for progress bars."""
+        if self.eval_step is not None:
+            return self.eval_step
+        return self.warmup_steps + self.measured_steps
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
         return {"name": self.name, "stage": self.stage, "changes": dict(self.changes), "config": config,
                 "skip_reason": self.skip_reason, "description": self.description,
                 "warmup_steps": self.warmup_steps, "measured_steps": self.measured_steps,
-                "pad_steps": self.pad_steps, "nproc": self.nproc, "group": self.group}
+                "max_warmup_steps": self.max_warmup_steps, "max_measured_steps": self.max_measured_steps,
+                "eval_step": self.eval_step, "nproc": self.nproc, "group": self.group}
 
 
 _SPREAD_FIELDS = ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s")
@@ -193,6 +218,11 @@ class TrialResult:
     speedup: float | None = None  # predict: series/s over the reference method's
     output_max_abs_diff: float | None = None  # predict: largest difference from the reference's predictions, in
     #                                           history standard deviations (0 = identical)
+    step_times_s: list[float] = field(default_factory=list)  # every timed step (train) or run (predict), raw
+    warmup_times_s: list[float] = field(default_factory=list)  # the warm-up steps' times, in order
+    timing: dict[str, Any] = field(default_factory=dict)  # how measuring stopped: steps, interval, budget
+    comparison: dict[str, Any] | None = None  # stats.Comparison vs the baseline (ratio of medians, interval)
+    trajectory: dict[str, Any] | None = None  # decision.trajectory_check: losses vs the baseline's
     deltas: dict[str, Delta] = field(default_factory=dict)
     quality: dict[str, Any] | None = None  # the guard's verdict (train singles and combined)
     notes: list[str] = field(default_factory=list)
@@ -248,6 +278,9 @@ class ProtocolReport:
     timing: dict[str, Any] = field(default_factory=dict)
     flops: dict[str, Any] | None = None
     recommended: dict[str, Any] | None = None
+    decision: dict[str, Any] | None = None  # decision.Decision.to_dict(): verdicts, drift, combination, why
+    partial: bool = False  # cancelled, or some planned trial has no result
+    missing: list[str] = field(default_factory=list)  # planned trials without a result
     preset_source: str | None = None
     out_dir: str | None = None
     started_at: str = ""

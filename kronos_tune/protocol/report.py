@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,34 @@ def delta_cell(delta: Delta | None, key: str) -> Cell:
 
 
 def _spread_text(spread: Any, fmt: Any, compact: bool = False) -> str:
+    """Median, then the interquartile range (min–max for results kept without quartiles) and n."""
     if spread is None:
         return "–"
+    low, high = (spread.q1, spread.q3) if spread.iqr is not None else (spread.min, spread.max)
     if compact:
-        return f"{fmt(spread.median)}\n{fmt(spread.min).replace(' ', '')}–{fmt(spread.max).replace(' ', '')}"
-    return f"{fmt(spread.median)} [{fmt(spread.min)}–{fmt(spread.max)}] n={spread.n}"
+        return f"{fmt(spread.median)}\n{fmt(low).replace(' ', '')}–{fmt(high).replace(' ', '')} n={spread.n}"
+    kind = "IQR" if spread.iqr is not None else "min–max"
+    return f"{fmt(spread.median)} [{kind} {fmt(low)}–{fmt(high)}] n={spread.n}"
+
+
+def time_delta_cell(result: TrialResult, compact: bool = False) -> Cell:
+    """The step-time change vs the baseline with its 95% interval; ~ when the rule does not call it."""
+    cell = delta_cell(result.deltas.get("step_time_s"), "step_time_s")
+    comparison = result.comparison
+    if not cell.text or not comparison or comparison.get("low") is None:
+        return cell
+    low, high = 100 * (comparison["low"] - 1), 100 * (comparison["high"] - 1)
+    sep = "\n" if compact else " "
+    tone = "warn" if comparison.get("verdict") == "unresolved" else cell.tone
+    return Cell(f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]", tone)
+
+
+def trajectory_cell(result: TrialResult) -> Cell:
+    check = result.trajectory
+    if not check:
+        return Cell("")
+    text = f"{check['measured']} ({check['max_rel_deviation']:.1g})"
+    return Cell(text, "bad" if check.get("defect") else "")
 
 
 def changes_text(result: TrialResult) -> str:
@@ -123,16 +147,20 @@ def changes_text(result: TrialResult) -> str:
 
 
 def _status_cell(result: TrialResult, compact: bool = False) -> Cell:
-    tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn"}[result.status]
+    tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn",
+            "timeout": "bad"}[result.status]
     text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
     if result.quality is not None and not result.quality.get("passed", True):
         text, tone = f"{text}; quality guard: worse than the noise allows", "bad"
+    if result.trajectory and result.trajectory.get("defect"):
+        text, tone = (f"{text}; defect: losses deviate {result.trajectory['max_rel_deviation']:.2g} from the "
+                      f"baseline's, promised {result.trajectory['expected']}"), "bad"
     return Cell(text, tone)
 
 
-TRAIN_COLUMNS = ("configuration", "hardware", "time/step [min–max]", "Δ time", "projected total", "memory",
-                 "Δ mem", "val loss", "Δ loss", "MFU", "status")
-PREDICT_COLUMNS = ("configuration", "hardware", "series/s [min–max]", "speed-up", "projected total", "memory",
+TRAIN_COLUMNS = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
+                 "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
+PREDICT_COLUMNS = ("configuration", "hardware", "series/s [IQR] n", "speed-up", "projected total", "memory",
                    "Δ mem", "max Δ output vs ref", "status")
 
 
@@ -155,10 +183,10 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
             continue
         loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
         rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
-                     delta_cell(t.deltas.get("step_time_s"), "step_time_s"),
-                     Cell(fmt_seconds(t.projected_train_time_s)), Cell(fmt_bytes(t.peak_memory_bytes)),
+                     time_delta_cell(t, compact), Cell(fmt_seconds(t.projected_train_time_s)),
+                     Cell(fmt_bytes(t.peak_memory_bytes)),
                      delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                     Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"),
+                     Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"), trajectory_cell(t),
                      Cell("–" if t.mfu is None else f"{100 * t.mfu:.1f}%"), status])
     return (PREDICT_COLUMNS if report.task == "predict" else TRAIN_COLUMNS), rows
 
@@ -170,26 +198,69 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     if not rec or not rec.get("config"):
         return None
     text = TrainConfig.from_dict(rec["config"], source="recommended").to_toml()
-    header = [f"# kronos-tune benchmark, preset {report.preset}: {rec['source']} ({rec['reason']})",
-              f"# run: {rec['command']}"]
+    header = []
+    if report.partial:
+        header.append(f"# partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
+                      f"{'; cancelled' if report.cancelled else ''}); the recommendation is from the trials that ran")
+    header += [f"# kronos-tune benchmark, preset {report.preset}: {rec['source']}",
+               *textwrap.wrap(f"why: {rec['reason']}", 110, initial_indent="# ", subsequent_indent="#   "),
+               f"# run: {rec['command']}"]
     return "\n".join(header) + "\n" + text
 
 
+def timing_lines(report: ProtocolReport) -> list[str]:
+    """Plain sentences on how the timings were taken and how far they can be trusted (train)."""
+    t, opts = report.timing, report.options
+    if not t:
+        return []
+    lines = []
+    drift = t.get("drift_pct")
+    drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(t.get('drift_sources') or [])})"
+    lines.append(f"Timing: each trial warms up until a step is within {100 * opts.get('settle_tolerance', 0.1):.0f}% "
+                 f"of the one before (at least {opts.get('warmup')} steps), then measures at least "
+                 f"{opts.get('steps')} steps, until the median's 95% interval is within "
+                 f"±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget is spent. Drift of the baseline's "
+                 f"re-measurements: {drift_text}; decision threshold ±{t.get('threshold_pct', 0):.1f}%.")
+    if t.get("noisy"):
+        lines.append("**Too noisy to decide**: the baseline's own re-measurements moved more than the rule can "
+                     "resolve; the baseline is kept. Rerun on a quiet machine.")
+    warm = t.get("warmup") or {}
+    if warm:
+        parts = []
+        for name, item in warm.items():
+            times = ", ".join(fmt_seconds(v) for v in item["warmup_times_s"])
+            state = "settled" if item["settled"] else "not settled in the allowed steps"
+            parts.append(f"{name}: {times} ({state}; first step {item['first_over_median']:.1f}x, last "
+                         f"{item['last_over_median']:.2f}x the measured median)")
+        lines.append("Warm-up evidence (step times before measuring): " + "; ".join(parts) + ".")
+    stops = [f"{tr.name} n={len(tr.step_times_s)} ({tr.timing.get('stop')}, ±{100 * tr.timing['ci_halfwidth']:.1f}%)"
+             for tr in report.trials if tr.timing.get("stop") and tr.timing.get("ci_halfwidth") is not None]
+    if stops:
+        lines.append("Measured steps and why measuring stopped (interval = the median's 95% interval reached its "
+                     "target, budget = time budget spent, max-steps): " + "; ".join(stops) + ".")
+    return lines
+
+
 def report_markdown(report: ProtocolReport) -> str:
-    lines = [f"# kronos-tune benchmark: preset {report.preset}, task {report.task}", "", report.device_line, ""]
+    title = f"# kronos-tune benchmark: preset {report.preset}, task {report.task}"
+    lines = [title + (" (partial)" if report.partial else ""), "", report.device_line, ""]
+    if report.partial:
+        lines += [f"**Partial run**: {'cancelled; ' if report.cancelled else ''}missing trials: "
+                  f"{', '.join(report.missing) or 'none'}. The recommendation is from the trials that ran.", ""]
     lines += [f"- {note}" for note in report.notes]
     opts = report.options
     if report.task == "train":
-        lines += ["", f"Every trial: seed {opts.get('seed')}, the same windows and tokens per optimizer step, "
-                      f"{opts.get('warmup_used')} warm-up steps excluded (compile: {opts.get('compile_warmup_used')}; "
-                      f"the last one metered), "
-                      f"{opts.get('steps')} measured steps; validation loss after "
-                      f"{report.quality.get('val_loss_step')} optimizer steps from the same initial weights on "
-                      f"{report.quality.get('eval_windows')} validation windows."]
         q = report.quality
+        lines += ["", f"Every trial: seed {opts.get('seed')}, the same windows and tokens per optimizer step; "
+                      f"validation loss after {q.get('val_loss_step')} optimizer steps from the same initial "
+                      f"weights on {q.get('eval_windows')} validation windows."]
+        lines += [""] + timing_lines(report)
         noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
-        lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold "
-                      f"{q.get('threshold', 0):.5f} (val loss)."]
+        threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
+        lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold {threshold} (val loss). "
+                      f"Training losses: {q.get('trajectory_rule', '')}."]
+        if q.get("defects"):
+            lines += ["", f"**Defects**: {', '.join(q['defects'])} should reproduce the baseline's losses and do not."]
         if report.flops:
             lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
     else:
@@ -202,14 +273,15 @@ def report_markdown(report: ProtocolReport) -> str:
         cells = [(c.text + (marks[c.tone] if c.tone == "noise" and c.text.startswith("~") else ""))
                  .replace("|", "\\|") for c in row]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Δ: change vs the baseline; ~ marks a difference inside the measured spread (noise).", ""]
+    lines += ["", "Δ: change vs the baseline, with the 95% interval of the ratio of medians; ~ marks a change the "
+                  "decision rule does not call faster or slower (inside the noise threshold or unresolved).", ""]
     for t in report.trials:
         extra = ([t.description] if t.description else []) + t.notes
         if extra:
             lines.append(f"- **{t.name}**: " + "; ".join(extra))
     if report.recommended:
         rec = report.recommended
-        lines += ["", f"Recommended: **{rec['source']}** ({rec['reason']}); run `{rec['command']}`."]
+        lines += ["", f"Recommended: **{rec['source']}**. Why: {rec['reason']}. Run `{rec['command']}`."]
     if report.cancelled:
         lines += ["", f"Cancelled: not run: {', '.join(report.not_run) or 'none'}."]
     return "\n".join(lines) + "\n"
@@ -243,14 +315,16 @@ def report_csv(report: ProtocolReport) -> str:
     return buffer.getvalue()
 
 
-def write_reports(report: ProtocolReport, out_dir: str | os.PathLike) -> list[Path]:
-    """Write results.jsonl (all trials), report.json, report.csv, report.md and (train) recommended.toml."""
+def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: bool = True) -> list[Path]:
+    """Write report.json, report.csv, report.md, (train) recommended.toml and, with `results`, results.jsonl
+    (all trials; `kronos-tune report` rebuilding a run folder keeps the run's own results.jsonl)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    results = "".join(json.dumps(t.to_dict()) + "\n" for t in report.trials)
-    texts = {RESULTS_FILE: results, "report.json": json.dumps(report.to_dict(), indent=2) + "\n",
+    texts = {"report.json": json.dumps(report.to_dict(), indent=2) + "\n",
              "report.csv": report_csv(report), "report.md": report_markdown(report)}
+    if results:
+        texts[RESULTS_FILE] = "".join(json.dumps(t.to_dict()) + "\n" for t in report.trials)
     toml = recommended_toml(report)
     if toml is not None:
         texts["recommended.toml"] = toml

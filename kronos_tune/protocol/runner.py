@@ -3,8 +3,12 @@
 The runner prints nothing: it calls ``on_event`` (from the running thread)
 with TrialStarted / TrialStep / TrialFinished / ProtocolFinished, appends each
 finished trial to OUT/results.jsonl at once, and writes the reports at the
-end, also after a cancel (``cancel`` set or Ctrl-C: the trial in flight stops
-at a step boundary and is recorded as cancelled; later trials are not run).
+end, also after a cancel (``cancel`` set, Ctrl-C or SIGTERM: the trial in
+flight is asked to stop at a step boundary and killed after a short grace,
+recorded as cancelled; later trials are not run; the report says partial).
+Training trials run in processes of their own under a watchdog
+(isolation.py): a trial past ``trial_timeout_s`` is killed with its children
+and recorded as ``timeout``, its threads' stacks saved under OUT/stacks/.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import tempfile
 import threading
@@ -31,14 +34,17 @@ from kronos_tune.protocol.plan import plan_trials, resolve
 from kronos_tune.protocol.predict_protocol import (
     autobatch_chunk, measure_prediction, output_max_abs_diff, series_inputs,
 )
-from kronos_tune.protocol.plan import BASELINE_REPEATS
-from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_threshold, timing_band
+from kronos_tune.protocol.quality import noise_estimate
 from kronos_tune.protocol.records import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, Spread, TrialFinished, TrialResult, TrialSpec, TrialStarted,
     TrialStep,
 )
-from kronos_tune.protocol.report import RESULTS_FILE, RUN_FILE, REPORT_FILES, append_result, write_atomic, write_reports
+from kronos_tune.protocol.report import RESULTS_FILE, append_result, load_results, write_reports
+from kronos_tune.protocol.summary import summarize
+from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 from kronos_tune.workloads import runnable_device
+
+DEFAULT_TRIAL_TIMEOUT_S = {"cpu": 600.0, "cuda": 900.0}
 
 EventCallback = Callable[[Any], None]
 
@@ -55,7 +61,7 @@ class ProtocolRun:
     """State of one protocol run; `run()` does the work."""
 
     def __init__(self, preset: Preset, task: str, options: ProtocolOptions, out_dir: Path | None, resume: bool,
-                 on_event: EventCallback | None, cancel: threading.Event | None) -> None:
+                 on_event: EventCallback | None, cancel: threading.Event | None, overwrite: bool = False) -> None:
         self.preset, self.task, self.options = preset, task, options
         self.on_event = on_event
         self.cancel = cancel if cancel is not None else threading.Event()
@@ -65,44 +71,51 @@ class ProtocolRun:
         self.notes = [device_note] if device_note else []
         self.results: dict[str, TrialResult] = {}
         self.previous: dict[str, TrialResult] = {}
-        self.out_dir = out_dir
         self.started_at, self.started = _now(), time.perf_counter()
         self.references: dict[str, Any] = {}  # predict: the reference method's outputs
-        if out_dir is not None:
-            self._prepare_out_dir(out_dir, resume)
+        self.trial_timeout_s = (options.trial_timeout_s or preset.workload.trial_timeout_s
+                                or DEFAULT_TRIAL_TIMEOUT_S.get(self.device, 900.0))
+        if out_dir is None:
+            out_dir = default_run_dir("benchmark", f"{preset.name}-{task}")
+        self.out_dir = out_dir
+        self.run_dir = self._claim(out_dir, resume, overwrite)
         self.budget_mode, self.device_line = self._device_line()
+        self.run_dir.mark("running", **self._run_facts())
 
     # Output folder ----------------------------------------------------------------------------------
-    def _prepare_out_dir(self, out: Path, resume: bool) -> None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / f".write-test-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as error:
-            raise KronosTuneError(f"--out {out}: cannot write there ({error.strerror or error}); "
-                                  f"pick a folder you can write to") from None
-        run_file = out / RUN_FILE
+    def _claim(self, out: Path, resume: bool, overwrite: bool) -> RunDir:
         identity = {"preset": self.preset.name, "task": self.task, "measurement": self.options.measurement_key()}
-        if resume and run_file.is_file():
-            stored = json.loads(run_file.read_text(encoding="utf-8"))
-            if (stored.get("preset"), stored.get("task")) != (self.preset.name, self.task):
-                raise KronosTuneError(f"--resume {out}: that folder holds preset '{stored.get('preset')}' task "
-                                      f"'{stored.get('task')}', not preset '{self.preset.name}' task '{self.task}'; "
-                                      f"use another --out")
-            if stored.get("measurement") != identity["measurement"]:
-                raise KronosTuneError(f"--resume {out}: it was measured with {stored.get('measurement')}; resume "
-                                      f"with the same --steps/--warmup/--budget-gb/--cpu-ddp or use another --out")
-            from kronos_tune.protocol.report import load_results
-
-            self.previous = {r.name: r for r in load_results(out) if r.finished}
-        elif resume:
+        if resume and not (out / "run.json").is_file():
+            if out.is_dir() and any(out.iterdir()):
+                raise KronosTuneError(f"--resume {out}: not a kronos-tune run (no run.json); give the folder a "
+                                      f"benchmark printed when it started")
             self.notes.append(f"--resume: {out} had no earlier run; started from the beginning")
-        if not self.previous:
-            for name in (RESULTS_FILE, *REPORT_FILES):
-                (out / name).unlink(missing_ok=True)
-        write_atomic(run_file, json.dumps({**identity, "preset_source": str(self.preset.source_path),
-                                           "started_at": self.started_at}, indent=2) + "\n")
+            resume = False
+        try:
+            run_dir = claim_run_dir(out, "benchmark", identity, resume=resume, overwrite=overwrite,
+                                    same=("preset", "task"))
+        except KronosTuneError:
+            raise
+        if run_dir.resumed:
+            stored = (run_dir.previous or {}).get("identity", {}).get("measurement")
+            if stored is not None and stored != identity["measurement"]:
+                raise KronosTuneError(f"--resume {out}: it was measured with {stored}; resume with the same "
+                                      f"--steps/--warmup/--budget-gb/--cpu-ddp or use another --out")
+            self.previous = {r.name: r for r in load_results(out) if r.finished}
+        return run_dir
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What `kronos-tune report` needs to rebuild the report on another machine."""
+        return {"preset_source": str(self.preset.source_path) if self.preset.source_path else None,
+                "started_at": self.started_at, "device": self.device, "device_line": self.device_line,
+                "budget_bytes": self.budget_bytes, "budget_mode": self.budget_mode,
+                "options": self.options.to_dict(), "planned": [s.name for s in self.specs],
+                "trial_timeout_s": self.trial_timeout_s}
+
+    def stack_file(self, trial: str) -> Path:
+        folder = self.out_dir / "stacks"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{trial}.txt"
 
     def _device_line(self) -> tuple[str, str]:
         budget = self.budget_bytes
@@ -115,7 +128,13 @@ class ProtocolRun:
         dev = torch.device("cuda", torch.cuda.current_device())
         name, total = torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory
         if budget < total:
-            self.notes.append(apply_cuda_budget(budget, dev))
+            if self.task == "predict":  # predict trials run in this process
+                self.notes.append(apply_cuda_budget(budget, dev))
+            else:
+                self.notes.append(f"each trial's process caps {dev} at {_gib(budget)} of {_gib(total)} via "
+                                  f"set_per_process_memory_fraction (reserved memory only: the CUDA context and "
+                                  f"cuBLAS workspaces are outside it; a capped large card still differs from a "
+                                  f"small one, so treat the result as an approximation)")
             return "memory-fraction", (f"device: {dev} {name} ({_gib(total)}); budget {_gib(budget)} via memory "
                                        f"fraction (a capped card is not identical to a small one)")
         self.notes.append(f"the budget {_gib(budget)} is not below the card's {_gib(total)}: the whole card is used")
@@ -128,7 +147,7 @@ class ProtocolRun:
 
     def finish(self, result: TrialResult, write: bool = True) -> None:
         self.results[result.name] = result
-        if write and self.out_dir is not None:
+        if write:
             append_result(self.out_dir / RESULTS_FILE, result)
         self.emit(TrialFinished(result))
 
@@ -138,23 +157,6 @@ class ProtocolRun:
             return None
         return noise_estimate(base.val_loss, probe.val_loss)
 
-    def band(self) -> float | None:
-        """The timing noise band in percent (train: from the baseline's repeats)."""
-        repeats = [self.results[name] for name in BASELINE_REPEATS if name in self.results]
-        return timing_band(self.results.get(self.specs[0].name), repeats)
-
-    def refresh_deltas(self) -> None:
-        """Deltas of every result with what is known now (the band grows as baseline repeats finish)."""
-        baseline, threshold, band = self.results.get(self.specs[0].name), self.threshold(), self.band()
-        for result in self.results.values():
-            result.deltas = compute_deltas(result, baseline, threshold, band)
-
-    def threshold(self) -> float | None:
-        base = self.results.get("baseline")
-        if base is None or base.val_loss is None:
-            return None
-        return quality_threshold(base.val_loss, self.noise(), self.options.noise_factor, self.options.quality_floor)
-
     # The loop ------------------------------------------------------------------------------------
     def run(self) -> ProtocolReport:
         try:
@@ -163,10 +165,10 @@ class ProtocolRun:
             self.cancel.set()
         finally:
             self.restore_device()
-        self.refresh_deltas()
         report = self.build_report()
-        if self.out_dir is not None:
-            write_reports(report, self.out_dir)
+        write_reports(report, self.out_dir)
+        status = "cancelled" if report.cancelled else "partial" if report.partial else "complete"
+        self.run_dir.mark(status, **self._run_facts(), finished_at=report.finished_at, missing=report.missing)
         self.emit(ProtocolFinished(report))
         return report
 
@@ -174,8 +176,6 @@ class ProtocolRun:
         for index, spec in enumerate(self.specs):
             if self.cancel.is_set():
                 break
-            if spec.stage == "combined":
-                self.refresh_deltas()
             if spec.name in self.previous:
                 old = self.previous[spec.name]
                 old.resumed = True
@@ -184,13 +184,13 @@ class ProtocolRun:
             self.finish(self.run_trial(spec, index))
 
     def reapply_budget(self) -> None:
-        if self.device == "cuda" and self.budget_mode == "memory-fraction":
+        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.task == "predict":
             from kronos_tune.memory import apply_cuda_budget
 
             apply_cuda_budget(self.budget_bytes, torch.device("cuda", torch.cuda.current_device()))
 
     def restore_device(self) -> None:
-        if self.device == "cuda" and self.budget_mode == "memory-fraction":
+        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.task == "predict":
             torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
 
     def run_trial(self, spec: TrialSpec, index: int) -> TrialResult:
@@ -224,7 +224,6 @@ class ProtocolRun:
                 torch.cuda.empty_cache()
         result.notes[:0] = notes
         result.wall_time_s = time.perf_counter() - started
-        result.deltas = compute_deltas(result, self.results.get(self.specs[0].name), self.threshold(), self.band())
         return result
 
     def resolve(self, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
@@ -252,6 +251,7 @@ class ProtocolRun:
         tokens = settings.measured_series * settings.sample_count * settings.pred_len
         result = TrialResult(spec.name, spec.stage, m.status, spec.changes, m.reason, spec.description, task="predict",
                              hardware=f"{settings.devices} x {self.device}", series_per_s=Spread.of(rates),
+                             step_times_s=list(m.seconds),
                              tokens_per_s=Spread.of([tokens / s for s in m.seconds]),
                              peak_memory_bytes=m.peak_memory_bytes, config=settings.to_dict(),
                              warmup_time_s=m.metered_time_s, nproc=settings.devices)
@@ -274,24 +274,16 @@ class ProtocolRun:
         options = self.options.to_dict()
         if self.task == "predict" and self.specs:
             options["predict_series_used"] = self.specs[0].config.measured_series
-        elif self.specs:  # what ran: train runs at least 2 warm-up steps
-            by_name = {s.name: s for s in self.specs}
-            options["warmup_used"] = by_name["baseline"].warmup_steps
-            options["compile_warmup_used"] = by_name["compile"].warmup_steps
+        options["trial_timeout_s"] = self.trial_timeout_s
         report = ProtocolReport(
             preset=self.preset.name, task=self.task, device=self.device, device_line=self.device_line,
             budget_bytes=self.budget_bytes, budget_mode=self.budget_mode, trials=trials,
             planned=[s.name for s in self.specs], not_run=[s.name for s in self.specs if s.name not in self.results],
             cancelled=self.cancel.is_set(), environment=collect_environment(), options=options,
             notes=list(self.notes), preset_source=str(self.preset.source_path) if self.preset.source_path else None,
-            out_dir=str(self.out_dir) if self.out_dir is not None else None, started_at=self.started_at,
-            finished_at=_now(), wall_time_s=time.perf_counter() - self.started)
-        if self.task == "train":
-            train_trials.complete_report(self, report)
-            report.timing = {"band_pct": self.band(), "sources": [n for n in BASELINE_REPEATS if n in self.results],
-                             "rule": "a time or throughput delta is noise when the medians lie inside each other's "
-                                     "[min, max], or when it is within band_pct: the largest difference between the "
-                                     "baseline's median step time and its repeats' (noise-probe, baseline-repeat)"}
+            out_dir=str(self.out_dir), started_at=self.started_at, finished_at=_now(),
+            wall_time_s=time.perf_counter() - self.started)
+        summarize(report, self.preset)
         return report
 
 
@@ -305,8 +297,12 @@ def _one_line(error: BaseException) -> str:
 
 def run_protocol(preset: Preset | str, task: str = "train", options: ProtocolOptions = ProtocolOptions(),
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
-                 on_event: EventCallback | None = None, cancel: threading.Event | None = None) -> ProtocolReport:
-    """Run the benchmark protocol for `preset` ("train" or "predict"); see the module docstring."""
+                 on_event: EventCallback | None = None, cancel: threading.Event | None = None,
+                 overwrite: bool = False) -> ProtocolReport:
+    """Run the benchmark protocol for `preset` ("train" or "predict"); see the module docstring.
+
+    `out_dir` None: a fresh folder runs/benchmark/<preset>-<task>-<time>/ under the current directory. An
+    existing run folder is only continued with `resume` or replaced with `overwrite`."""
     run = ProtocolRun(resolve(preset), task, options, Path(out_dir) if out_dir is not None else None, resume,
-                      on_event, cancel)
+                      on_event, cancel, overwrite)
     return run.run()

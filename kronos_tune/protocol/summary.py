@@ -1,0 +1,170 @@
+"""What a finished (or partial) protocol run means, from its results alone.
+
+``summarize(report, preset)`` fills a ProtocolReport's derived sections from
+its trials: the quality guard's verdicts, the decision rule's comparisons and
+trajectory checks, deltas, the timing section (drift, threshold, warm-up
+evidence), the MFU section and the recommendation. The runner calls it at the
+end of a run; ``kronos-tune report`` calls it on a results.jsonl from any
+machine (nothing here touches a device).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kronos_core.model import Kronos
+from kronos_core.sizes import SIZES
+from kronos_tune.flops import train_flops_per_token
+from kronos_tune.presets import Preset
+from kronos_tune.protocol.decision import (
+    EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, DecisionContext, decide,
+)
+from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
+    quality_threshold
+from kronos_tune.protocol.records import ProtocolReport, TrialResult
+from kronos_tune.protocol.stats import Comparison
+
+FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
+                 "predictor, L transformer layers, H heads, Q head dimension, T tokens per window; the frozen "
+                 "tokenizer's encode pass and the causal mask are not counted")
+TIMING_RULE = ("faster/slower from the ratio of median step times (trial / baseline) with a 95% bootstrap "
+               "interval: faster when the interval lies below 1 and the ratio is at least the threshold below 1 "
+               "(slower mirrored); unresolved when the interval reaches past the threshold on both sides; "
+               f"threshold = max({100 * FLOOR:g}% floor, drift), drift = the largest distance of the baseline's "
+               f"re-measurements (noise-probe, drift checks, baseline-repeat) from the baseline's median; above "
+               f"{100 * NOISY_LIMIT:g}% the machine is too noisy to decide and the baseline is kept")
+
+
+def model_has_dropout(model_size: str | None) -> bool:
+    spec = SIZES.get(model_size or "")
+    if spec is None:
+        return False
+    return any(float(spec.model.get(key, 0.0)) > 0 for key in
+               ("ffn_dropout_p", "attn_dropout_p", "resid_dropout_p", "token_dropout_p"))
+
+
+def _find(trials: list[TrialResult], name: str) -> TrialResult | None:
+    return next((t for t in trials if t.name == name), None)
+
+
+def _warmup_evidence(trials: list[TrialResult]) -> dict[str, Any]:
+    """Per trial: warm-up step times, whether they settled, and the last one against the measured median."""
+    evidence = {}
+    for t in trials:
+        if not t.warmup_times_s or t.step_time_s is None:
+            continue
+        last = t.warmup_times_s[-1]
+        evidence[t.name] = {"warmup_times_s": t.warmup_times_s, "settled": bool(t.timing.get("settled")),
+                            "first_over_median": t.warmup_times_s[0] / t.step_time_s.median,
+                            "last_over_median": last / t.step_time_s.median}
+    return evidence
+
+
+def recommendation(report: ProtocolReport, decision_source: str, reason: str, preset: Preset | None
+                   ) -> dict[str, Any]:
+    chosen = _find(report.trials, decision_source) or _find(report.trials, "baseline")
+    config = dict(chosen.config) if chosen is not None and chosen.config else {}
+    if preset is not None:
+        config["eval_samples"] = max(1, preset.workload.eval_samples)
+    if config:
+        config["output_dir"] = f"runs/train/{report.preset}"
+    nproc = chosen.nproc if chosen is not None else 1
+    toml = str(Path(report.out_dir) / "recommended.toml") if report.out_dir else "recommended.toml"
+    command = f"kronos-tune train --config {toml}" + (f" --nproc {nproc}" if nproc > 1 else "")
+    return {"source": chosen.name if chosen is not None else "baseline", "reason": reason,
+            "changes": dict(chosen.changes) if chosen is not None else {}, "config": config, "nproc": nproc,
+            "command": command, "partial": report.partial, "missing": list(report.missing)}
+
+
+def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, Any] | None:
+    if preset is None:
+        return None
+    work = preset.workload
+    spec = SIZES[work.model_size].model
+    with torch.device("meta"):
+        model = Kronos(**spec)
+    tokens = work.lookback_window + work.predict_window
+    peaks = {dtype: preset.peak_flops(dtype) for dtype in ("fp32", "tf32", "bf16", "fp16")}
+    return {"formula": FLOPS_FORMULA, "flops_per_token": train_flops_per_token(model, tokens),
+            "layers": spec["n_layers"], "heads": spec["n_heads"], "head_dim": spec["d_model"] // spec["n_heads"],
+            "tokens_per_window": tokens, "peak_flops_per_device": peaks,
+            "mfu_note": None if report.device == preset.hardware.device else
+            "MFU not computed: this machine's device differs from the preset's"}
+
+
+def summarize(report: ProtocolReport, preset: Preset | None) -> None:
+    """Fill the report's derived sections from its trials (see the module docstring)."""
+    trials = report.trials
+    names = {t.name for t in trials}
+    report.missing = [name for name in report.planned if name not in names]
+    report.partial = bool(report.cancelled or report.missing)
+    opts = report.options
+    base = next((t for t in trials if t.stage == "baseline"), None)  # train: "baseline"; predict: "recompute"
+    if report.task != "train":
+        _summarize_predict(report, base)
+        return
+    probe = _find(trials, "noise-probe")
+    noise = None
+    if base is not None and probe is not None and base.status == "ok" and probe.status == "ok":
+        noise = noise_estimate(base.val_loss, probe.val_loss)
+    factor, floor = float(opts.get("noise_factor", 2.0)), float(opts.get("quality_floor", 0.005))
+    threshold = None
+    if base is not None and base.val_loss is not None:
+        threshold = quality_threshold(base.val_loss, noise, factor, floor)
+        for t in trials:
+            if t.stage in ("single", "combined") and t.val_loss is not None:
+                t.quality = quality_guard(base.val_loss, t.val_loss, noise, factor, floor).to_dict()
+    margin = opts.get("autobatch_margin")
+    context = DecisionContext(budget_bytes=report.budget_bytes, objective=opts.get("objective", "speed"),
+                              model_has_dropout=model_has_dropout((base.config or {}).get("model_size")
+                                                                  if base is not None else None),
+                              **({} if margin is None else {"margin": float(margin)}))
+    decision = decide(trials, context)
+    for t in trials:
+        comparison = decision.comparisons.get(t.name)
+        t.comparison = comparison.to_dict() if comparison is not None else None
+        t.trajectory = decision.trajectories.get(t.name)
+        t.deltas = compute_deltas(t, base, threshold, comparison)
+    report.quality = {
+        "rule": quality_rule(factor, floor), "noise": noise,
+        "noise_source": "noise-probe" if noise is not None else None, "threshold": threshold,
+        "threshold_pct": None if threshold is None or base is None or not base.val_loss else
+        100 * threshold / base.val_loss,
+        "noise_factor": factor, "floor": floor,
+        "val_loss_step": max((t.val_loss_step or 0 for t in trials), default=0) or None,
+        "eval_windows": (base.config or {}).get("eval_samples") if base is not None else None,
+        "flagged": [t.name for t in trials if t.quality and not t.quality.get("passed", True)],
+        "trajectory_rule": (f"training losses step by step against the baseline's: equivalent within "
+                            f"{EQUIVALENT_TOLERANCE:g} relative (float error), close within 2%, else approximate; "
+                            f"a change promised equivalent or close that is not is a defect"),
+        "defects": [name for name, check in decision.trajectories.items() if check["defect"]]}
+    report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * decision.threshold,
+                     "drift_pct": None if decision.drift is None else 100 * decision.drift,
+                     "drift_sources": decision.drift_sources, "noisy": decision.noisy,
+                     "warmup": _warmup_evidence(trials)}
+    report.decision = decision.to_dict()
+    report.flops = flops_section(report, preset)
+    report.recommended = recommendation(report, decision.source, decision.reason, preset)
+
+
+def _summarize_predict(report: ProtocolReport, base: TrialResult | None) -> None:
+    """Predict trials: deltas from the ratio of median run times (no recommendation is written)."""
+    from kronos_tune.protocol.decision import drift_estimate
+    from kronos_tune.protocol.stats import compare
+
+    drift, _ = drift_estimate(report.trials)
+    threshold = max(FLOOR, drift or 0.0)
+    for t in report.trials:
+        comparison: Comparison | None = None
+        if base is not None and t is not base and t.status == "ok" and base.status == "ok":
+            mine = t.series_per_s.median if t.series_per_s else None
+            theirs = base.series_per_s.median if base.series_per_s else None
+            comparison = compare(t.step_times_s, base.step_times_s, threshold,
+                                 None if not mine else 1 / mine, None if not theirs else 1 / theirs)
+        t.comparison = comparison.to_dict() if comparison is not None else None
+        t.deltas = compute_deltas(t, base, None, comparison)
+    report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * threshold,
+                     "drift_pct": None if drift is None else 100 * drift}
