@@ -124,9 +124,13 @@ class TrainConfig:
     # Construction from / to files ----------------------------------------------------
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
-        """Build from a flat mapping; `source` (e.g. a file path) starts every error message."""
+    def from_dict(cls, values: dict[str, Any], source: str = "config", portable: bool = False) -> TrainConfig:
+        """Build from a flat mapping; `source` (e.g. a file path) starts every error message.
+
+        `portable`: a config for another machine (a GPU run's recommendation written on a laptop): the checks
+        that ask this machine for its devices are skipped; everything else is validated."""
         config = cls.__new__(cls)
+        object.__setattr__(config, "_portable", portable)
         config._assign(dict(values), source)
         return config
 
@@ -188,6 +192,8 @@ class TrainConfig:
         return self.data == [SYNTHETIC]
 
     def resolved_device(self) -> str:
+        if getattr(self, "_portable", False) and self.device == "auto":
+            return "auto"  # another machine's: unknown here
         if self.device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
@@ -267,7 +273,7 @@ class TrainConfig:
                              f"x accumulation_steps {self.accumulation_steps} = {per_step})",
                              f"raise samples_per_epoch to at least {per_step} or lower accumulation_steps")
         device = self.device
-        if device == "cuda" and not torch.cuda.is_available():
+        if device == "cuda" and not torch.cuda.is_available() and not getattr(self, "_portable", False):
             raise self._fail("device", "but no CUDA device is visible", "use device = \"cpu\" or \"auto\"")
         if self.amp == "fp16" and self.resolved_device() == "cpu":
             raise self._fail("amp", "needs a CUDA device (this run is on CPU)", "use amp = \"bf16\" or \"none\" on CPU")
@@ -286,7 +292,7 @@ class TrainConfig:
         if self.amp == "fp16":
             raise self._fail("amp", "is not supported with parallelism = \"fsdp\" (fp16 needs a grad scaler "
                              "over sharded gradients)", "use amp = \"bf16\" or \"none\"")
-        if self.fsdp_cpu_offload and self.resolved_device() != "cuda":
+        if self.fsdp_cpu_offload and self.resolved_device() not in ("cuda", "auto"):
             raise self._fail("fsdp_cpu_offload", "needs a CUDA device (on the CPU the parameters already live in "
                              "host memory)", "set fsdp_cpu_offload = false or train on a GPU")
         if self.compile != "off":

@@ -197,7 +197,7 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     rec = report.recommended
     if not rec or not rec.get("config"):
         return None
-    text = TrainConfig.from_dict(rec["config"], source="recommended").to_toml()
+    text = TrainConfig.from_dict(rec["config"], source="recommended", portable=True).to_toml()
     header = []
     if report.partial:
         header.append(f"# partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
