@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# GPU checks in one command (about 10 minutes on one GPU). Every output goes under OUT_DIR.
-#   bash scripts/gpu_check.sh OUT_DIR
+# GPU checks in one command per section (each about 10 minutes on one GPU). Every output goes under OUT_DIR.
+#   bash scripts/gpu_check.sh OUT_DIR [SECTION]      SECTION: i12 (default: batch prediction), i11 (benchmark
+#                                                    decisions, watchdog, dashboard), rest (the older checks)
+# On the device tool (8 files come back at most): bash scripts/gpu_check.sh /tmp/gc i11; tar czf $OUT/gc.tgz -C /tmp gc
 # Each step has its own time limit; a failing step is recorded and the next one runs; steps
 # that could pass the overall deadline (GPU_CHECK_SECONDS, default 590) are skipped.
 set -u
-out=${1:?usage: bash scripts/gpu_check.sh OUT_DIR}
+out=${1:?usage: bash scripts/gpu_check.sh OUT_DIR [i12|i11|rest]}
+section=${2:-i12}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 summary="$out/summary.txt"
@@ -25,6 +28,27 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 step nvidia-smi            20  nvidia-smi
+if [[ $section == i11 ]]; then
+# ---- issue 11: benchmark decisions on a real GPU (its own ~10 minutes) --------------------------------
+# The GPU tests (indexed devices, budgets sized from the measured fixed cost, TF32 and CUDA-graph compile
+# trials), the rtx3080 and h200 protocols with every trial under its watchdog (shortened measuring budget),
+# the watchdog path on a trial that hangs ignoring SIGTERM, `report` over the new runs, and the dashboard
+# driven headless with a screenshot of its GPU panel.
+short="--trial-budget 5 --max-steps 30 --trial-timeout 150"
+step i11-pytest-gpu         90  python -m pytest -m gpu -q -p no:cacheprovider tests/test_memory.py \
+                                tests/test_autobatch.py tests/test_protocol_gpu.py
+step i11-rtx3080           240  kronos-tune benchmark --preset rtx3080 --out "$out/i11-rtx3080" $short
+step i11-h200              150  kronos-tune benchmark --preset h200 --out "$out/i11-h200" $short \
+                                --skip compile,compile-cudagraphs,autobatch
+step i11-watchdog           60  env KRONOS_TUNE_FAULT=hang:fused-adamw kronos-tune benchmark --preset rtx3080 \
+                                --only fused-adamw --skip noise-probe,baseline-repeat --trial-timeout 20 \
+                                --trial-budget 3 --out "$out/i11-watchdog"
+step i11-report             20  kronos-tune report "$out/i11-rtx3080" "$out/i11-h200" "$out/i11-watchdog"
+step i11-dashboard          30  python scripts/dashboard_snapshot.py "$out" --preset h200 --seconds 4
+echo "outputs in $out" | tee -a "$summary"
+exit 0
+fi
+if [[ $section == i12 ]]; then
 # ---- issue 12: batch prediction at GPU scale (first, within its own ~8 minutes) ---------------------
 # 2,048 synthetic series, Kronos-small, lookback 400, pred_len 120 (the window slides after 112 steps), bf16:
 # exact refill and approximate shift, CUDA graphs on (default) and off, first call apart from the
@@ -39,6 +63,9 @@ step i12-shift-eager         60  $i12 --repeats 3 --cuda-graphs off --window-mod
 step i12-cached-vs-recompute 60  python -m kronos_core.bench predict --size small --series 256 --lookback 400 \
                                  --pred-len 30 --amp bf16 --repeats 3 --breakdown
 # ---- end of issue 12 --------------------------------------------------------------------------------
+echo "outputs in $out" | tee -a "$summary"
+exit 0
+fi
 step pytest-gpu           120  python -m pytest -m gpu -q -p no:cacheprovider
 step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50 --modes fp32 bf16
 step monitor-nvml          20  kronos-tune monitor --json --duration 3 --interval 0.5
