@@ -75,17 +75,51 @@ def wall_clock_ns(stamps: pd.Series | pd.Index | Sequence | np.ndarray) -> np.nd
 NAT_NS = np.iinfo(np.int64).min
 
 
-def calendar_features_ns(stamps_ns: np.ndarray) -> np.ndarray:
-    """Calendar features (see `calendar_features`) of wall-clock nanoseconds of any shape -> [..., 5].
+def _civil_days(days: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weekday Mon=0, day of month, month) of days since 1970-01-01 (proleptic Gregorian calendar,
+    H. Hinnant's civil_from_days)."""
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = np.where(mp < 10, mp + 3, mp - 9)
+    return (days + 3) % 7, day, month  # 1970-01-01 was a Thursday
 
-    Computed once per distinct timestamp and gathered back, so series on one grid share the work.
+
+def _calendar_arithmetic(ns: np.ndarray) -> np.ndarray:
+    """Calendar features of wall-clock nanoseconds by integer arithmetic; equal to the pandas accessors.
+    The date parts come from a table over the days spanned, so the big array sees only a few operations."""
+    minutes = ns // 60_000_000_000
+    days = minutes // 1440
+    first = int(days.min())
+    weekday, day, month = _civil_days(np.arange(first, int(days.max()) + 1, dtype=np.int64))
+    table = np.stack([weekday, day, month], axis=-1).astype(np.float32)
+    out = np.empty((*ns.shape, len(TIME_FEATURES)), dtype=np.float32)
+    out[..., 0] = minutes % 60
+    out[..., 1] = (minutes // 60) % 24
+    out[..., 2:] = table[days - first]
+    return out
+
+
+def calendar_features_ns(stamps_ns: np.ndarray) -> np.ndarray:
+    """Calendar features (see `calendar_features`) of wall-clock nanoseconds [N, L] (or [L]) -> [..., 5].
+
+    Computed once per distinct timestamp grid (row) and shared by the series on it: a panel of stocks on
+    one calendar costs one row's work. Vectorized integer arithmetic, no per-series pandas calls.
     """
-    flat = np.asarray(stamps_ns, dtype=np.int64).reshape(-1)
-    if flat.size == 0:
-        return np.zeros((*np.shape(stamps_ns), len(TIME_FEATURES)), dtype=np.float32)
-    distinct, inverse = np.unique(flat, return_inverse=True)
-    table = calendar_features(pd.DatetimeIndex(distinct.view("datetime64[ns]")))
-    return table[inverse.reshape(-1)].reshape(*np.shape(stamps_ns), len(TIME_FEATURES))
+    grid = np.asarray(stamps_ns, dtype=np.int64)
+    rows = grid.reshape(-1, grid.shape[-1]) if grid.ndim else grid.reshape(1, 1)
+    if rows.size == 0:
+        return np.zeros((*grid.shape, len(TIME_FEATURES)), dtype=np.float32)
+    first_of_grid: dict[bytes, int] = {}
+    owner = np.array([first_of_grid.setdefault(row.tobytes(), len(first_of_grid)) for row in rows])
+    distinct = np.empty((len(first_of_grid), rows.shape[1]), dtype=np.int64)
+    distinct[owner] = rows
+    features = _calendar_arithmetic(distinct)
+    return features[owner].reshape(*grid.shape, len(TIME_FEATURES))
 
 
 def fill_volume_amount(df: pd.DataFrame) -> pd.DataFrame:

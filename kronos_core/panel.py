@@ -133,8 +133,11 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
         row = int(np.argmax(ns == NAT_NS))
         raise KronosError(f"{source}: symbol {names[codes[row]]}: empty timestamp at row {row}; fill or drop it")
     values = frame_values(panel.drop(columns=[symbol_col, time_col]), source, check_finite=False)
-    order = np.lexsort((ns, codes))
-    codes, ns, values = codes[order], ns[order], values[order]
+    if np.all(codes[1:] >= codes[:-1]) and np.all((ns[1:] > ns[:-1]) | (codes[1:] != codes[:-1])):
+        order = np.arange(len(ns))  # already grouped by symbol and sorted by time: no sort, no copies
+    else:
+        order = np.lexsort((ns, codes))
+        codes, ns, values = codes[order], ns[order], values[order]
     counts = np.bincount(codes, minlength=len(names))
     ends = np.cumsum(counts)
     starts = ends - counts

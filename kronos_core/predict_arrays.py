@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 NORM_EPS = 1e-5
 N_FEATURES = len(FEATURE_COLUMNS)
+_FEATURE_INDEX = pd.Index(FEATURE_COLUMNS)
 
 
 @dataclass
@@ -58,6 +59,13 @@ def frame_values(df: pd.DataFrame, where: str, check_finite: bool = True) -> np.
     if not isinstance(df, pd.DataFrame):
         raise KronosError(f"{where}: input must be a pandas DataFrame, got {type(df).__name__}")
     columns = df.columns
+    if columns.equals(_FEATURE_INDEX):  # the common case, checked once instead of column by column
+        try:
+            values = df.to_numpy(dtype=np.float64)
+        except (TypeError, ValueError):
+            pass
+        else:
+            return _checked(values, where, check_finite)
     missing = [c for c in PRICE_COLUMNS if c not in columns]
     if missing:
         raise KronosError(f"{where}: missing price column(s) {missing}; found {list(columns)}; "
@@ -78,15 +86,28 @@ def frame_values(df: pd.DataFrame, where: str, check_finite: bool = True) -> np.
         bad = next(c for c in FEATURE_COLUMNS if c in frame.columns
                    and not pd.api.types.is_numeric_dtype(frame[c]))
         raise KronosError(f"{where}: column '{bad}' is not numeric; clean it before predicting") from None
+    return _checked(values, where, check_finite)
+
+
+def _checked(values: np.ndarray, where: str, check_finite: bool) -> np.ndarray:
     if len(values) == 0:
         raise KronosError(f"{where}: the history is empty; pass at least one row")
-    finite = np.isfinite(values) if check_finite else True
-    if not np.all(finite):
-        row, col = np.argwhere(~finite)[0]
-        kind = "NaN" if np.isnan(values[row, col]) else "inf"
-        raise KronosError(f"{where}: {kind} in column '{FEATURE_COLUMNS[col]}' at row {row}; "
-                          f"fill or drop it before predicting")
+    if check_finite:
+        raise_non_finite(values, where)
     return values.astype(np.float32)
+
+
+def raise_non_finite(values: np.ndarray, where: str | Callable[[int], str]) -> None:
+    """One-line error naming the first NaN/inf (series, row, column) of [rows, 6] or [n, rows, 6] values."""
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    first = np.argwhere(~finite)[0]
+    kind = "NaN" if np.isnan(values[tuple(first)]) else "inf"
+    *series, row, col = (int(i) for i in first)
+    place = where(series[0]) if series else where
+    raise KronosError(f"{place}: {kind} in column '{FEATURE_COLUMNS[col]}' at row {row}; "
+                      f"fill or drop it before predicting")
 
 
 def _stamps_ns(stamps, expected: int, what: str, where: str, hint: str) -> np.ndarray:
@@ -110,7 +131,7 @@ def prepare_lists(df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y
     values, x_ns, y_ns, indexes = [], [], [], []
     for i, (df, xs, ys) in enumerate(zip(df_list, x_timestamp_list, y_timestamp_list)):
         where = f"series {i}"
-        features = frame_values(df, where)
+        features = frame_values(df, where, check_finite=False)  # checked below, all series at once
         values.append(features)
         x_ns.append(_stamps_ns(xs, len(features), "x_timestamp", where, f"the DataFrame has {len(features)} rows"))
         y_ns.append(_stamps_ns(ys, pred_len, "y_timestamp", where,
@@ -122,6 +143,7 @@ def prepare_lists(df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y
     groups = []
     for length, members in by_length.items():
         x = np.stack([values[i] for i in members])
+        raise_non_finite(x, lambda position: f"series {members[position]}")
         stamps = np.concatenate([np.stack([x_ns[i] for i in members]), np.stack([y_ns[i] for i in members])], 1)
         calendar = calendar_features_ns(stamps)
         groups.append(SeriesGroup(members, x, calendar[:, :length], calendar[:, length:]))
