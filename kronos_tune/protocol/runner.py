@@ -6,7 +6,7 @@ finished trial to OUT/results.jsonl at once, and writes the reports at the
 end, also after a cancel (``cancel`` set, Ctrl-C or SIGTERM: the trial in
 flight is asked to stop at a step boundary and killed after a short grace,
 recorded as cancelled; later trials are not run; the report says partial).
-Training trials run in processes of their own under a watchdog
+Every trial runs in a process of its own under a watchdog
 (isolation.py): a trial past ``trial_timeout_s`` is killed with its children
 and recorded as ``timeout``, its threads' stacks saved under OUT/stacks/.
 """
@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
+import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -29,15 +31,13 @@ import torch
 from kronos_core.errors import KronosError
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
-from kronos_tune.protocol import train_trials
+from kronos_tune.protocol import predict_trials, train_trials
+from kronos_tune.protocol.isolation import Outcome, run_watched
 from kronos_tune.protocol.plan import plan_trials, resolve
-from kronos_tune.protocol.predict_protocol import (
-    autobatch_chunk, measure_prediction, output_max_abs_diff, series_inputs,
-)
+from kronos_tune.protocol.predict_protocol import autobatch_chunk
 from kronos_tune.protocol.quality import noise_estimate
 from kronos_tune.protocol.records import (
-    ProtocolFinished, ProtocolOptions, ProtocolReport, Spread, TrialFinished, TrialResult, TrialSpec, TrialStarted,
-    TrialStep,
+    ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialResult, TrialSpec, TrialStarted,
 )
 from kronos_tune.protocol.report import RESULTS_FILE, append_result, load_results, write_reports
 from kronos_tune.protocol.summary import summarize
@@ -116,6 +116,27 @@ class ProtocolRun:
         folder = self.out_dir / "stacks"
         folder.mkdir(parents=True, exist_ok=True)
         return folder / f"{trial}.txt"
+
+    def launch(self, spec: TrialSpec, work: Path, job: dict[str, Any],
+               on_line: Callable[[str], None]) -> tuple[Outcome, Path]:
+        """Run `job` in trial_worker processes (torchrun for spec.nproc > 1) under the watchdog."""
+        stop_file, job_file, stack_file = work / "stop", work / "job.json", self.stack_file(spec.name)
+        job = {**job, "trial": spec.name, "stop_file": str(stop_file), "stack_file": str(stack_file)}
+        job_file.write_text(json.dumps(job), encoding="utf-8")
+        worker = ["-m", "kronos_tune.protocol.trial_worker", "--job", str(job_file)]
+        if spec.nproc > 1 and job.get("kind") != "predict":  # predict shards through its own launcher
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                       str(spec.nproc), *worker]
+        else:
+            command = [sys.executable, *worker]
+        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                                "MASTER_PORT")}
+        env["PYTHONUNBUFFERED"] = "1"
+        outcome = run_watched(command, env, work / "stderr.txt", on_line, self.cancel, self.trial_timeout_s,
+                              stack_file, stop_file)
+        if not outcome.timed_out and stack_file.is_file() and stack_file.stat().st_size == 0:
+            stack_file.unlink()  # nothing was dumped: the trial ended on its own
+        return outcome, stack_file
 
     def _device_line(self) -> tuple[str, str]:
         budget = self.budget_bytes
@@ -243,28 +264,7 @@ class ProtocolRun:
     def measure(self, spec: TrialSpec, work: Path) -> TrialResult:
         if self.task == "train":
             return train_trials.run_trial(self, spec, work)
-        step = lambda record: self.emit(TrialStep(spec.name, record))  # noqa: E731
-        m = measure_prediction(spec.config, self.device, self.budget_bytes, spec.measured_steps, step,
-                               self.cancel.is_set)
-        settings = spec.config
-        rates = [settings.measured_series / s for s in m.seconds]
-        tokens = settings.measured_series * settings.sample_count * settings.pred_len
-        result = TrialResult(spec.name, spec.stage, m.status, spec.changes, m.reason, spec.description, task="predict",
-                             hardware=f"{settings.devices} x {self.device}", series_per_s=Spread.of(rates),
-                             step_times_s=list(m.seconds),
-                             tokens_per_s=Spread.of([tokens / s for s in m.seconds]),
-                             peak_memory_bytes=m.peak_memory_bytes, config=settings.to_dict(),
-                             warmup_time_s=m.metered_time_s, nproc=settings.devices)
-        if result.series_per_s:
-            result.projected_predict_time_s = settings.series_count / result.series_per_s.median
-        if spec.stage == "baseline":
-            self.references["outputs"] = m.outputs
-        reference = self.results.get("recompute")
-        if reference is not None and reference.series_per_s and result.series_per_s:
-            result.speedup = result.series_per_s.median / reference.series_per_s.median
-        result.output_max_abs_diff = output_max_abs_diff(m.outputs, self.references.get("outputs"),
-                                                         series_inputs(settings)[0])
-        return result
+        return predict_trials.run_trial(self, spec, work)
 
     # The report ----------------------------------------------------------------------------------
     def build_report(self) -> ProtocolReport:

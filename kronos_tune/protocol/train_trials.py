@@ -5,9 +5,7 @@ What the results mean (verdicts, the recommendation) is decided in decision.py a
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +16,7 @@ from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.flops import mfu
 from kronos_tune.protocol.decision import DecisionContext, decide
-from kronos_tune.protocol.isolation import run_watched
+from kronos_tune.protocol.isolation import Outcome
 from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
 from kronos_tune.protocol.plan import combine
 from kronos_tune.protocol.quality import quality_guard
@@ -128,21 +126,9 @@ def step_plan(run: ProtocolRun, spec: TrialSpec) -> StepPlan:
 def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     """The trial in its own process (torchrun for 2+ processes) under the run's watchdog."""
     config = spec.config.replace(output_dir=str(work / "run"))
-    result_file, stop_file, job_file = work / "result.json", work / "stop", work / "job.json"
-    stack_file = run.stack_file(spec.name)
+    result_file = work / "result.json"
     job = {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec).to_dict(),
-           "budget_bytes": run.budget_bytes, "stop_file": str(stop_file), "result_file": str(result_file),
-           "stack_file": str(stack_file)}
-    job_file.write_text(json.dumps(job), encoding="utf-8")
-    worker = ["-m", "kronos_tune.protocol.trial_worker", "--job", str(job_file)]
-    if spec.nproc > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                   str(spec.nproc), *worker]
-    else:
-        command = [sys.executable, *worker]
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    env["PYTHONUNBUFFERED"] = "1"
+           "budget_bytes": run.budget_bytes, "result_file": str(result_file)}
 
     def on_line(line: str) -> None:
         if line.startswith(STEP_PREFIX):
@@ -150,14 +136,10 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
             values.pop("tokens_per_s", None)
             run.emit(TrialStep(spec.name, StepRecord(**values)))
 
-    outcome = run_watched(command, env, work / "stderr.txt", on_line, run.cancel, run.trial_timeout_s,
-                          stack_file, stop_file)
+    outcome, stack_file = run.launch(spec, work, job, on_line)
     if outcome.timed_out:
-        result = TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes),
-                             f"no result after {run.trial_timeout_s:g} s (the watchdog); its processes were killed "
-                             f"and the stacks of every thread saved in {stack_file}", spec.description, task="train",
-                             config=spec.config.to_dict(), nproc=spec.nproc)
-        return result
+        return TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes), timeout_reason(run, stack_file),
+                           spec.description, task="train", config=spec.config.to_dict(), nproc=spec.nproc)
     measured = None
     if result_file.is_file():
         measured = TrainMeasurement.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
@@ -165,16 +147,24 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
         for rank_file in sorted(work.glob(f"{result_file.name}.rank*")):
             measured = TrainMeasurement.from_dict(json.loads(rank_file.read_text(encoding="utf-8")))
             break
-    if measured is None and outcome.cancelled:
-        raise KeyboardInterrupt
     if measured is None:
-        errors = [line for line in (work / "stderr.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
-        last = next((line for line in reversed(errors) if "Error" in line or "error" in line),
-                    errors[-1] if errors else "")
-        raise RuntimeError(f"the trial's process exited with code {outcome.code}: {last.strip()[:300]}")
-    if stack_file.is_file() and stack_file.stat().st_size == 0:
-        stack_file.unlink()  # nothing was dumped: the trial ended on its own
+        raise_for_exit(outcome, work)
     return train_result(run, spec, measured)
+
+
+def timeout_reason(run: ProtocolRun, stack_file: Path) -> str:
+    return (f"no result after {run.trial_timeout_s:g} s (the watchdog); its processes were killed and the stacks "
+            f"of every thread saved in {stack_file}")
+
+
+def raise_for_exit(outcome: Outcome, work: Path) -> None:
+    """A trial process that left no result: cancelled (KeyboardInterrupt) or crashed (its last error line)."""
+    if outcome.cancelled:
+        raise KeyboardInterrupt
+    errors = [line for line in (work / "stderr.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    last = next((line for line in reversed(errors) if "Error" in line or "error" in line),
+                errors[-1] if errors else "")
+    raise RuntimeError(f"the trial's process exited with code {outcome.code}: {last.strip()[:300]}")
 
 
 def _dtype(config: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""One training trial in its own process (what the runner launches), alone or one per rank under torchrun.
+"""One trial in its own process (what the runner launches): a training trial alone or one per rank under
+torchrun, or a predict trial (``"kind": "predict"``).
 
     python -m kronos_tune.protocol.trial_worker --job JOB.json
     python -m torch.distributed.run --standalone --nproc-per-node N -m kronos_tune.protocol.trial_worker --job JOB.json
@@ -32,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from kronos_core.train import StepRecord, TrainConfig
 from kronos_tune.protocol.measure import StepPlan, TrainMeasurement, measure_training
 
 STEP_PREFIX = "KRONOS_BENCH_STEP "
+PREDICT_PREFIX = "KRONOS_BENCH_PREDICT "
 FAULT_ENV = "KRONOS_TUNE_FAULT"
 
 
@@ -68,6 +71,41 @@ def _injected_hang(trial: str) -> bool:
     return kind == "hang" and name == trial
 
 
+def run_predict(job: dict[str, Any]) -> int:
+    """A predict trial: the metered run and the timed runs of measure_prediction; outputs to an .npz file."""
+    import numpy as np
+
+    from kronos_tune.protocol.predict_protocol import measure_prediction
+    from kronos_tune.protocol.records import PredictSettings
+
+    settings = PredictSettings(**job["settings"])
+    device, budget = job["device"], job.get("budget_bytes")
+    if device == "cuda" and budget is not None:
+        from kronos_tune.memory import apply_cuda_budget
+
+        if budget < torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory:
+            apply_cuda_budget(budget)
+    hang = _injected_hang(job.get("trial", ""))
+
+    def emit(step: Any) -> None:
+        if hang:
+            while True:
+                time.sleep(3600)
+        print(PREDICT_PREFIX + json.dumps(asdict(step)), flush=True)
+
+    stop_file = Path(job["stop_file"])
+    m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, stop_file.exists)
+    outputs = Path(job["outputs_file"])
+    if m.outputs:
+        temp = outputs.with_name(outputs.stem + f".tmp{os.getpid()}.npz")
+        np.savez(temp, *[frame.to_numpy() for frame in m.outputs])
+        os.replace(temp, outputs)
+    write_json(Path(job["result_file"]), {"status": m.status, "reason": m.reason, "seconds": m.seconds,
+                                          "peak_memory_bytes": m.peak_memory_bytes,
+                                          "metered_time_s": m.metered_time_s})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kronos_tune.protocol.trial_worker")
     parser.add_argument("--job", required=True)
@@ -76,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     stacks = open(job["stack_file"], "a", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    if job.get("kind") == "predict":
+        return run_predict(job)
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
     stop_file = Path(job["stop_file"])
     result_file = Path(job["result_file"])

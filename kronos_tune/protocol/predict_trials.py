@@ -1,0 +1,68 @@
+"""The predict side of the runner: one predict trial in a watched process of its own (trial_worker's
+predict mode), its outputs compared with the reference method's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data import FEATURE_COLUMNS
+from kronos_tune.protocol.predict_protocol import output_max_abs_diff, series_inputs
+from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.protocol.train_trials import raise_for_exit, timeout_reason
+from kronos_tune.protocol.trial_worker import PREDICT_PREFIX
+
+if TYPE_CHECKING:
+    from kronos_tune.protocol.runner import ProtocolRun
+
+
+def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
+    if not path.is_file():
+        return []
+    with np.load(path) as arrays:
+        values = [arrays[f"arr_{index}"] for index in range(len(arrays.files))]
+    columns = pd.Index(FEATURE_COLUMNS)
+    return [pd.DataFrame(v, columns=columns, index=pd.Index(stamps)) for v, stamps in zip(values, ys)]
+
+
+def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
+    settings = spec.config
+    result_file, outputs_file = work / "result.json", work / "outputs.npz"
+    job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
+           "repeats": spec.measured_steps, "result_file": str(result_file), "outputs_file": str(outputs_file)}
+
+    def on_line(line: str) -> None:
+        if line.startswith(PREDICT_PREFIX):
+            run.emit(TrialStep(spec.name, PredictStep(**json.loads(line[len(PREDICT_PREFIX):]))))
+
+    outcome, stack_file = run.launch(spec, work, job, on_line)
+    hardware = f"{settings.devices} x {run.device}"
+    if outcome.timed_out:
+        return TrialResult(spec.name, spec.stage, "timeout", spec.changes, timeout_reason(run, stack_file),
+                           spec.description, task="predict", hardware=hardware, config=settings.to_dict())
+    if not result_file.is_file():
+        raise_for_exit(outcome, work)
+    m = json.loads(result_file.read_text(encoding="utf-8"))
+    dfs, _, ys = series_inputs(settings)
+    outputs = _outputs(outputs_file, ys)
+    seconds = list(m["seconds"])
+    rates = [settings.measured_series / s for s in seconds]
+    tokens = settings.measured_series * settings.sample_count * settings.pred_len
+    result = TrialResult(spec.name, spec.stage, m["status"], spec.changes, m["reason"], spec.description,
+                         task="predict", hardware=hardware, series_per_s=Spread.of(rates), step_times_s=seconds,
+                         tokens_per_s=Spread.of([tokens / s for s in seconds]),
+                         peak_memory_bytes=m["peak_memory_bytes"], config=settings.to_dict(),
+                         warmup_time_s=m["metered_time_s"], nproc=settings.devices)
+    if result.series_per_s:
+        result.projected_predict_time_s = settings.series_count / result.series_per_s.median
+    if spec.stage == "baseline":
+        run.references["outputs"] = outputs
+    reference = run.results.get("recompute")
+    if reference is not None and reference.series_per_s and result.series_per_s:
+        result.speedup = result.series_per_s.median / reference.series_per_s.median
+    result.output_max_abs_diff = output_max_abs_diff(outputs, run.references.get("outputs"), dfs)
+    return result
