@@ -8,6 +8,7 @@ under the exact CPU meter. Rank 0 writes everything to OUT/results.json.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -69,10 +70,18 @@ def main(out: Path) -> None:
         results["resumed"] = head + losses(resumed, STEPS - STEPS // 2)
         results["resumed_step"] = resumed.step
 
+    # A DDP checkpoint (whole tensors) resumed into a sharded model.
+    with Trainer(config(out, "ddp_first")) as first:
+        head = losses(first, STEPS // 2)
+        first.save_checkpoint()
+    with Trainer(config(out, "ddp_to_fsdp", parallelism="fsdp"), resume=out / "ddp_first") as resumed:
+        results["ddp_to_fsdp"] = head + losses(resumed, STEPS - STEPS // 2)
+
     # Per-rank peak of the steady-state FSDP step (batch 4, no accumulation) under the exact CPU meter.
     meter = CpuExactMeter()
     with Trainer(config(out, "metered", parallelism="fsdp", accumulation_steps=1)) as metered:
         metered.run_steps(1)
+        gc.collect()  # earlier Trainers' garbage is not this step's memory
         with meter:
             meter.track_existing(metered.model, metered.tokenizer, metered.optimizer)
             meter.reset()
