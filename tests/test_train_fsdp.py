@@ -114,3 +114,27 @@ def test_plan_needs_two_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sharding needs 2+ ranks: pass --ranks N" in err
+
+
+def test_exact_meter_follows_storage_resizes_and_counts_shards() -> None:
+    import torch
+
+    from kronos_core.train.fsdp import apply_fsdp
+    from kronos_tune.memory import CpuExactMeter
+    from kronos_tune.memory.sharded import SimulatedRanks
+
+    meter = CpuExactMeter()
+    with meter:
+        tensor = torch.empty(1000)  # 4000 bytes
+        assert meter.current_bytes() == 4000
+        tensor.untyped_storage().resize_(0)  # how FSDP frees a gathered parameter: not an ATen op
+        assert meter.current_bytes() == 0
+        tensor.untyped_storage().resize_(4000)
+        assert meter.current_bytes() == 4000
+    from kronos_tune.memory.tracker import _ORIGINAL_RESIZE
+
+    assert torch.UntypedStorage.resize_ is _ORIGINAL_RESIZE  # the hook leaves with the last meter
+    with SimulatedRanks(4) as ranks:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))
+        apply_fsdp(model, tiny(Path("unused"), parallelism="fsdp"), torch.device("cpu"), 4, mesh=ranks.mesh)
+        assert CpuExactMeter().track_existing(model) == 64 * 64 * 4 // 4  # rank 0's shard, not the whole weight
