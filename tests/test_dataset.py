@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import pickle
 
 import numpy as np
@@ -201,3 +202,28 @@ def test_split_frames_keeps_one_val_window_where_possible() -> None:
     KlineEvalDataset(val, LOOKBACK, PREDICT)  # has a window
     with pytest.raises(KronosError, match="val_fraction"):
         split_frames(frames, val_fraction=1.0)
+
+
+def test_compiled_runs_start_loader_workers_from_a_forkserver_and_read_the_same_batches() -> None:
+    """Forking a process whose compile threads hold locks can hang the child: with compile, workers start
+    from a clean forkserver process, and the batches are the same as in the main process."""
+    from kronos_core.train import TrainConfig
+    from kronos_core.train.loading import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+
+    base = dict(model_size="tiny", lookback_window=16, predict_window=4, batch_size=4, samples_per_epoch=16,
+                eval_samples=8, device="cpu", synthetic_series=2, synthetic_rows=200)
+    plain = TrainConfig(**base)
+    compiled = TrainConfig(**base, compile="default", num_workers=2)
+    train_set, val_set = build_datasets(plain)
+    loaders = {}
+    for name, config in (("plain", plain), ("compiled", compiled)):
+        sampler = GlobalBatchSampler(config.samples_per_epoch, config.batch_size, 1, 1, 0)
+        loaders[name] = (train_loader(train_set, config, sampler), eval_loader(val_set, config, 1, 0))
+    assert loaders["compiled"][0].multiprocessing_context.get_start_method() == "forkserver"
+    assert loaders["compiled"][1].multiprocessing_context.get_start_method() == "forkserver"
+    assert loaders["plain"][0].multiprocessing_context is None
+    for index in (0, 1):  # the training sampler is endless: its first 4 micro-batches
+        pairs = list(itertools.islice(zip(loaders["plain"][index], loaders["compiled"][index]), 4))
+        assert pairs
+        for (x_a, s_a), (x_b, s_b) in pairs:
+            assert torch.equal(x_a, x_b) and torch.equal(s_a, s_b)

@@ -12,6 +12,7 @@ need ``set_epoch`` to reach them, and it starts at any step for an exact resume.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Iterator, Sequence
 
 import pandas as pd
@@ -101,13 +102,23 @@ def _stack(items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Te
     return torch.stack(xs), torch.stack(stamps)
 
 
+def worker_context(config: TrainConfig) -> str | None:
+    """How loader workers start. With torch.compile the process has compile threads (and, on CUDA, driver
+    threads) by the time the evaluation loader starts its workers; forking such a process can leave a child
+    holding a lock no thread will release (the child hangs, and the parent waits on it forever). Workers then
+    start from a forkserver, a clean process. Without compile, the platform's default (fork on Linux)."""
+    if config.num_workers > 0 and config.compile != "off" and "forkserver" in mp.get_all_start_methods():
+        return "forkserver"
+    return None
+
+
 def train_loader(dataset: KlineWindowDataset, config: TrainConfig, sampler: GlobalBatchSampler) -> DataLoader:
     workers = config.num_workers
     return DataLoader(
         EpochItems(dataset), batch_sampler=sampler, num_workers=workers, collate_fn=_stack,
         pin_memory=config.pin_memory, persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
         # Our own generator: creating an iterator must not draw from the global RNG (exact resume).
-        generator=torch.Generator().manual_seed(config.seed),
+        generator=torch.Generator().manual_seed(config.seed), multiprocessing_context=worker_context(config),
     )
 
 
@@ -118,4 +129,5 @@ def eval_loader(dataset: KlineEvalDataset, config: TrainConfig, world_size: int,
     workers = config.num_workers
     return DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=_stack,
                       pin_memory=config.pin_memory, persistent_workers=workers > 0,
-                      generator=torch.Generator().manual_seed(config.seed))
+                      generator=torch.Generator().manual_seed(config.seed),
+                      multiprocessing_context=worker_context(config))
