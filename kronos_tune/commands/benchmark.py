@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
         steps: Annotated[Optional[int], typer.Option("--steps", min=1, metavar="N", help="At least N measured steps per trial (train) / timed runs (predict).")] = None,
         max_steps: Annotated[Optional[int], typer.Option("--max-steps", min=1, metavar="N", help="At most N measured steps per trial (train).")] = None,
         warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, metavar="N", help="At least N warm-up steps (train runs at least 2, then until the step time settles).")] = None,
-        trial_budget: Annotated[Optional[float], typer.Option("--trial-budget", metavar="SECONDS", help="Measuring time per trial before it stops adding steps (default 15 s CPU, 20 s CUDA).")] = None,
+        trial_budget: Annotated[Optional[float], typer.Option("--trial-budget", metavar="SECONDS", help="Measuring time per trial before it stops adding steps (default 10 s CPU, 20 s CUDA).")] = None,
         trial_timeout: Annotated[Optional[float], typer.Option("--trial-timeout", metavar="SECONDS", help="Watchdog: a trial running longer is killed and recorded as timeout (default: the preset's).")] = None,
         objective: Annotated[str, typer.Option("--objective", metavar="speed|memory", help="speed: memory savers only when memory binds; memory: recommend saving memory.")] = "speed",
         skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="TRIAL", help="Trial to leave out (repeatable or comma-separated).")] = None,

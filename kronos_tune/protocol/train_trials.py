@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kronos_tune.protocol.runner import ProtocolRun
 
 PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16"}
-DEFAULT_TRIAL_BUDGET_S = {"cpu": 15.0, "cuda": 20.0}
+DEFAULT_TRIAL_BUDGET_S = {"cpu": 10.0, "cuda": 20.0}
 
 
 def remove_tree(path: Path) -> None:
