@@ -17,8 +17,12 @@ from kronos_tune.tui.app import DashboardApp
 from kronos_tune.protocol.records import TrialFinished
 from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen
-from kronos_tune.tui.widgets import GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar
-from test_tui_canned import series, trial_results, write_tiny_preset, log_text, until
+from kronos_tune.tui.widgets import (
+    AnswerPanel, GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar,
+)
+from test_tui_canned import (
+    full_protocol, log_text, row_marks, series, table_rows, trial_results, until, write_tiny_preset,
+)
 
 runner = CliRunner()
 
@@ -182,8 +186,7 @@ def test_bad_interval_and_preset_dir_are_errors(tmp_path: Path) -> None:
 
 
 def _table_rows(app: DashboardApp) -> list[list[str]]:
-    table = app.query_one(ResultsTable)
-    return [[str(cell) for cell in table.get_row_at(index)] for index in range(table.row_count)]
+    return table_rows(app)
 
 
 @pytest.mark.asyncio
@@ -220,3 +223,105 @@ async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
         assert app.results.sort_key == "name" and [r[0] for r in _table_rows(app)][0] == "autobatch"
         await pilot.press("S")
         assert app.results.reverse and [r[0] for r in _table_rows(app)][0] == "noise-probe"
+
+
+def _feed_protocol(app: DashboardApp, partial: bool = False) -> None:
+    from kronos_tune.tui.messages import JobFinished
+
+    results, report = full_protocol(partial)
+    app.run_state.begin("benchmark train")
+    for result in results:
+        app.post_message(ProtocolEvent(TrialFinished(result)))
+    phase = "cancelled" if partial else "done"
+    app.post_message(JobFinished("benchmark train", phase, f"{len(results)} trials", report))
+
+
+@pytest.mark.asyncio
+async def test_whole_protocol_and_recommendation_fit_at_160x50() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        for snapshot in series(5, gpus=False):
+            app.post_message(TelemetryUpdated(snapshot))
+        _feed_protocol(app)
+        await pilot.pause()
+        await pilot.pause()
+        table = app.query_one(ResultsTable)
+        results, report = full_protocol()
+        assert table.row_count == len(results) >= 16
+        assert table.max_scroll_y == 0  # every trial row is on screen, no scrolling
+        assert table.region.bottom <= app.screen.region.bottom - 1  # above the footer
+        panel = app.query_one(AnswerPanel)
+        assert panel.display and panel.region.height >= 5
+        text = panel.render().plain
+        assert "▶ run combined: num_workers = 2, optimizer_impl = fused" in text
+        assert "why fastest of the trials that kept the validation loss within the noise" in text
+        assert report.recommended["command"] in " ".join(text.split())
+        assert "★ fastest: combined" in text
+        assert row_marks(app) == {"combined": "▶★"}  # recommended and fastest: the same row here
+
+
+@pytest.mark.asyncio
+async def test_results_scroll_at_100x30_and_the_recommended_row_is_shown() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        _feed_protocol(app)
+        await pilot.pause()
+        await pilot.pause()
+        table = app.query_one(ResultsTable)
+        assert table.max_scroll_y > 0 and app.focused is table  # it scrolls, and keys go to it at once
+        names = [row[0] for row in table_rows(app)]
+        assert table.cursor_row == names.index("combined")  # the recommended row, scrolled into view
+        top = table.scroll_y
+        visible = table.size.height - 1  # the header row stays
+        assert top <= table.cursor_row < top + visible
+        await pilot.press("ctrl+home")
+        assert table.cursor_row == 0 and table.scroll_y == 0
+        await pilot.press("pagedown")
+        assert table.scroll_y > 0
+        assert app.query_one(AnswerPanel).display
+
+
+@pytest.mark.asyncio
+async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset_clears(tmp_path: Path) -> None:
+    folder = write_tiny_preset(tmp_path / "presets")
+    app = DashboardApp(preset=resolve_preset("cpu"), preset_dirs=[folder], timestamps=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        _feed_protocol(app)
+        await pilot.pause()
+        _feed_protocol(app, partial=True)
+        await pilot.pause()
+        await pilot.pause()
+        assert app.answer is not None and app.answer.recommended == "combined" and not app.answer.partial
+        assert app.answer.newer_partial == "runs/benchmark/cpu-train-20261130-120000"
+        assert "a later run was cancelled" in app.query_one(AnswerPanel).render().plain
+        assert "the recommendation stays from the complete run" in log_text(app)
+
+        await pilot.press("p")
+        picker = app.screen
+        picker.query_one("#preset-list").highlighted = [p.name for p in picker.presets].index("tiny-cpu")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.preset.name == "tiny-cpu"
+        assert app.query_one(ResultsTable).row_count == 0 and not app.query_one(AnswerPanel).display
+        assert app.answer is None and app.recommended is None
+        assert "results of preset cpu cleared from the screen" in log_text(app)
+
+
+@pytest.mark.asyncio
+async def test_partial_answer_says_what_is_missing() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        _feed_protocol(app, partial=True)
+        await pilot.pause()
+        await pilot.pause()
+        text = " ".join(app.query_one(AnswerPanel).render().plain.split())
+        assert "partial: cancelled before" in text and "this covers only the finished trials" in text
+
+
+@pytest.mark.asyncio
+async def test_help_names_the_scroll_keys() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("question_mark")
+        listed = dict(app.screen.keys)
+        assert "PgUp PgDn" in " ".join(listed) and "mouse wheel" in listed

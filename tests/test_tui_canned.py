@@ -127,3 +127,64 @@ async def until(pilot, condition, what: str, limit_s: float = 120.0) -> None:
         await asyncio.wait_for(wait(), limit_s)
     except asyncio.TimeoutError:
         pytest.fail(f"never happened: {what}")
+
+
+def table_rows(app) -> list[list[str]]:
+    """The results table's rows as text, the name cell without its ▶ (recommended) / ★ (fastest) marks."""
+    from kronos_tune.tui.widgets import ResultsTable
+
+    table = app.query_one(ResultsTable)
+    rows = [[str(cell) for cell in table.get_row_at(index)] for index in range(table.row_count)]
+    for row in rows:
+        row[0] = row[0].lstrip("▶★ ")
+    return rows
+
+
+def row_marks(app) -> dict[str, str]:
+    """{trial: its marks} for the marked rows of the results table."""
+    from kronos_tune.tui.widgets import ResultsTable
+
+    table = app.query_one(ResultsTable)
+    names = [str(table.get_row_at(index)[0]) for index in range(table.row_count)]
+    return {name.lstrip("▶★ "): name[:len(name) - len(name.lstrip("▶★ "))].strip() for name in names
+            if name.startswith(("▶", "★"))}
+
+
+def full_protocol(partial: bool = False):
+    """The cpu preset's whole training protocol as canned results, and its report with a recommendation:
+    every planned trial (ok ones with deltas, skipped ones with reasons), `combined` recommended."""
+    from kronos_tune.presets import resolve_preset
+    from kronos_tune.protocol import ProtocolOptions, plan_trials
+    from kronos_tune.protocol.records import Delta, ProtocolReport, Spread, TrialResult
+
+    names = [spec.name for spec in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions())]
+    speeds = {"dataloader": 1.31, "combined": 1.28, "fused-adamw": 1.45, "checkpointing": 1.71}
+    results = []
+    for index, spec_name in enumerate(names):
+        if spec_name in ("fp16", "compile-cudagraphs", "ddp", "fsdp", "tf32"):
+            results.append(TrialResult(name=spec_name, stage="single", status="skipped",
+                                       reason="needs a CUDA device (this run is on the CPU)"))
+            continue
+        step = speeds.get(spec_name, 1.50 + 0.01 * (index % 3))
+        change = 100 * (step / 1.50 - 1)
+        deltas = {} if spec_name == "baseline" else {"step_time_s": Delta(change, abs(change) < 3),
+                                                     "tokens_per_s": Delta(-change, abs(change) < 3)}
+        stage = "baseline" if spec_name in ("baseline", "noise-probe", "baseline-repeat") else (
+            "combined" if spec_name == "combined" else "single")
+        results.append(TrialResult(
+            name=spec_name, stage=stage, status="ok", step_time_s=Spread(step, step - 0.03, step + 0.03, 5),
+            tokens_per_s=Spread(1600 / step, 1550 / step, 1650 / step, 5), peak_memory_bytes=int(2.4 * GIB),
+            val_loss=7.0412, projected_train_time_s=16 * step, deltas=deltas))
+    if partial:
+        results = results[:3]
+    report = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
+                            budget_bytes=8 * GIB, budget_mode="simulated", trials=results, planned=names,
+                            out_dir="runs/benchmark/cpu-train-20261130-120000", cancelled=partial)
+    report.recommended = {
+        "source": "baseline" if partial else "combined",
+        "reason": "fastest of the trials that kept the validation loss within the noise",
+        "changes": {} if partial else {"num_workers": 2, "optimizer_impl": "fused"},
+        "command": "kronos-tune train --config runs/benchmark/cpu-train-20261130-120000/recommended.toml",
+        "partial": partial, "missing": names[3:] if partial else []}
+    report.partial, report.missing = partial, (names[3:] if partial else [])
+    return results, report

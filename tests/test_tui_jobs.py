@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.protocol import ProtocolOptions, plan_trials
 from kronos_tune.telemetry import Sampler
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.tui.widgets import LogPane, ResultsTable, RunPanel, StatusBar
-from test_tui_canned import write_tiny_preset, log_text, until
+from kronos_core.train import load_checkpoint
+from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel, StatusBar
+from test_tui_canned import log_text, table_rows, until, write_tiny_preset
 
 
 
@@ -56,7 +58,9 @@ async def test_autobatch_runs_in_a_worker(tiny, tmp_path: Path) -> None:
         assert "autobatch: probe batch 1: " in log and "(ok, " in log
         assert "autobatch done: batch_size" in log
         assert "autobatch: done" in app.query_one(StatusBar).render().plain
-        assert "done" in app.query_one(RunPanel).render().plain
+        panel = app.query_one(RunPanel).render().plain
+        assert "done" in panel and "now probe batch" in panel  # what it did, not "step 0 / loss n/a"
+        assert "loss" not in panel and "step 0" not in panel
 
 
 @pytest.mark.asyncio
@@ -76,27 +80,34 @@ async def test_cancelled_autobatch_stops_after_a_probe(tiny, tmp_path: Path) -> 
 
 
 def _rows(app: DashboardApp) -> dict[str, list[str]]:
-    table = app.query_one(ResultsTable)
-    rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
-    return {row[0]: row for row in rows}
+    return {row[0]: row for row in table_rows(app)}
+
+
+PROTOCOL_LIMIT_S = 600.0  # a safety limit against hangs (each tiny trial runs in its own worker process)
+
+
+def _folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
 @pytest.mark.asyncio
 async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp_path: Path) -> None:
+    """b, e, t; then b again cancelled and t twice (a cancelled training continued by the next t): every run
+    has its own folder, nothing is lost, and the partial benchmark never replaces the complete answer."""
     preset, folder = tiny
     out = tmp_path / "out"
     options = ProtocolOptions(steps=2, warmup=2, only=("checkpointing",))
     specs = plan_trials(preset, "train", options)
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(160, 50)) as pilot:
         await _key(pilot, "b")
         await _until_training(pilot, app, "baseline")
         assert app.run_state.steps_target == steps  # warm-up + measured (+ padding)
         run_panel = app.query_one(RunPanel).render().plain
         assert f"trial 1/{len(planned)} baseline" in run_panel and "loss" in run_panel
         assert f"step {app.run_state.step}/{steps}" in run_panel
-        await until(pilot, lambda: not app.busy, "the protocol finished")
+        await until(pilot, lambda: not app.busy, "the protocol finished", PROTOCOL_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         rows = _rows(app)
@@ -108,12 +119,17 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert f"trial 1/{len(planned)}: baseline (baseline)" in log and "checkpointing: ok, step" in log
         ok = sum(row[2] == "ok" for row in rows.values())
         assert ok >= 3 and f"benchmark train done: {ok} ok, {len(planned) - ok} skipped; reports in" in log
-        assert (out / "tiny-cpu-train" / "results.jsonl").is_file()
-        assert app.recommended == out / "tiny-cpu-train" / "recommended.toml"
+        (first,) = _folders(out / "benchmark")
+        assert first.name.startswith("tiny-cpu-train-") and (first / "results.jsonl").is_file()
+        assert app.recommended == first / "recommended.toml"
+        answer = app.query_one(AnswerPanel)
+        assert answer.display and app.answer is not None and app.answer.recommended is not None
+        shown = answer.render().plain
+        assert app.answer.recommended in shown and str(first / "recommended.toml") in shown
 
         await pilot.press("e")
         await until(pilot, lambda: "exported" in log_text(app), "the export")
-        exported = next((out / "reports").iterdir())
+        (exported,) = _folders(out / "exports")
         assert exported.name.startswith("tiny-cpu-train-")
         assert {p.name for p in exported.iterdir()} >= {"report.json", "report.csv", "report.md", "recommended.toml"}
         assert str(exported) in log_text(app)
@@ -124,8 +140,41 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert app.run_state.job == "training" and app.run_state.phase == "done", app.run_state.outcome
         assert app.run_state.step == app.run_state.steps_target == 4  # 32 samples / batch 8
         assert "step 4/4" in app.query_one(RunPanel).render().plain
-        assert (out / "tiny-cpu-training" / "checkpoints" / "last.pt").is_file()
-        assert "training done: 4/4 steps, done" in log_text(app)
+        (trained,) = _folders(out / "train")
+        assert (trained / "checkpoints" / "last.pt").is_file() and "training done: 4/4 steps, done" in log_text(app)
+
+        # t again: a new folder; cancelled after its first step; the next t continues that run in place
+        await _key(pilot, "t")
+        await until(pilot, lambda: app.run_state.step >= 1 or not app.busy, "a training step")
+        await _key(pilot, "c")
+        await until(pilot, lambda: not app.busy, "training stopped")
+        await pilot.pause()
+        trains = _folders(out / "train")
+        assert len(trains) == 2 and trained in trains
+        second = next(f for f in trains if f != trained)
+        stopped = load_checkpoint(second)["step"]
+        if app.run_state.phase == "cancelled":  # the cancel landed before the last step
+            assert json.loads((second / "run.json").read_text())["status"] == "cancelled"
+            await _key(pilot, "t")
+            await until(pilot, lambda: not app.busy, "the resumed training finished")
+            await pilot.pause()
+            assert f"continuing the cancelled run in {second}" in log_text(app)
+            assert _folders(out / "train") == trains  # continued, not restarted in a third folder
+            assert load_checkpoint(second)["step"] == 4 > stopped
+        assert load_checkpoint(trained)["step"] == 4  # the first training run is untouched
+
+        # b again, cancelled during its first trial: kept in its own folder, marked partial; the answer stays
+        await _key(pilot, "b")
+        await _until_training(pilot, app, "baseline")
+        await _key(pilot, "c")
+        await until(pilot, lambda: not app.busy, "the second protocol stopped", PROTOCOL_LIMIT_S)
+        await pilot.pause()
+        benches = _folders(out / "benchmark")
+        assert len(benches) == 2 and first in benches
+        assert json.loads((first / "report.json").read_text())["cancelled"] is False
+        assert app.answer.newer_partial == str(next(f for f in benches if f != first))
+        assert app.recommended == first / "recommended.toml"
+        assert "the recommendation stays from the complete run" in log_text(app)
 
 
 @pytest.mark.asyncio
@@ -145,7 +194,7 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
         await _until_training(pilot, app, "noise-probe")
         await _key(pilot, "c")
         assert app.run_state.phase == "cancelling" and app.run_state.trial == "noise-probe"
-        await until(pilot, lambda: not app.busy, "the protocol stopped")
+        await until(pilot, lambda: not app.busy, "the protocol stopped", PROTOCOL_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "cancelled"
         rows = _rows(app)
@@ -166,7 +215,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
-        await until(pilot, lambda: not app.busy, "the protocol ended")
+        await until(pilot, lambda: not app.busy, "the protocol ended", PROTOCOL_LIMIT_S)
         await pilot.pause()
         baseline = _rows(app)["baseline"]
         assert baseline[2] == "oom" and "simulated device out of memory" in baseline[-1]
@@ -183,13 +232,15 @@ async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("B")
         assert app.run_state.job == "benchmark predict"
-        await until(pilot, lambda: not app.busy, "the predict protocol finished")
+        await until(pilot, lambda: not app.busy, "the predict protocol finished", PROTOCOL_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         rows = _rows(app)
         assert rows["recompute"][2] == "ok" and rows["kv-cache"][2] == "ok"
         assert "series/s" in [str(c.label) for c in app.query_one(ResultsTable).columns.values()]
         assert rows["kv-cache"][6].endswith("×")  # the speed-up over full recompute
+        panel = app.query_one(RunPanel).render().plain
+        assert "run " in panel and "series/s" in panel and "loss" not in panel  # predict runs, not train steps
         await pilot.press("t")  # a predict benchmark recommends no training config
         assert "no recommended.toml yet" in log_text(app)
 
@@ -218,5 +269,6 @@ def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
     asyncio.run(session())
     assert {thread.ident for thread in threading.enumerate()} <= before
     assert psutil.Process().children() == []
-    results = (tmp_path / "out" / "tiny-cpu-train" / "results.jsonl").read_text()
+    (folder,) = _folders(tmp_path / "out" / "benchmark")
+    results = (folder / "results.jsonl").read_text()
     assert '"status": "cancelled"' in results  # the trial in flight was recorded as cancelled

@@ -1,4 +1,4 @@
-"""Snapshot tests of the dashboard with canned telemetry: 2 GPUs and no GPU, at 80x24 and 160x48.
+"""Snapshot tests of the dashboard with canned telemetry: 2 GPUs and no GPU, at 100x30 and 160x50.
 
 Regenerate after a deliberate change with `pytest tests/test_tui_snapshots.py --snapshot-update`
 and look at the SVGs under tests/__snapshots__/ before committing them.
@@ -12,10 +12,10 @@ from textual.pilot import Pilot
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.protocol.records import TrialFinished
-from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
-from test_tui_canned import series, trial_in_flight, trial_results
+from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
+from test_tui_canned import full_protocol, series, trial_in_flight, trial_results
 
-SIZES = [(80, 24), (160, 48)]
+SIZES = [(100, 30), (160, 50)]
 
 
 def canned_app() -> DashboardApp:
@@ -23,13 +23,19 @@ def canned_app() -> DashboardApp:
     return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False)
 
 
-def feed(count: int, gpus: bool, trials: bool = False, running: bool = False):
+def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, protocol: bool = False):
     async def run_before(pilot: Pilot) -> None:
         app = pilot.app
         for snapshot in series(count, gpus):
             app.post_message(TelemetryUpdated(snapshot))
         for result in trial_results() if trials else ():
             app.post_message(ProtocolEvent(TrialFinished(result)))
+        if protocol:  # the cpu preset's whole protocol, finished, with its recommendation
+            results, report = full_protocol()
+            app.run_state.begin("benchmark train")
+            for result in results:
+                app.post_message(ProtocolEvent(TrialFinished(result)))
+            app.post_message(JobFinished("benchmark train", "done", f"{len(results)} ok", report))
         if running:  # as if `b` had started the protocol and it were four steps into its fifth trial
             app.run_state.begin("benchmark train")
             for event in trial_in_flight():
@@ -65,11 +71,22 @@ def test_results_table_with_canned_trials(snap_compare, size: tuple[int, int]) -
 
 
 def test_results_sorted_by_step_time(snap_compare) -> None:
-    assert snap_compare(canned_app(), terminal_size=(160, 48), press=["s", "s", "s", "s"],
+    assert snap_compare(canned_app(), terminal_size=(160, 50), press=["s", "s", "s", "s"],
                         run_before=feed(5, gpus=True, trials=True))
 
 
 def test_run_panel_during_a_trial(snap_compare) -> None:
     """Trial 5/13 at step 4/6 with its loss, step time and throughput sparklines, rows already in."""
-    assert snap_compare(canned_app(), terminal_size=(160, 48), run_before=feed(60, gpus=True, trials=True,
+    assert snap_compare(canned_app(), terminal_size=(160, 50), run_before=feed(60, gpus=True, trials=True,
                                                                                 running=True))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_whole_protocol_with_recommendation(snap_compare, size: tuple[int, int]) -> None:
+    """Every trial of the cpu protocol and the recommendation panel (all visible at 160x50; the table scrolls
+    to the recommended row at 100x30); ▶ marks the recommended row, ★ the fastest."""
+    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, protocol=True))
+
+
+def test_whole_protocol_with_two_gpus(snap_compare) -> None:
+    assert snap_compare(canned_app(), terminal_size=(160, 50), run_before=feed(40, gpus=True, protocol=True))

@@ -16,8 +16,9 @@ def dashboard(
         "--preset-dir", help="Extra folder of preset TOML files (repeatable).")] = None,
     interval: Annotated[float, typer.Option(
         "--interval", help="Seconds between telemetry samples (0.05 to 10).")] = 0.5,
-    out: Annotated[Path, typer.Option("--out", help="Folder for benchmark runs, exported reports and training.",
-                                      file_okay=False)] = Path("runs/dashboard"),
+    out: Annotated[Path, typer.Option("--out", help="Root of the run folders: OUT/benchmark/<preset>-<task>-<time>/, "
+                                      "OUT/train/<preset>-<time>/, OUT/exports/; one new folder per run.",
+                                      file_okay=False)] = Path("runs"),
 ) -> None:
     """Live GPU/host telemetry, the benchmark protocol, autobatch and training in one screen (? lists the keys)."""
     from kronos_tune.presets import preset_dirs, resolve_preset

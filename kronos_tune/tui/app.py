@@ -18,21 +18,24 @@ from textual.widgets import DataTable, Footer
 
 from kronos_core.errors import KronosError
 from kronos_tune.presets import Preset, list_presets, resolve_preset
+from kronos_tune.runs import default_run_dir
 from kronos_tune.telemetry import Sampler
 from kronos_tune.tui import jobs
-from kronos_tune.tui.format import duration, gib, rate
+from kronos_tune.tui.answer import Answer
+from kronos_tune.tui.format import gib
 from kronos_tune.tui.keys import bindings, help_rows, palette_entries
-from kronos_tune.tui.messages import JobFinished, LogLine, ProtocolEvent, TelemetryUpdated, TrainingStep
+from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEvent, TelemetryUpdated, TrainingStep
 from kronos_tune.tui.model import ResultsModel, RunState, TelemetryHistory
+from kronos_tune.tui.results_view import ResultsView
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen, too_small
 from kronos_tune.tui.widgets import (
-    GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar, columns,
+    AnswerPanel, GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar, columns,
 )
 
 if TYPE_CHECKING:  # the protocol imports torch: loaded when the first job needs it, not at start-up
-    from kronos_tune.protocol import ProtocolOptions, ProtocolReport, TrialResult
+    from kronos_tune.protocol import ProtocolOptions, ProtocolReport
 
-class DashboardApp(App[int]):
+class DashboardApp(ResultsView, App[int]):
     """`kronos-tune dashboard`: live telemetry, the benchmark protocol, autobatch and training in one screen."""
 
     CSS_PATH = "styles.tcss"
@@ -40,12 +43,13 @@ class DashboardApp(App[int]):
     BINDINGS = bindings()
 
     def __init__(self, preset: Preset | None = None, preset_dirs: list[Path] | None = None,
-                 sampler: Sampler | None = None, out_dir: Path = Path("runs/dashboard"),
+                 sampler: Sampler | None = None, out_dir: Path = Path("runs"),
                  protocol_options: ProtocolOptions | None = None, host_label: str | None = None,
                  timestamps: bool = True) -> None:
         """`sampler`: started on mount and stopped on quit (None: telemetry arrives as TelemetryUpdated
         messages posted by the caller, as the snapshot tests do). `protocol_options`: ProtocolOptions for
-        every benchmark (None: the protocol's defaults)."""
+        every benchmark (None: the protocol's defaults). `out_dir`: the root of the run folders
+        (OUT/benchmark/<preset>-<task>-<time>/, OUT/train/<preset>-<time>/, OUT/exports/...): one per run."""
         super().__init__()
         self.preset = preset
         self.preset_dirs = list(preset_dirs or [])
@@ -60,7 +64,9 @@ class DashboardApp(App[int]):
         self.results = ResultsModel(columns(self.results_task))
         self.paused = False
         self.report: ProtocolReport | None = None  # the last benchmark's report (also a cancelled one)
-        self.recommended: Path | None = None  # recommended.toml of the last finished benchmark
+        self.complete: dict[str, ProtocolReport] = {}  # per task: the last complete report of this preset
+        self.answer: Answer | None = None  # what the recommendation panel shows
+        self.recommended: Path | None = None  # recommended.toml behind the answer (train task)
         self._cancel = threading.Event()
         self._job_done = threading.Event()
         self._job_done.set()
@@ -77,12 +83,15 @@ class DashboardApp(App[int]):
         with Horizontal(id="middle"):
             yield RunPanel()
             yield LogPane()
+        yield AnswerPanel()
         yield ResultsTable()
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self._show_status()
         self._show_results()
+        self.query_one(ResultsTable).focus()  # arrow keys and PgUp/PgDn scroll the results at once
+        self._fit_results()
         if self.preset is None:
             self.log_line("no preset: press p to pick one", "warning")
         else:
@@ -95,6 +104,7 @@ class DashboardApp(App[int]):
 
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
+        self._fit_results()
 
     def _check_size(self, width: int, height: int) -> None:
         small = too_small(width, height)
@@ -161,6 +171,7 @@ class DashboardApp(App[int]):
             self._gpu_indices = indices
             container.remove_children()
             container.mount_all([GpuPanel(index) for index in indices] if indices else [NoGpuPanel()])
+            self.query_one("#telemetry").set_class(not indices, "no-gpu")  # a narrow panel without GPUs
             self.call_after_refresh(self._show_telemetry)
             return
         if indices:
@@ -219,26 +230,20 @@ class DashboardApp(App[int]):
                           + (f": {spec.description}" if spec.description else ""))
         elif isinstance(event, TrialStep):
             record = event.record
+            speed = record.tokens_per_s
             if isinstance(record, PredictStep):
                 run.steps_target = record.total
-            run.add_step(record.step, record.loss, record.step_time_s, record.tokens_per_s)
+                speed = record.series / record.step_time_s if record.step_time_s > 0 else float("nan")
+            run.add_step(record.step, record.loss, record.step_time_s, speed)
         elif isinstance(event, TrialFinished):
             self._trial_finished(event.result)
         elif isinstance(event, ProtocolFinished):
             self.report = event.report
         self._show_run()
 
-    def _trial_finished(self, result: TrialResult) -> None:
-        self.results.add(result)
-        self._show_results()
-        if result.status == "ok":
-            speed = result.tokens_per_s if result.task == "train" else result.series_per_s
-            unit = "tokens/s" if result.task == "train" else "series/s"
-            step = f", step {duration(result.step_time_s)}" if result.step_time_s is not None else ""
-            self.log_line(f"{result.name}: ok{step}, {rate(speed)} {unit}", "ok")
-        else:
-            level = "error" if result.status in ("oom", "failed") else "warning"
-            self.log_line(f"{result.name}: {result.status}: {result.reason or 'no reason given'}", level)
+    def on_job_note(self, message: JobNote) -> None:
+        self.run_state.note = message.text
+        self._show_run()
 
     def on_training_step(self, message: TrainingStep) -> None:
         record = message.record
@@ -252,10 +257,7 @@ class DashboardApp(App[int]):
         level = {"done": "ok", "cancelled": "warning", "failed": "error"}[message.phase]
         self.log_line(f"{message.job} {message.phase}: {message.outcome}", level)
         if message.job.startswith("benchmark") and message.result is not None:
-            report = self.report = message.result  # a ProtocolReport, also after a cancel
-            recommended = Path(report.out_dir or ".") / "recommended.toml"
-            if report.task == "train" and report.out_dir and recommended.is_file():
-                self.recommended = recommended
+            self._benchmark_answer(message.result)
         self._show_run()
 
     # -- actions --------------------------------------------------------------------------
@@ -265,9 +267,9 @@ class DashboardApp(App[int]):
             return
         self.results_task = task
         self.results = ResultsModel(columns(task))
-        self.report = None
         self._show_results()
-        out = self.out_dir / f"{preset.name}-{task}"
+        out = default_run_dir("benchmark", f"{preset.name}-{task}", root=self.out_dir)  # a new folder per run
+        self.log_line(f"benchmark {task}: results in {out}")
         self._run_job(jobs.benchmark, preset, task, self.protocol_options, out, self._cancel)
 
     def action_autobatch(self) -> None:
@@ -280,9 +282,26 @@ class DashboardApp(App[int]):
             self.log_line("no recommended.toml yet: run the training benchmark (b) to the end first", "warning")
             return
         preset = self._start_job("training")
-        if preset is not None:
-            self.log_line(f"training with {self.recommended}")
-            self._run_job(jobs.train, self.recommended, self.out_dir / f"{preset.name}-training", self._cancel)
+        if preset is None:
+            return
+        folder, resume = self._training_folder(preset, self.recommended)
+        self.log_line(f"training with {self.recommended}" + (f", continuing the cancelled run in {folder}"
+                                                              if resume else f" into {folder}"))
+        self._run_job(jobs.train, self.recommended, folder, resume, self._cancel)
+
+    def _training_folder(self, preset: Preset, config_path: Path) -> tuple[Path, bool]:
+        """The newest cancelled run of this config (resumed), else a new folder under OUT/train/."""
+        from kronos_core.train import TrainConfig
+        from kronos_tune.train_runs import find_resumable
+
+        try:
+            config = TrainConfig.from_toml(config_path)
+            found = find_resumable(self.out_dir, preset.name, config, 1)
+        except KronosError:
+            found = None  # the job reports the config's problem
+        if found is not None:
+            return found, True
+        return default_run_dir("train", preset.name, root=self.out_dir), False
 
     def action_cancel(self) -> None:
         if not self.busy:
@@ -297,8 +316,7 @@ class DashboardApp(App[int]):
         if self.report is None:
             self.log_line("nothing to export: run the benchmark (b or B) first", "warning")
             return
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        folder = self.out_dir / "reports" / f"{self.report.preset}-{self.report.task}-{stamp}"
+        folder = default_run_dir("exports", f"{self.report.preset}-{self.report.task}", root=self.out_dir)
         self._export(self.report, folder)
 
     @work(thread=True, group="export", exit_on_error=False)
@@ -321,22 +339,10 @@ class DashboardApp(App[int]):
         self.log_line("panels paused (space resumes)" if self.paused else "panels resumed")
         self._show_status()
 
-    def action_sort(self) -> None:
-        self.results.cycle_sort()
-        self._show_results()
-
-    def action_reverse_sort(self) -> None:
-        self.results.reverse = not self.results.reverse
-        self._show_results()
-
     @on(DataTable.HeaderSelected)
     def _sort_by_header(self, event: DataTable.HeaderSelected) -> None:
         self.results.sort_by(str(event.column_key.value))
         self._show_results()
-
-    def _show_results(self) -> None:
-        self.query_one(ResultsTable).show(self.results_task, self.results.rows(), self.results.sort_key,
-                                          self.results.reverse)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -363,8 +369,8 @@ class DashboardApp(App[int]):
         except KronosError as error:
             self.log_line(str(error), "error")
             return
-        if self.preset.name != previous:
-            self.recommended = None  # recommended.toml belongs to the other preset
+        if self.preset.name != previous:  # results, answer and recommended.toml belong to the other preset
+            self._clear_results(previous)
         self.log_line(f"preset {self.preset.name}: {self.preset.description}")
         self._show_status()
         self._show_telemetry()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from kronos_tune.presets import Preset
-from kronos_tune.tui.messages import JobFinished, LogLine, ProtocolEvent, TrainingStep
+from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEvent, TrainingStep
 
 if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_core.train import StepRecord
@@ -81,9 +81,14 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         effective = preset.workload.batch_size * preset.workload.accumulation_steps
 
         def on_probe(probe: Probe) -> None:
-            post(LogLine(f"autobatch: {render.probe_line(probe)}"))
+            line = render.probe_line(probe)
+            post(LogLine(f"autobatch: {line}"))
+            post(JobNote(f"{line}; next probe or the fit follows"))
             if cancel.is_set():
                 raise _Cancelled
+
+        post(JobNote(f"probing training batch sizes on {device} against {format_bytes(preset.budget_bytes)} "
+                     f"(real steps, exact memory)"))
 
         with TrainTask(config, device=device) as task:
             result = task.run(preset.budget_bytes, effective_batch=effective, round_bytes=round_bytes,
@@ -106,20 +111,33 @@ class _Cancelled(Exception):
     """Raised from a progress callback to leave a job that has no cancel argument of its own."""
 
 
-def train(post: Post, config_path: Path, out_dir: Path, cancel: threading.Event) -> None:
-    """kronos_core's Trainer on a TrainConfig TOML (recommended.toml); cancel stops at a step boundary."""
+def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: threading.Event) -> None:
+    """kronos_core's Trainer on a TrainConfig TOML (recommended.toml) in `folder`, a new run or (resume) the
+    cancelled one it holds; the folder is claimed through kronos_tune.runs and records how the run ended.
+    Cancel stops at a step boundary after a checkpoint: the next `t` continues it."""
     job = "training"
+    run = None
     try:
         from kronos_core.train import TrainConfig, Trainer
+        from kronos_tune.train_runs import claim_train_dir, finish_status, partial_config_note
 
-        config = TrainConfig.from_toml(config_path).replace(output_dir=str(out_dir))
+        partial = partial_config_note(config_path)
+        if partial:
+            post(LogLine(f"training: {config_path} comes from a partial benchmark ({partial.lstrip('# ')}); "
+                         f"training with it anyway", "warning"))
+        config = TrainConfig.from_toml(config_path).replace(output_dir=str(folder))
+        run = claim_train_dir(folder, config, str(config_path), resume=resume, overwrite=False)
         post(LogLine(f"training: {config.model_size} {config.what}, batch {config.batch_size} x "
-                     f"{config.accumulation_steps}, output {out_dir}"))
+                     f"{config.accumulation_steps}, " + (f"resuming {folder}" if resume else f"output {folder}")))
         if cancel.is_set():
+            run.mark("cancelled", step=0)
             post(JobFinished(job, "cancelled", "cancelled before the first step"))
             return
-        with Trainer(config) as trainer:
+        with Trainer(config, resume=folder if resume else None) as trainer:
             target = trainer.total_steps
+            post(JobNote(f"{trainer.total_steps} optimizer steps = {config.epochs} epoch(s) x "
+                         f"{trainer.steps_per_epoch}, effective batch {trainer.global_batch_size}; from step "
+                         f"{trainer.step}"))
 
             def on_step(record: StepRecord) -> None:
                 post(TrainingStep(record, target))
@@ -129,9 +147,13 @@ def train(post: Post, config_path: Path, out_dir: Path, cancel: threading.Event)
             trainer.callback = on_step
             summary = trainer.fit()
     except Exception as error:
+        if run is not None:
+            run.mark("failed", reason=one_line(error))
         post(JobFinished(job, "failed", one_line(error)))
         return
-    state = "stopped early (resumable)" if summary.interrupted else "done"
+    status = finish_status(summary.interrupted, summary.steps, summary.total_steps)
+    run.mark(status, step=summary.steps, total_steps=summary.total_steps)
+    state = "stopped early (t continues it)" if summary.interrupted else "done"
     loss = "n/a" if summary.best_val_loss is None else f"{summary.best_val_loss:.4f}"
-    _finish(post, job, cancel, f"{summary.steps}/{summary.total_steps} steps, {state}, best val loss {loss}",
-            summary)
+    _finish(post, job, cancel, f"{summary.steps}/{summary.total_steps} steps, {state}, best val loss {loss}; "
+                               f"in {folder}", summary)

@@ -10,7 +10,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("b", "benchmark('train')", "Bench", "Run the benchmark protocol on the training workload"),
     ("B,shift+b", "benchmark('predict')", "Bench predict", "Run the benchmark protocol on the prediction workload"),
     ("a", "autobatch", "Autobatch", "Find the largest training batch that fits the preset's memory"),
-    ("t", "train", "Train", "Train with recommended.toml from the last benchmark"),
+    ("t", "train", "Train", "Train with the recommended config (a cancelled training run is continued)"),
     ("c", "cancel", "Cancel", "Cancel the run at the next step boundary (finished results stay)"),
     ("e", "export", "Export", "Write report.json/csv/md and recommended.toml to a folder"),
     ("space", "pause", "Pause", "Pause or resume the live panels"),
@@ -29,9 +29,18 @@ def bindings() -> list[Binding]:
             for keys, action, label, text in ACTIONS] + [Binding("ctrl+q", "quit", "Quit", show=False)]
 
 
+# Keys the focused results table answers itself (no app binding): listed in the help all the same.
+TABLE_KEYS: tuple[tuple[str, str], ...] = (
+    ("↑ ↓, PgUp PgDn, ctrl+Home ctrl+End", "Move through the results (the table has the focus; Tab moves it)"),
+    ("← →, Home End", "Scroll the results sideways (columns that do not fit)"),
+    ("mouse wheel", "Scroll the results or the log under the pointer; shift+wheel scrolls sideways"),
+    ("click a header", "Sort the results by that column (again: reverse)"),
+)
+
+
 def help_rows() -> list[tuple[str, str]]:
     """(key as typed, what it does) for the help screen."""
-    return [(KEY_NAMES.get(keys, keys), text) for keys, _, _, text in ACTIONS]
+    return [(KEY_NAMES.get(keys, keys), text) for keys, _, _, text in ACTIONS] + list(TABLE_KEYS)
 
 
 def palette_entries() -> list[tuple[str, str, str]]:

@@ -52,3 +52,11 @@ class LogLine(Message):
         super().__init__()
         self.text = text
         self.level = level
+
+
+class JobNote(Message):
+    """What the running job is doing now, for the run panel (an autobatch probe, a run being prepared...)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

@@ -63,6 +63,9 @@ class RunState:
     trial_total: int = 0
     step: int = 0
     steps_target: int | None = None
+    note: str = ""  # what the job is doing between steps (an autobatch probe, a predict run...)
+    step_label: str = "step"  # "run" for prediction trials
+    speed_unit: str = "tokens/s"  # "series/s" for prediction trials
     loss: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
     step_time_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
     tokens_per_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
@@ -72,8 +75,10 @@ class RunState:
         return self.phase in ("running", "cancelling")
 
     def begin(self, job: str) -> None:
-        self.job, self.phase, self.outcome = job, "running", ""
+        self.job, self.phase, self.outcome, self.note = job, "running", "", ""
         self.trial, self.trial_index, self.trial_total = None, 0, 0
+        predicting = job == "benchmark predict"
+        self.step_label, self.speed_unit = ("run", "series/s") if predicting else ("step", "tokens/s")
         self._reset_steps(None)
 
     def _reset_steps(self, target: int | None) -> None:
@@ -83,7 +88,7 @@ class RunState:
         self.tokens_per_s.clear()
 
     def begin_trial(self, name: str, index: int, total: int, steps_target: int | None = None) -> None:
-        self.trial, self.trial_index, self.trial_total = name, index, total
+        self.trial, self.trial_index, self.trial_total, self.note = name, index, total, ""
         self._reset_steps(steps_target)
 
     def add_step(self, step: int, loss: float, step_time_s: float, tokens_per_s: float) -> None:
@@ -150,3 +155,18 @@ class ResultsModel:
         unknown = [r for r in self.results if column.sort_value(r) is None]
         known.sort(key=column.sort_value, reverse=self.reverse)
         return known + unknown
+
+
+def passed_quality(result: Any) -> bool:
+    return result.quality is None or bool(result.quality.get("passed", True))
+
+
+def best_trial(results: Sequence[Any], task: str) -> Any | None:
+    """The fastest trial that ran ok and kept the quality guard: lowest step time (train), most series/s
+    (predict); None before any such trial."""
+    ok = [r for r in results if r.status == "ok" and passed_quality(r)]
+    if task == "predict":
+        ranked = [r for r in ok if r.series_per_s is not None]
+        return max(ranked, key=lambda r: float(r.series_per_s), default=None)
+    ranked = [r for r in ok if r.step_time_s is not None]
+    return min(ranked, key=lambda r: float(r.step_time_s), default=None)

@@ -1,5 +1,6 @@
 """Dashboard widgets: each receives ready data through a `show(...)` method and only draws it."""
 
+from kronos_tune.tui.widgets.answer import AnswerPanel
 from kronos_tune.tui.widgets.gpu import GpuPanel, NoGpuPanel
 from kronos_tune.tui.widgets.header import StatusBar
 from kronos_tune.tui.widgets.host import HostPanel
@@ -7,4 +8,4 @@ from kronos_tune.tui.widgets.log import LogPane
 from kronos_tune.tui.widgets.results import ResultsTable, columns
 from kronos_tune.tui.widgets.run import RunPanel
 
-__all__ = ["GpuPanel", "HostPanel", "LogPane", "NoGpuPanel", "ResultsTable", "RunPanel", "StatusBar", "columns"]
+__all__ = ["AnswerPanel", "GpuPanel", "HostPanel", "LogPane", "NoGpuPanel", "ResultsTable", "RunPanel", "StatusBar", "columns"]

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from kronos_tune.protocol import TrialResult
 
 STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skipped": "dim", "cancelled": "yellow"}
-NOTE_WIDTH = 44  # the reason column wraps at this width
+NOTE_WIDTH = 44  # the reason column is cut at this width (the log pane has every reason whole)
+RECOMMENDED_MARK = "▶"
+BEST_MARK = "★"
+LEGEND = "▶ recommended · ★ fastest · ↑↓ PgUp/PgDn or the mouse wheel scroll"
 TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 
 
@@ -91,10 +94,18 @@ def note(result: TrialResult) -> Text:
     return Text("")
 
 
-def row_cells(result: TrialResult, task: str) -> list[Text]:
+def name_cell(name: str, best: str | None, recommended: str | None) -> Text:
+    """The trial's name, marked ▶ when it is the recommended one and ★ when it is the fastest."""
+    marks = (RECOMMENDED_MARK if name == recommended else "") + (BEST_MARK if name == best else "")
+    style = "bold green" if name == recommended else "bold cyan" if name == best else "bold"
+    return Text.assemble((marks + " " if marks else "", style), (name, style))
+
+
+def row_cells(result: TrialResult, task: str, best: str | None = None, recommended: str | None = None
+              ) -> list[Text]:
     """One table row: name, stage, status, the task's figures with their deltas, the note."""
     cells = [
-        Text(result.name, style="bold"),
+        name_cell(result.name, best, recommended),
         Text(result.stage, style="dim"),
         Text(result.status, style=STATUS_STYLES.get(result.status, "")),
     ]
@@ -104,14 +115,17 @@ def row_cells(result: TrialResult, task: str) -> list[Text]:
 
 
 class ResultsTable(DataTable):
-    """Rebuilt from the model's sorted rows whenever a trial finishes or the order changes."""
+    """Rebuilt from the model's sorted rows whenever a trial finishes or the order changes. One line per row
+    (a long note is cut here; the log has it whole), so the table's height is its row count."""
 
     def __init__(self) -> None:
         super().__init__(id="results", cursor_type="row", zebra_stripes=True)
         self.border_title = "Results"
+        self.border_subtitle = LEGEND
         self.shown_task: str | None = None
 
-    def show(self, task: str, rows: Sequence[TrialResult], sort_key: str | None, reverse: bool) -> None:
+    def show(self, task: str, rows: Sequence[TrialResult], sort_key: str | None, reverse: bool,
+             best: str | None = None, recommended: str | None = None) -> None:
         if task != self.shown_task:
             self.clear(columns=True)
             for column in columns(task):
@@ -122,10 +136,25 @@ class ResultsTable(DataTable):
         for column in columns(task):  # the sorted column's header carries the arrow
             self.columns[ColumnKey(column.key)].label = Text(
                 f"{column.label} {arrow}" if column.key == sort_key else column.label)
+        cursor = self.cursor_row
         self.clear()
         for result in rows:
-            self.add_row(*row_cells(result, task), key=result.name, height=None)  # long notes wrap
+            cells = row_cells(result, task, best, recommended)
+            cells[-1].truncate(NOTE_WIDTH, overflow="ellipsis")
+            self.add_row(*cells, key=result.name)
+        if rows:
+            self.move_cursor(row=min(cursor, len(rows) - 1), scroll=False)
         labels = {c.key: c.label for c in columns(task)}
         order = "arrival order" if sort_key is None else f"by {labels[sort_key]} {arrow}"
         count = f"{len(rows)} trial" + ("" if len(rows) == 1 else "s")
         self.border_title = f"Results ({task}) · {count} · {order}"
+
+    def show_row(self, name: str | None) -> None:
+        """Put the cursor on the row of trial `name` and scroll it into view."""
+        if name is None:
+            return
+        try:
+            index = self.get_row_index(name)
+        except Exception:  # noqa: BLE001 - no such row (yet): nothing to show
+            return
+        self.move_cursor(row=index, scroll=True)

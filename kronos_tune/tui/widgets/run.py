@@ -44,20 +44,25 @@ class RunPanel(Panel):
         if run.trial is not None:
             trial = Text.assemble(("trial ", "bold"), f"{run.trial_index}/{run.trial_total} ", (run.trial, "cyan"))
             lines.append((0, trial))
+        if run.note:  # what the job does right now when it has no steps to show (autobatch probes...)
+            lines.append((0, Text.assemble(("now ", "bold"), run.note)))
+        if not run.step and not run.steps_target:
+            return lines
         if run.steps_target:
-            label = f"step {run.step}/{run.steps_target}"
+            label = f"{run.step_label} {run.step}/{run.steps_target}"
             progress = Text.assemble((label.ljust(LABEL_WIDTH), "bold"),
                                      bar(run.step / run.steps_target, max(4, width - LABEL_WIDTH)))
         else:
-            progress = Text.assemble(("step ", "bold"), str(run.step))
+            progress = Text.assemble((f"{run.step_label} ", "bold"), str(run.step))
         lines.append((1, progress))
         loss = _last(run.loss)
         step_time = _last(run.step_time_s)
         speed = _last(run.tokens_per_s)
-        lines.append((2, spark_line("loss", LABEL_WIDTH, run.loss, width,
-                                    value="n/a" if loss is None else f"{loss:.4f}", style="yellow")))
-        lines.append((3, spark_line("step time", LABEL_WIDTH, run.step_time_s, width, 0.0, None,
+        if loss is not None or run.step_label == "step":  # prediction has no loss
+            lines.append((2, spark_line("loss", LABEL_WIDTH, run.loss, width,
+                                        value="n/a" if loss is None else f"{loss:.4f}", style="yellow")))
+        lines.append((3, spark_line(f"{run.step_label} time", LABEL_WIDTH, run.step_time_s, width, 0.0, None,
                                     value=duration(step_time), style="magenta")))
-        lines.append((4, spark_line("tokens/s", LABEL_WIDTH, run.tokens_per_s, width, 0.0, None,
+        lines.append((4, spark_line(run.speed_unit, LABEL_WIDTH, run.tokens_per_s, width, 0.0, None,
                                     value=rate(speed), style="green")))
         return lines

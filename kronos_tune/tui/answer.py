@@ -1,0 +1,57 @@
+"""The benchmark's answer as the dashboard shows it: what to run, why, the command, and the fastest trial.
+
+Plain Python (no Textual): built from a ProtocolReport's `recommended` entry
+({source, reason, command, changes, partial, missing}) and the finished trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kronos_tune.tui.format import duration, rate
+from kronos_tune.tui.model import best_trial
+
+
+@dataclass
+class Answer:
+    preset: str
+    task: str
+    folder: str | None
+    recommended: str | None  # the trial whose config is recommended
+    changes: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    command: str | None = None
+    best: str | None = None  # the fastest trial that ran ok and kept the quality guard
+    best_figure: str = ""
+    partial: bool = False
+    missing: list[str] = field(default_factory=list)
+    newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
+
+    def changes_text(self) -> str:
+        return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
+
+
+def _figure(result: Any, task: str) -> str:
+    if result is None:
+        return ""
+    if task == "predict":
+        return f"{rate(float(result.series_per_s))} series/s"
+    return f"{duration(float(result.step_time_s))} per step"
+
+
+def answer_from(report: Any) -> Answer:
+    """The answer of a finished (or cancelled) protocol run."""
+    rec = report.recommended or {}
+    best = best_trial(report.trials, report.task)
+    missing = list(rec.get("missing") or getattr(report, "missing", []) or [])
+    partial = bool(rec.get("partial", getattr(report, "partial", False) or report.cancelled))
+    return Answer(preset=report.preset, task=report.task, folder=report.out_dir,
+                  recommended=rec.get("source"), changes=dict(rec.get("changes") or {}),
+                  reason=str(rec.get("reason") or ""), command=rec.get("command"),
+                  best=best.name if best is not None else None, best_figure=_figure(best, report.task),
+                  partial=partial, missing=missing)
+
+
+def is_complete(report: Any) -> bool:
+    return not (getattr(report, "partial", False) or report.cancelled)

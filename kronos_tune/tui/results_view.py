@@ -1,0 +1,101 @@
+"""The dashboard's results and answer: the trials table, the recommendation panel, and the rule that a partial
+benchmark never replaces a complete answer. A mixin of DashboardApp (it reads the app's state and widgets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kronos_tune.tui.answer import Answer, answer_from, is_complete
+from kronos_tune.tui.format import duration, rate
+from kronos_tune.tui.model import ResultsModel, best_trial
+from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
+
+if TYPE_CHECKING:
+    from kronos_tune.protocol import ProtocolReport, TrialResult
+
+
+class ResultsView:
+    """Needs from the app: results, results_task, report, complete, answer, recommended, out_dir, log_line,
+    query_one, size."""
+
+    results: ResultsModel
+    results_task: str
+    report: ProtocolReport | None
+    complete: dict[str, ProtocolReport]
+    answer: Answer | None
+    recommended: Path | None
+    out_dir: Path
+
+    def _fit_results(self) -> None:
+        """The results table may take up to 45% of the screen, less what the recommendation needs and the
+        smallest telemetry and run | log rows (5 each): at 100x30 it scrolls instead of pushing panels away."""
+        width, height = self.size
+        used = 2 + 10  # status line and footer; telemetry and run | log at their smallest
+        answer = self.query_one(AnswerPanel)
+        if answer.display:
+            used += answer.get_content_height(self.size, self.size, max(1, width - 4)) + 2
+        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, round(0.45 * height)))
+
+    def _trial_finished(self, result: TrialResult) -> None:
+        self.results.add(result)
+        self._show_results()
+        if result.status == "ok":
+            speed = result.tokens_per_s if result.task == "train" else result.series_per_s
+            unit = "tokens/s" if result.task == "train" else "series/s"
+            step = f", step {duration(result.step_time_s)}" if result.step_time_s is not None else ""
+            self.log_line(f"{result.name}: ok{step}, {rate(speed)} {unit}", "ok")
+        else:
+            level = "error" if result.status in ("oom", "failed") else "warning"
+            self.log_line(f"{result.name}: {result.status}: {result.reason or 'no reason given'}", level)
+
+    def _benchmark_answer(self, report: ProtocolReport) -> None:
+        """Show the report's answer, unless it is partial and a complete one of the same task is on screen:
+        a cancelled run never replaces a finished one (both stay on disk, in their own folders)."""
+        self.report = report
+        kept = self.complete.get(report.task)
+        if is_complete(report):
+            self.complete[report.task] = report
+            answer = answer_from(report)
+        elif kept is not None:
+            answer = answer_from(kept)
+            answer.newer_partial = report.out_dir
+            self.log_line(f"partial run kept in {report.out_dir}; the recommendation stays from the complete run "
+                          f"in {kept.out_dir}", "warning")
+            report = kept
+        else:
+            answer = answer_from(report)
+        self.answer = answer
+        recommended = Path(report.out_dir or ".") / "recommended.toml"
+        if report.task == "train" and report.out_dir and recommended.is_file():
+            self.recommended = recommended
+        self.query_one(AnswerPanel).show(answer)
+        self._fit_results()
+        self._show_results()
+        self.query_one(ResultsTable).show_row(answer.recommended or answer.best)
+
+    def action_sort(self) -> None:
+        self.results.cycle_sort()
+        self._show_results()
+
+    def action_reverse_sort(self) -> None:
+        self.results.reverse = not self.results.reverse
+        self._show_results()
+
+    def _show_results(self) -> None:
+        best = best_trial(self.results.results, self.results_task)
+        answer = self.answer if self.answer is not None and self.answer.task == self.results_task else None
+        self.query_one(ResultsTable).show(self.results_task, self.results.rows(), self.results.sort_key,
+                                          self.results.reverse, best=best.name if best is not None else None,
+                                          recommended=answer.recommended if answer is not None else None)
+
+    def _clear_results(self, previous: str | None) -> None:
+        had = bool(self.results.results) or self.answer is not None
+        self.recommended, self.report, self.answer, self.complete = None, None, None, {}
+        self.results = ResultsModel(columns(self.results_task))
+        self.query_one(AnswerPanel).show(None)
+        self._fit_results()
+        self._show_results()
+        if had:
+            self.log_line(f"results of preset {previous} cleared from the screen (their folders under "
+                          f"{self.out_dir} stay)")

@@ -1,0 +1,70 @@
+"""The recommendation panel: what the benchmark recommends, why, the command that runs it, the fastest trial."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.geometry import Size
+
+from kronos_tune.tui.answer import Answer
+from kronos_tune.tui.widgets.base import Line, Panel
+from kronos_tune.tui.widgets.results import BEST_MARK, RECOMMENDED_MARK
+
+RUN_HERE = "  (t runs it here)"
+
+
+class AnswerPanel(Panel):
+    """Hidden until a benchmark has an answer; then as many rows as its lines (plus the border)."""
+
+    def __init__(self) -> None:
+        super().__init__(id="answer", classes="panel")
+        self.border_title = "Recommendation"
+        self._answer: Answer | None = None
+        self.display = False
+
+    @property
+    def answer(self) -> Answer | None:
+        return self._answer
+
+    def show(self, answer: Answer | None) -> None:
+        self._answer = answer
+        self.display = answer is not None
+        if answer is not None:
+            self.border_title = f"Recommendation · preset {answer.preset} · {answer.task}"
+            self.border_subtitle = answer.folder or ""
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """Every line, wrapped at the panel's width (the panel's CSS height is auto)."""
+        console = self.app.console
+        return sum(len(text.wrap(console, max(1, width))) for _, text in self.lines(width))
+
+    def lines(self, width: int) -> list[Line]:
+        answer = self._answer
+        if answer is None:
+            return []
+        lines: list[Line] = []
+        if answer.recommended is not None:
+            what = Text.assemble((f"{RECOMMENDED_MARK} run ", "bold"), (answer.recommended, "bold green"),
+                                 f": {answer.changes_text()}")
+        else:
+            what = Text("no training config to recommend for this task", style="dim")
+        if answer.best is not None:
+            what.append(f"   {BEST_MARK} fastest: ", style="bold")
+            what.append(answer.best, style="bold cyan")
+            what.append(f" ({answer.best_figure})")
+        lines.append((0, what))
+        if answer.reason:
+            lines.append((1, Text.assemble(("why ", "bold"), answer.reason)))
+        if answer.command:
+            command = Text.assemble(("command ", "bold"), (answer.command, "cyan"))
+            if command.cell_len + len(RUN_HERE) <= width:
+                command.append(RUN_HERE, style="dim")
+            lines.append((0, command))
+        if answer.partial:
+            missing = ", ".join(answer.missing) or "some trials"
+            lines.append((0, Text(f"partial: cancelled before {missing}; this covers only the finished trials",
+                                  style="yellow")))
+        if answer.newer_partial:
+            lines.append((2, Text(f"a later run was cancelled (kept in {answer.newer_partial}); this answer is from "
+                                  f"the last complete run", style="yellow")))
+        return lines
