@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,10 @@ def check_resume_folder(folder: Path) -> None:
     if stored is not None and stored.get("command") != COMMAND:
         raise KronosTuneError(f"--resume {folder}: that folder holds a '{stored.get('command')}' run, not a training "
                               f"run; give the folder `kronos-tune train` printed")
+    running = still_running(stored or {})
+    if running is not None:
+        raise KronosTuneError(f"--resume {folder}: that run is still training (process {running}); stop it first "
+                              f"(Ctrl-C saves a checkpoint) or wait for it to end")
     if not (folder / "config.toml").is_file():
         raise KronosTuneError(f"--resume {folder}: no config.toml there, so it is not a training run's folder; give "
                               f"the folder `kronos-tune train` printed")
@@ -237,8 +242,24 @@ def claim_train_dir(folder: Path, config: TrainConfig, source: str, *, resume: b
     if what is not None:
         wanted["what"] = what
     run = claim_run_dir(folder, COMMAND, wanted, resume=resume, overwrite=overwrite, flag=flag, same=("what",))
-    run.mark("running", processes=processes)
+    run.mark("running", processes=processes, pid=os.getpid(), host=socket.gethostname())
     return run
+
+
+def still_running(stored: dict[str, Any]) -> int | None:
+    """The pid of the process that is still training this run on this machine, else None."""
+    pid = stored.get("pid")
+    if stored.get("status") != "running" or not isinstance(pid, int) or stored.get("host") != socket.gethostname():
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
 
 
 def find_resumable(root: Path | str, label: str, config: TrainConfig, processes: int | None) -> Path | None:

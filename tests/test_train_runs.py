@@ -197,3 +197,20 @@ def test_cancelled_run_is_continued_by_the_next_start(tmp_path: Path, monkeypatc
     assert load_checkpoint(folder)["step"] == stopped + 2
     assert run_cli(["train", "--config", str(config), "--steps", "1", "--new-run"]) == 0
     assert len(run_folders(tmp_path)) == 2
+
+
+def test_resume_refuses_a_run_another_process_is_training(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert run_cli(["train", "--config", str(write_config(tmp_path)), "--steps", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stored = status(out)
+        (out / "run.json").write_text(json.dumps({**stored, "status": "running", "pid": sleeper.pid}))
+        assert run_cli(["train", "--resume", str(out)]) == 2
+        assert f"that run is still training (process {sleeper.pid})" in capsys.readouterr().err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert run_cli(["train", "--resume", str(out), "--steps", "3"]) == 0  # its process is gone: resumable
+    assert load_checkpoint(out)["step"] == 3
