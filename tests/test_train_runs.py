@@ -108,6 +108,7 @@ def test_resume_errors_name_the_real_problem(tmp_path: Path, monkeypatch, capsys
     empty = tmp_path / "empty"
     empty.mkdir()
     cases.append((["--resume", str(empty)], "no config.toml there"))
+    cases.append((["--resume", str(folder), "--preset", "cpu"], "that run was started from "))
     for args, expected in cases:
         assert run_cli(["train", *args]) == 2, args
         err = capsys.readouterr().err

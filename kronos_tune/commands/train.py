@@ -343,6 +343,11 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             check_resume_folder(resume)
         base, source = build_config(preset, config, resume, data, what, device)
+        if resume is not None and (preset or config):
+            theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
+            if theirs is not None and theirs != source:
+                raise KronosTuneError(f"--resume {resume}: that run was started from {theirs}, not {source}; leave "
+                                      f"out --preset/--config to continue it as it was")
         console = Console()
         if config is not None:
             partial = partial_config_note(config)
