@@ -22,7 +22,8 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     except ImportError:
         note("note", MISSING_NOTE)
         return None
-    times = [origin.timestamp for origin in result.plan.origins]
+    # Origins evenly spaced (nights and weekends would otherwise squeeze the intraday ones together).
+    times = list(range(len(result.plan.origins)))
     figure, (curves, ics) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=(3, 2))
     try:
         main = result.scores[0]
@@ -48,6 +49,8 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
         ics.set_ylabel("correlation")
         ics.set_xlabel("origin")
         ics.legend(loc="best", fontsize=8)
+        ticks = times[::max(1, len(times) // 8)]
+        ics.set_xticks(ticks, [result.plan.origins[i].timestamp.strftime("%Y-%m-%d %H:%M") for i in ticks])
         figure.autofmt_xdate()
         figure.tight_layout()
         temp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")

@@ -35,7 +35,7 @@ def _finite(value: Any) -> Any:
 
 def headline(scores: SettingScores) -> dict[str, Any]:
     """The named scores of one setting."""
-    out = {
+    return {
         "ic_mean": scores.ic.mean, "ic_std": scores.ic.std, "ic_t": scores.ic.t,
         "rank_ic_mean": scores.rank_ic.mean, "rank_ic_std": scores.rank_ic.std, "rank_ic_t": scores.rank_ic.t,
         "hit_rate": scores.hit_rate, "mae_return": scores.mae_return,
@@ -45,7 +45,6 @@ def headline(scores: SettingScores) -> dict[str, Any]:
         "benchmark_cumulative_return": scores.benchmark.cumulative_return,
         "benchmark_annualized_return": scores.benchmark.annualized_return,
     }
-    return out
 
 
 def to_json_dict(result: BacktestResult) -> dict[str, Any]:

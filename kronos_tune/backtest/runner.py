@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -183,6 +183,11 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     try:
         for slot, setting in zip(SLOTS, settings):
             _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress)
+        result = score_run(config, universe, plan, run.path, settings)
+        result.notes = session.notes
+        result.session_predicted = session.predicted
+        result.session_predict_seconds = session.predict_seconds
+        result.plot = write_outputs(result, run.path, note)
     except KeyboardInterrupt:
         run.mark("cancelled", **_timing(session))
         raise
@@ -190,18 +195,11 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         run.mark("failed", error=str(error).splitlines()[0] if str(error) else type(error).__name__,
                  **_timing(session))
         raise
-    result = score_run(config, universe, plan, run.path, settings)
-    result.notes = session.notes
-    result.session_predicted = session.predicted
-    result.session_predict_seconds = session.predict_seconds
-    result.plot = write_outputs(result, run.path, note)
     run.mark("complete", **_timing(session))
     return result
 
 
 def _with_every(config: BacktestConfig) -> BacktestConfig:
-    from dataclasses import replace
-
     return replace(config, every=parse_every(config.every))
 
 

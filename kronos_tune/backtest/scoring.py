@@ -110,7 +110,6 @@ def curve_difference(a: SettingScores, b: SettingScores) -> dict[str, float]:
     gap = (b.net_equity - a.net_equity).abs()
     return {
         "cumulative_return_diff": b.curve.cumulative_return - a.curve.cumulative_return,
-        "sharpe_diff": b.curve.sharpe - a.curve.sharpe if not (math.isnan(a.curve.sharpe)
-                                                               or math.isnan(b.curve.sharpe)) else math.nan,
+        "sharpe_diff": b.curve.sharpe - a.curve.sharpe,
         "curve_max_abs_diff": float(gap.max()) if len(gap) else math.nan,
     }

@@ -108,7 +108,11 @@ def _read_panel_if_any(path: Path) -> pd.DataFrame | None:
             return None  # read_kline gives the precise message
         if not {str(c).strip().lower() for c in header.columns} & set(SYMBOL_ALIASES):
             return None
-        return pd.read_csv(path)
+        try:
+            return pd.read_csv(path)
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            reason = " ".join(str(error).split())[:200]
+            raise KronosTuneError(f"{path}: could not read the panel CSV ({reason}); check the file") from None
     try:
         frame = pd.read_parquet(path)
     except (ImportError, OSError, ValueError):
