@@ -18,12 +18,12 @@ def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> Non
     names = [s.name for s in specs]
     assert names[0] == "baseline" and names[-1] == "combined" and names[-2] == "baseline-repeat"
     drift = [s for s in specs if s.stage == "drift"]
-    # a drift check after every 3 singles that run (6 run on the cpu preset), none after the last
-    assert [s.name for s in drift] == ["drift-1"] and names[names.index("drift-1") - 1] == "autobatch"
-    assert [s.stage for s in specs if s.stage != "drift"] == ["baseline", "baseline"] + ["single"] * 11 + [
+    # a drift check after every 3 singles that run (7 run on the cpu preset), none after the last
+    assert [s.name for s in drift] == ["drift-1", "drift-2"] and names[names.index("drift-1") - 1] == "autobatch"
+    assert [s.stage for s in specs if s.stage != "drift"] == ["baseline", "baseline"] + ["single"] * 13 + [
         "baseline", "combined"]
-    assert {"bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch", "compile", "compile-cudagraphs",
-            "dataloader", "fused-adamw", "ddp"} <= set(names)
+    assert {"bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch", "bigger-batch", "compile",
+            "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp"} <= set(names)
     by_name = {s.name: s for s in specs}
     assert by_name["fp16"].skip_reason == "fp16 autocast needs CUDA"
     assert by_name["tf32"].skip_reason == by_name["compile-cudagraphs"].skip_reason == \
@@ -51,7 +51,7 @@ def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> Non
     assert by_name["baseline"].measured_steps == 8 and by_name["baseline"].max_measured_steps == 40
     assert drift[0].measured_steps == drift[0].max_measured_steps == 5
     every_two = [s.name for s in plan_trials("cpu", options=ProtocolOptions(drift_every=2)) if s.stage == "drift"]
-    assert every_two == ["drift-1", "drift-2"]
+    assert every_two == ["drift-1", "drift-2", "drift-3"]
     # AdamW creates its state in the first step: at least 2 warm-up steps whatever is asked
     assert {s.warmup_steps for s in plan_trials("cpu", options=ProtocolOptions(warmup=0))} == {2}
     assert not [s for s in plan_trials("cpu", options=ProtocolOptions(drift_every=0)) if s.stage == "drift"]

@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 
+from kronos_tune.autobatch.maximize import check_rule, largest_fitting, scale_for_batch
 from kronos_tune.errors import KronosTuneError
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions:
         "fixed_bytes": result.fixed_bytes,
         "bytes_per_sample": result.bytes_per_sample,
         "max_fit_batch_size": result.max_fit_batch_size,
+        "largest_fitting_verified": largest_fitting(result)[0],
+        "largest_fitting_predicted": largest_fitting(result)[1],
         "probes": [_probe_dict(p) for p in result.probes],
         "search_time_s": result.search_time_s,
         "step_time_s": result.step_time_s,
@@ -71,7 +74,8 @@ def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions:
 
 
 def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: float | None, estimate: bool,
-                  as_json: bool, preset_dirs: list[Path] | None, max_probes: int) -> None:
+                  as_json: bool, preset_dirs: list[Path] | None, max_probes: int, maximize: bool = False,
+                  lr_rule: str = "sqrt") -> None:
     from kronos_tune.autobatch.search import validate_margin
 
     margin = None if margin is None else validate_margin(margin)
@@ -121,7 +125,7 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     progress.print(f"[dim]autobatch {task} on preset {preset.name}: probing on {device}...[/]")
     if task == "train":
         payload, renderables = _train(preset, budget_bytes, margin, max_probes, estimate, run_device, round_bytes,
-                                      device, simulated, assumptions, on_probe)
+                                      device, simulated, assumptions, on_probe, maximize, lr_rule)
     else:
         payload, renderables = _predict(preset, budget_bytes, margin, max_probes, run_device, round_bytes, device,
                                         simulated, assumptions, on_probe)
@@ -132,7 +136,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 
 
 def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
-           round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
+           round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any,
+           maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
     from kronos_tune.autobatch import render
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.workloads import train_config_from_preset
@@ -146,12 +151,22 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
                                "subtracted from the budget, so the emulation adds no context on top")
             assumptions.extend(emulation.assumptions())
         result = task.run(budget_bytes, margin=margin, max_probes=max_probes, estimate=estimate,
-                          cuda_emulation=emulation, effective_batch=effective, round_bytes=round_bytes,
-                          on_probe=on_probe)
+                          cuda_emulation=emulation, effective_batch=None if maximize else effective,
+                          round_bytes=round_bytes, on_probe=on_probe)
         final = task.final_config(result.batch_size, result.accumulation_steps)
     result.notes[:0] = config_notes
-    assumptions.append(f"effective batch per device {effective} = preset batch_size x accumulation_steps, kept")
+    change = None
+    if maximize:
+        final, change = scale_for_batch(final.replace(batch_size=preset.workload.batch_size,
+                                                      accumulation_steps=preset.workload.accumulation_steps),
+                                        result.batch_size, lr_rule)
+        assumptions.append(f"--maximize: {change.describe()}; the bigger batch changes the optimization: check it "
+                           f"with kronos-tune benchmark (its bigger-batch trial compares at equal samples seen)")
+        assumptions.extend(change.notes)
+    else:
+        assumptions.append(f"effective batch per device {effective} = preset batch_size x accumulation_steps, kept")
     payload = _payload(result, device, simulated, assumptions)
+    payload["maximize"] = change.to_dict() if change is not None else None
     payload["task"] = "train"
     payload["preset"] = preset.name
     payload["train_config"] = final.to_dict()
@@ -233,6 +248,16 @@ def register(app: typer.Typer) -> None:
             "--preset-dir", help="Extra folder of *.toml presets (repeatable).", file_okay=False)] = None,
         max_probes: Annotated[int, typer.Option("--max-probes", help="Search probes at most (verification runs "
                                                                      "come on top).")] = 6,
+        maximize: Annotated[bool, typer.Option("--maximize", help="Train: the largest micro-batch that fits as the "
+                                                                  "new effective batch, learning rate scaled "
+                                                                  "(--lr-rule).")] = False,
+        lr_rule: Annotated[str, typer.Option("--lr-rule", metavar="sqrt|linear|none", help="With --maximize: how "
+                                                                                          "the lr follows the batch.")]
+        = "sqrt",
     ) -> None:
         """Find the largest batch size (or prediction chunk) that fits the preset's device memory."""
-        run_autobatch(preset, task, budget_gb, margin, estimate, as_json, preset_dir, max_probes)
+        check_rule(lr_rule)
+        if maximize and task == "predict":
+            raise KronosTuneError("--maximize with --task predict: the prediction chunk is already the largest "
+                                  "that fits; --maximize is for --task train")
+        run_autobatch(preset, task, budget_gb, margin, estimate, as_json, preset_dir, max_probes, maximize, lr_rule)

@@ -38,6 +38,7 @@ from kronos_tune.protocol.stats import Comparison, compare
 
 SPEED_CHANGES = ("bf16", "fp16", "tf32", "compile", "compile-cudagraphs", "fused-adamw", "dataloader", "ddp")
 MEMORY_CHANGES = ("checkpointing", "accumulation", "autobatch", "fsdp")
+OPTIMIZATION_CHANGES = ("bigger-batch",)  # change what is trained: only when faster and passing the guard
 BASELINE_REPEATS = ("noise-probe", "baseline-repeat")
 DRIFT_STAGE = "drift"
 OBJECTIVES = ("speed", "memory")
@@ -92,14 +93,24 @@ class Decision:
         return out
 
 
-def _times(result: TrialResult | None) -> list[float]:
-    return list(result.step_times_s) if result is not None and result.step_times_s else []
+def _scale(result: TrialResult, reference: TrialResult | None) -> float:
+    """Step times are compared per token: a trial with a bigger batch is timed per baseline-sized step."""
+    if reference is None or not result.tokens_per_step or not reference.tokens_per_step:
+        return 1.0
+    return reference.tokens_per_step / result.tokens_per_step
 
 
-def _median(result: TrialResult | None) -> float | None:
+def _times(result: TrialResult | None, reference: TrialResult | None = None) -> list[float]:
+    if result is None or not result.step_times_s:
+        return []
+    factor = _scale(result, reference)
+    return [t * factor for t in result.step_times_s]
+
+
+def _median(result: TrialResult | None, reference: TrialResult | None = None) -> float | None:
     if result is None or result.step_time_s is None:
         return None
-    return result.step_time_s.median
+    return result.step_time_s.median * _scale(result, reference)
 
 
 def drift_estimate(results: list[TrialResult]) -> tuple[float | None, list[str]]:
@@ -193,7 +204,7 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
     for result in results:
         if result.stage not in ("single", "combined") or result.status != "ok" or not base_ok:
             continue
-        comparison = compare(_times(result), _times(base), threshold, _median(result), _median(base))
+        comparison = compare(_times(result, base), _times(base), threshold, _median(result, base), _median(base))
         if comparison is not None:
             decision.comparisons[result.name] = comparison
     probe = by_name.get("noise-probe")
@@ -224,7 +235,7 @@ def _eligible(result: TrialResult, decision: Decision, base_ok: bool) -> bool:
 def _group(result: TrialResult) -> str:
     if result.name in ("bf16", "fp16"):
         return "precision"
-    if result.name in ("accumulation", "autobatch"):
+    if result.name in ("accumulation", "autobatch", "bigger-batch"):
         return "batch"
     if result.name in ("compile", "compile-cudagraphs"):
         return "compile"
@@ -236,12 +247,13 @@ def _group(result: TrialResult) -> str:
 def _combination(results: list[TrialResult], decision: Decision) -> list[str]:
     """The eligible singles, one per group (the fastest of a group)."""
     chosen: dict[str, TrialResult] = {}
+    base = next((r for r in results if r.name == "baseline"), None)
     for result in results:
         if result.name not in decision.eligible:
             continue
         key = _group(result)
         best = chosen.get(key)
-        if best is None or (_median(result) or float("inf")) < (_median(best) or float("inf")):
+        if best is None or (_median(result, base) or float("inf")) < (_median(best, base) or float("inf")):
             chosen[key] = result
     return [r.name for r in chosen.values()]
 
@@ -262,15 +274,15 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
     combined = by_name.get("combined")
     combined_note = ""
     if combined is not None and combined.status == "ok" and _quality_ok(combined, decision.trajectories):
-        singles = [r for r in candidates if _median(r) is not None]
-        best_single = min(singles, key=lambda r: _median(r), default=None)
+        singles = [r for r in candidates if _median(r, base) is not None]
+        best_single = min(singles, key=lambda r: _median(r, base), default=None)
         vs_single = None
         if best_single is not None:
-            vs_single = compare(_times(combined), _times(best_single), decision.threshold, _median(combined),
-                                _median(best_single))
+            vs_single = compare(_times(combined, base), _times(best_single, base), decision.threshold,
+                                _median(combined, base), _median(best_single, base))
         vs_base = decision.comparisons.get("combined")
         if vs_single is not None and vs_single.verdict == "slower":
-            combined_note = (f"; the combination ({_ms(_median(combined))}/step) was slower than "
+            combined_note = (f"; the combination ({_ms(_median(combined, base))}/step) was slower than "
                              f"{best_single.name} alone ({vs_single.pct:+.1f}%)")
         elif base_ok and not decision.memory_binds and (vs_base is None or vs_base.verdict != "faster"):
             combined_note = "; the combination was not faster than the baseline beyond the noise"
@@ -296,16 +308,16 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
             decision.source = "baseline"
             decision.reason = "nothing ran within the budget: this is the reference config, which does not fit either"
         return
-    winner = min(candidates, key=lambda r: _median(r) if _median(r) is not None else float("inf"))
+    winner = min(candidates, key=lambda r: _median(r, base) if _median(r, base) is not None else float("inf"))
     decision.source = winner.name
     comparison = decision.comparisons.get(winner.name)
     if decision.memory_binds and not base_ok:
         decision.reason = (f"{winner.name} is the fastest configuration that fits ({decision.memory_reason}): "
-                           f"{_ms(_median(winner)) if _median(winner) else 'n/a'}/step{combined_note}")
+                           f"{_ms(_median(winner, base)) if _median(winner, base) else 'n/a'}/step{combined_note}")
         return
     what = "the combination " + "+".join(decision.combination) if winner.name == "combined" else winner.name
     decision.reason = (f"{what} is the fastest measured configuration: "
-                       f"{_describe(winner.name, comparison, base_median, _median(winner)).split(': ', 1)[-1]}, "
+                       f"{_describe(winner.name, comparison, base_median, _median(winner, base)).split(': ', 1)[-1]}, "
                        f"beyond the {pct} noise threshold, quality guard passed"
                        + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
                        + combined_note)

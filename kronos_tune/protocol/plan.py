@@ -21,7 +21,7 @@ from kronos_tune.protocol.records import TASKS, ProtocolOptions, TrialResult, Tr
 from kronos_tune.workloads import runnable_device
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
-                "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
+                "bigger-batch", "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
                 "baseline-repeat", "combined")
 BASELINE_REPEATS = ("noise-probe", "baseline-repeat")  # the baseline run again: the noise estimates
 REQUIRED = ("baseline",)
@@ -129,6 +129,10 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
                   None, None if autobatch_available() else "autobatch not available",
                   "the largest micro-batch autobatch finds within the budget, accumulation keeping the effective "
                   "batch", group="batch"),
+        TrialSpec("bigger-batch", "single", {"batch_size": "the largest that fits", "lr": "sqrt rule"}, None,
+                  None if autobatch_available() else "autobatch not available",
+                  "changes the optimization: the effective batch raised to the largest micro-batch that fits (capped "
+                  "by the data), learning rate x sqrt(batch factor); compared at equal samples seen", group="batch"),
         _single("compile", base, {"compile": "default"}, "torch.compile (mode default); its first steps compile "
                 "and are its own, longer warm-up", "compile"),
         _single("compile-cudagraphs", base, {"compile": "reduce-overhead"}, "torch.compile with CUDA graphs "

@@ -56,6 +56,8 @@ def resolve(run: ProtocolRun, spec: TrialSpec, work: Path) -> tuple[TrialSpec, l
         return combine(run.specs, run.results, _spec(run, "baseline"), members), []
     if spec.name == "autobatch":
         return resolve_autobatch(run, spec)
+    if spec.name == "bigger-batch":
+        return resolve_bigger_batch(run, spec)
     if spec.name == "noise-probe":
         spec.config = materialize_probe(spec.config, _spec(run, "baseline").config, work)
         return spec, []
@@ -84,6 +86,7 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
                              effective_batch=base.batch_size * base.accumulation_steps, on_probe=on_probe)
     except _Cancelled:
         raise KeyboardInterrupt from None
+    run.largest_micro_batch = found.max_fit_batch_size
     how = "fake-tensor estimate" if estimate else "real probes"
     notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {found.margin:g}): "
              f"{found.batch_size} x {found.accumulation_steps}, largest fitting micro-batch {found.max_fit_batch_size}"]
@@ -93,6 +96,38 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
                             f"split: nothing else to measure")
         return spec, notes
     spec.config = base.replace(batch_size=found.batch_size, accumulation_steps=found.accumulation_steps)
+    return spec, notes
+
+
+def resolve_bigger_batch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
+    """The effective batch raised to the largest micro-batch that fits (autobatch's, searched here when the
+    autobatch trial did not run), lr scaled by the sqrt rule, evaluated after the baseline's samples."""
+    from kronos_tune.autobatch.maximize import scale_for_batch
+
+    base: TrainConfig = _spec(run, "baseline").config
+    notes = []
+    largest = getattr(run, "largest_micro_batch", None)
+    if largest is None:
+        from kronos_tune.autobatch.train_task import TrainTask
+
+        estimate = run.options.autobatch_estimate
+        estimate = run.device == "cpu" if estimate is None else estimate
+        with TrainTask(base, device=run.device) as task:
+            found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate)
+        largest = run.largest_micro_batch = found.max_fit_batch_size
+        notes.append(f"autobatch ({'fake-tensor estimate' if estimate else 'real probes'}, "
+                     f"{found.search_time_s:.1f} s): largest fitting micro-batch {largest}")
+    config, change = scale_for_batch(base, largest, "sqrt")
+    notes += [change.describe(), *change.notes]
+    if change.batch_to <= change.batch_from:
+        spec.skip_reason = (f"the budget holds no batch above the baseline's {change.batch_from} (largest fitting "
+                            f"micro-batch {largest})")
+        return spec, notes
+    spec.config = config
+    spec.changes = {"batch_size": config.batch_size, "accumulation_steps": 1, "lr": config.lr,
+                    "pct_start": config.pct_start}
+    if spec.eval_step is not None:  # the same samples seen as the baseline at its evaluation
+        spec.eval_step = max(1, round(spec.eval_step * change.batch_from / change.batch_to))
     return spec, notes
 
 
