@@ -117,3 +117,6 @@ def test_bigger_batch_trial_is_evaluated_at_equal_samples_seen(tmp_path: Path) -
     assert big.quality is not None and "passed" in big.quality
     assert big.trajectory is None  # not comparable step by step: another optimization
     assert any("effective batch 8 -> 16" in note for note in big.notes)
+    assert report.headroom["batch"] == 8 and report.headroom["fits_batch"] == big.changes["memory_allows"] >= 16
+    assert "would fit" in report.headroom["text"]
+    assert f"Memory: {report.headroom['text']}" in (tmp_path / "out" / "report.md").read_text()

@@ -128,6 +128,8 @@ def render(console: Console, report: ProtocolReport) -> None:
                          f"calls it neither faster nor slower")
         if t.get("noisy"):
             lines.append("too noisy to decide: the baseline is kept; rerun on a quiet machine")
+        if report.headroom:
+            lines.append(f"memory: {report.headroom['text']}")
         if report.flops:
             lines.append(f"MFU: {report.flops['formula']}")
     for line in lines:

@@ -279,6 +279,7 @@ class ProtocolReport:
     flops: dict[str, Any] | None = None
     recommended: dict[str, Any] | None = None
     decision: dict[str, Any] | None = None  # decision.Decision.to_dict(): verdicts, drift, combination, why
+    headroom: dict[str, Any] | None = None  # the baseline's peak against the budget, and the batch that would fit
     partial: bool = False  # cancelled, or some planned trial has no result
     missing: list[str] = field(default_factory=list)  # planned trials without a result
     preset_source: str | None = None

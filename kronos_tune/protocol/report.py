@@ -255,6 +255,8 @@ def report_markdown(report: ProtocolReport) -> str:
                       f"validation loss after {q.get('val_loss_step')} optimizer steps from the same initial "
                       f"weights on {q.get('eval_windows')} validation windows."]
         lines += [""] + timing_lines(report)
+        if report.headroom:
+            lines += ["", f"Memory: {report.headroom['text']}."]
         noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
         threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
         lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold {threshold} (val loss). "

@@ -95,6 +95,23 @@ def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, An
             "MFU not computed: this machine's device differs from the preset's"}
 
 
+def headroom(report: ProtocolReport) -> dict[str, Any] | None:
+    """How much of the budget the baseline uses, and the micro-batch that would fit (from the bigger-batch
+    trial's search), e.g. "5.8 of 140 GiB used: batch 50 -> about 1,200 would fit"."""
+    base = _find(report.trials, "baseline")
+    if base is None or not base.peak_memory_bytes or not report.budget_bytes or not base.config:
+        return None
+    batch = int(base.config.get("batch_size", 0)) * int(base.config.get("accumulation_steps", 1))
+    big = _find(report.trials, "bigger-batch")
+    fits = (big.changes.get("memory_allows") if big is not None else None) or None
+    used, budget = base.peak_memory_bytes / 2**30, report.budget_bytes / 2**30
+    text = f"{used:.2f} of {budget:.1f} GiB used ({100 * used / budget:.0f}%)"
+    if isinstance(fits, int) and fits > batch:
+        text += f": batch {batch} -> about {fits:,} would fit"
+    return {"peak_bytes": base.peak_memory_bytes, "budget_bytes": report.budget_bytes, "batch": batch,
+            "fits_batch": fits if isinstance(fits, int) else None, "text": text}
+
+
 def summarize(report: ProtocolReport, preset: Preset | None) -> None:
     """Fill the report's derived sections from its trials (see the module docstring)."""
     trials = report.trials
@@ -146,6 +163,7 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
                      "drift_sources": decision.drift_sources, "noisy": decision.noisy,
                      "warmup": _warmup_evidence(trials)}
     report.decision = decision.to_dict()
+    report.headroom = headroom(report)
     report.flops = flops_section(report, preset)
     report.recommended = recommendation(report, decision.source, decision.reason, preset)
 

@@ -125,7 +125,7 @@ def resolve_bigger_batch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, 
         return spec, notes
     spec.config = config
     spec.changes = {"batch_size": config.batch_size, "accumulation_steps": 1, "lr": config.lr,
-                    "pct_start": config.pct_start}
+                    "pct_start": config.pct_start, "memory_allows": largest}
     if spec.eval_step is not None:  # the same samples seen as the baseline at its evaluation
         spec.eval_step = max(1, round(spec.eval_step * change.batch_from / change.batch_to))
     return spec, notes
