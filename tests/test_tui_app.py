@@ -325,3 +325,19 @@ async def test_help_names_the_scroll_keys() -> None:
         await pilot.press("question_mark")
         listed = dict(app.screen.keys)
         assert "PgUp PgDn" in " ".join(listed) and "mouse wheel" in listed
+
+
+@pytest.mark.asyncio
+async def test_results_refit_when_the_terminal_grows_back() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.resize_terminal(70, 20)
+        await pilot.pause()
+        _feed_protocol(app)  # the protocol finishes while the terminal is too small
+        await pilot.pause()
+        await pilot.pause()
+        await pilot.resize_terminal(160, 50)
+        await pilot.pause()
+        await pilot.pause()
+        assert not isinstance(app.screen, TooSmallScreen)
+        assert app.query_one(ResultsTable).max_scroll_y == 0  # every row on screen again

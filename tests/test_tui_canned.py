@@ -150,14 +150,23 @@ def row_marks(app) -> dict[str, str]:
             if name.startswith(("▶", "★"))}
 
 
-def full_protocol(partial: bool = False):
-    """The cpu preset's whole training protocol as canned results, and its report with a recommendation:
-    every planned trial (ok ones with deltas, skipped ones with reasons), `combined` recommended."""
+# A fixed trial list for the snapshots (they must not change when the protocol's plan does).
+SNAPSHOT_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
+                   "drift-1", "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
+                   "baseline-repeat", "combined")
+
+
+def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
+    """A whole training protocol as canned results, and its report with a recommendation: every trial (ok
+    ones with deltas, skipped ones with reasons), `combined` recommended. `names`: the trials (default: what
+    the cpu preset's protocol plans today)."""
     from kronos_tune.presets import resolve_preset
     from kronos_tune.protocol import ProtocolOptions, plan_trials
     from kronos_tune.protocol.records import Delta, ProtocolReport, Spread, TrialResult
 
-    names = [spec.name for spec in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions())]
+    if names is None:
+        names = tuple(spec.name for spec in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions()))
+    names = list(names)
     speeds = {"dataloader": 1.31, "combined": 1.28, "fused-adamw": 1.45, "checkpointing": 1.71}
     results = []
     for index, spec_name in enumerate(names):

@@ -13,7 +13,7 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.protocol.records import TrialFinished
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
-from test_tui_canned import full_protocol, series, trial_in_flight, trial_results
+from test_tui_canned import SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
 
 SIZES = [(100, 30), (160, 50)]
 
@@ -31,7 +31,7 @@ def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, pr
         for result in trial_results() if trials else ():
             app.post_message(ProtocolEvent(TrialFinished(result)))
         if protocol:  # the cpu preset's whole protocol, finished, with its recommendation
-            results, report = full_protocol()
+            results, report = full_protocol(names=SNAPSHOT_TRIALS)
             app.run_state.begin("benchmark train")
             for result in results:
                 app.post_message(ProtocolEvent(TrialFinished(result)))

@@ -104,7 +104,7 @@ class DashboardApp(ResultsView, App[int]):
 
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
-        self._fit_results()
+        self._fit_results(event.size)
 
     def _check_size(self, width: int, height: int) -> None:
         small = too_small(width, height)

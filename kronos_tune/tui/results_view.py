@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from textual.geometry import Size
+
 from kronos_tune.tui.answer import Answer, answer_from, is_complete
 from kronos_tune.tui.format import duration, rate
 from kronos_tune.tui.model import ResultsModel, best_trial
@@ -27,15 +29,15 @@ class ResultsView:
     recommended: Path | None
     out_dir: Path
 
-    def _fit_results(self) -> None:
-        """The results table may take up to 45% of the screen, less what the recommendation needs and the
+    def _fit_results(self, size: Size | None = None) -> None:
+        """The results table may take up to half the screen, less what the recommendation needs and the
         smallest telemetry and run | log rows (5 each): at 100x30 it scrolls instead of pushing panels away."""
-        width, height = self.size
+        width, height = size or self.size
         used = 2 + 10  # status line and footer; telemetry and run | log at their smallest
         answer = self.query_one(AnswerPanel)
         if answer.display:
-            used += answer.get_content_height(self.size, self.size, max(1, width - 4)) + 2
-        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, round(0.45 * height)))
+            used += answer.get_content_height(Size(width, height), Size(width, height), max(1, width - 4)) + 2
+        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, round(0.5 * height)))
 
     def _trial_finished(self, result: TrialResult) -> None:
         self.results.add(result)
