@@ -12,7 +12,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,8 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
     sharded = config.launch.launched
     if sharded:
         check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
-    predictor = load_predictor(config, note)  # in the parent too: bad checkpoints fail here, in one line
+    # Sharded runs load the weights here too, on the CPU, so a bad checkpoint fails in one line before any rank.
+    predictor = load_predictor(replace(config, device="cpu", amp="none") if sharded else config, note)
     if predictor.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(predictor.device)
 
@@ -349,7 +350,9 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
         if output_format(config.out) == "csv":
             note("note", f"{config.out} rounds {precision.describe()} (the input's precision)")
     return PredictResult(
-        series_names=names, frames=frames, device=str(predictor.device), max_context=max_context,
+        series_names=names, frames=frames, max_context=max_context,
+        device=(f"{device.split(':')[0]} x {config.launch.nproc} processes per node" if sharded
+                else str(predictor.device)),
         random_weights=config.checkpoint is None, seconds=time.perf_counter() - started,
         predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out if frames else None,
         scores=scores, notes=notes, peak_gpu_bytes=peak_gpu, precision=precision,
