@@ -21,10 +21,11 @@ from typing import Any
 
 from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.runs import RunDir, claim_run_dir, read_run_file
+from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir, read_run_file
 
 COMMAND = "train"
 PARTIAL_MARK = "# partial"
+RUNS_ROOT = Path("runs")  # relative: run folders land under the current directory
 
 
 @dataclass
@@ -285,6 +286,34 @@ def find_resumable(root: Path | str, label: str, config: TrainConfig, processes:
             if checkpoint_path(folder).is_file():
                 return folder
     return None
+
+
+@dataclass
+class Start:
+    """Where this start writes and how: a new folder, a resumed run, or an overwritten one."""
+
+    folder: Path
+    resume: Path | None  # the folder the Trainer resumes from
+    flag: str  # which option named the folder (for errors)
+    overwrite: bool
+    why: str  # the line that announces the folder
+
+
+def choose_folder(label: str, config: TrainConfig, processes: int | None, steps: int | None,
+                  resume: Path | None, out: Path | None, overwrite: bool, new_run: bool) -> Start:
+    """--resume DIR, --out DIR, the newest cancelled run with the same config (continued), or a fresh folder."""
+    if resume is not None:
+        return Start(resume, resume, "--resume", False, f"resuming {resume}")
+    if out is not None:
+        return Start(out, None, "--out", overwrite, f"output: {out}" + (" (replacing the run there)"
+                                                                         if overwrite and out.exists() else ""))
+    if not new_run and not overwrite:
+        found = find_resumable(RUNS_ROOT, label, config, processes)
+        if found is not None and (steps is None or steps > run_step(found)):
+            return Start(found, found, "--resume", False, f"continuing the cancelled run in {found} (add "
+                                                            f"--new-run to start over in a new folder)")
+    folder = default_run_dir(COMMAND, label, root=RUNS_ROOT)
+    return Start(folder, None, "--out", False, f"output: {folder}")
 
 
 def partial_config_note(config_file: Path) -> str | None:

@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -32,14 +31,13 @@ from kronos_core.train.config import WHAT
 from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.runs import RunDir, default_run_dir, read_run_file
+from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train_runs import (
-    COMMAND, adopt_legacy_run, check_resume_folder, checkpoint_step, claim_train_dir, find_resumable,
-    finish_status, partial_config_note, plan_training, run_label, run_step, world_size,
+    Start, adopt_legacy_run, check_resume_folder, checkpoint_step, choose_folder, claim_train_dir, finish_status,
+    partial_config_note, plan_training, run_label, run_step, world_size,
 )
 
 STAGES = (*WHAT, "both")
-RUNS_ROOT = Path("runs")
 
 
 def _gib(value: float | None) -> str:
@@ -277,34 +275,6 @@ def run_torchrun(config: TrainConfig, command: list[str], total: int | None, con
         _finish(run, "cancelled" if forwarded else "failed", step=_saved_step(config))
         return EXIT_INTERRUPTED if forwarded else (code if 0 < code < 128 else 1)
     return 0
-
-
-@dataclass
-class Start:
-    """Where this start writes and how: a new folder, a resumed run, or an overwritten one."""
-
-    folder: Path
-    resume: Path | None  # the folder the Trainer resumes from
-    flag: str  # which option named the folder (for errors)
-    overwrite: bool
-    why: str  # the line that announces the folder
-
-
-def choose_folder(label: str, config: TrainConfig, processes: int | None, steps: int | None,
-                  resume: Path | None, out: Path | None, overwrite: bool, new_run: bool) -> Start:
-    """--resume DIR, --out DIR, the newest cancelled run with the same config (continued), or a fresh folder."""
-    if resume is not None:
-        return Start(resume, resume, "--resume", False, f"resuming {resume}")
-    if out is not None:
-        return Start(out, None, "--out", overwrite, f"output: {out}" + (" (replacing the run there)"
-                                                                         if overwrite and out.exists() else ""))
-    if not new_run and not overwrite:
-        found = find_resumable(RUNS_ROOT, label, config, processes)
-        if found is not None and (steps is None or steps > run_step(found)):
-            return Start(found, found, "--resume", False, f"continuing the cancelled run in {found} (add "
-                                                            f"--new-run to start over in a new folder)")
-    folder = default_run_dir(COMMAND, label, root=RUNS_ROOT)
-    return Start(folder, None, "--out", False, f"output: {folder}")
 
 
 def register(app: typer.Typer) -> None:
