@@ -101,7 +101,9 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_130(tmp_path: Path) -> No
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "kronos_tune.cli", "train", "--config", str(config),
-                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a background job's shell ignores SIGINT; the child must get the default back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while not (out / "config.toml").exists() and proc.poll() is None:  # written right before training
             time.sleep(0.1)

@@ -19,6 +19,9 @@ from kronos_core.train import load_checkpoint
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel, StatusBar
 from test_tui_canned import log_text, table_rows, until, write_tiny_preset
 
+# A few steps per trial and a short measuring budget: the protocol's defaults measure for 10 s a trial.
+FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0)
+
 
 
 
@@ -96,7 +99,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
     has its own folder, nothing is lost, and the partial benchmark never replaces the complete answer."""
     preset, folder = tiny
     out = tmp_path / "out"
-    options = ProtocolOptions(steps=2, warmup=2, only=("checkpointing",))
+    options = ProtocolOptions(**FAST, only=("checkpointing",))
     specs = plan_trials(preset, "train", options)
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
@@ -181,7 +184,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
 async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     out = tmp_path / "out"
-    options = ProtocolOptions(steps=60, warmup=2, only=("checkpointing",))
+    options = ProtocolOptions(**{**FAST, "steps": 60}, only=("checkpointing",))
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
@@ -211,7 +214,7 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
 async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_path: Path) -> None:
     folder = write_tiny_preset(tmp_path / "presets", name="tiny-2mib", memory_gb=0.002)
     preset = resolve_preset("tiny-2mib", [folder])
-    options = ProtocolOptions(steps=2, warmup=2, only=("checkpointing",))
+    options = ProtocolOptions(**FAST, only=("checkpointing",))
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
@@ -227,7 +230,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
 @pytest.mark.asyncio
 async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
-    options = ProtocolOptions(steps=2, warmup=2, only=("kv-cache",), predict_repeats=2)
+    options = ProtocolOptions(**FAST, only=("kv-cache",), predict_repeats=2)
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("B")
@@ -250,7 +253,7 @@ def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     before = {thread.ident for thread in threading.enumerate()}
     sampler = Sampler(interval_s=0.1, capacity=50)
-    options = ProtocolOptions(steps=30, warmup=2, only=("checkpointing",))
+    options = ProtocolOptions(**{**FAST, "steps": 30}, only=("checkpointing",))
     app = DashboardApp(preset=preset, sampler=sampler, out_dir=tmp_path / "out", protocol_options=options)
 
     async def session() -> None:

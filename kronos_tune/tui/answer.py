@@ -27,6 +27,7 @@ class Answer:
     partial: bool = False
     missing: list[str] = field(default_factory=list)
     newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
+    headroom: dict[str, Any] | None = None  # ProtocolReport.headroom: peak vs budget, the batch that would fit
 
     def changes_text(self) -> str:
         return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
@@ -50,7 +51,7 @@ def answer_from(report: Any) -> Answer:
                   recommended=rec.get("source"), changes=dict(rec.get("changes") or {}),
                   reason=str(rec.get("reason") or ""), command=rec.get("command"),
                   best=best.name if best is not None else None, best_figure=_figure(best, report.task),
-                  partial=partial, missing=missing)
+                  partial=partial, missing=missing, headroom=getattr(report, "headroom", None))
 
 
 def is_complete(report: Any) -> bool:
