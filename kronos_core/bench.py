@@ -164,9 +164,8 @@ def bench_predict(args: argparse.Namespace) -> int:
         print(f"speed-up of steady medians: {speedup:.1f}x; greedy outputs identical: {identical}")
     if args.breakdown and "cached" in predictors:
         steady = rates["cached"][1:] or rates["cached"]
-        _print_breakdown(args, predictors["cached"], call, context,
-                         statistics.median(args.series / r for r in rates["recompute"]) if "recompute" in rates else None,
-                         args.series / statistics.median(steady))
+        recompute = statistics.median(args.series / r for r in rates["recompute"]) if "recompute" in rates else None
+        _print_breakdown(args, predictors["cached"], call, context, recompute, args.series / statistics.median(steady))
     print(f"peak RSS of this process: {_peak_rss_bytes() / 2**30:.2f} GiB")
     if device.startswith("cuda"):
         print(f"peak CUDA allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")

@@ -289,7 +289,8 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | N
             row = int(np.argmax(~step_ok)) + 1
             if ts_ns[row] == ts_ns[row - 1]:
                 raise KronosError(
-                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at {'rows' if first_line is None else 'lines'} "
+                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at "
+                    f"{'rows' if first_line is None else 'lines'} "
                     f"{row - 1 + (first_line or 0)} and {row + (first_line or 0)}; "
                     "drop duplicates"
                 )

@@ -25,6 +25,7 @@ from kronos_core.predict_arrays import prepare_lists
 from kronos_core.synthetic import synthetic_series
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.future_times import future_timestamps
+from kronos_tune.predict_output import Precision, input_precision
 
 if TYPE_CHECKING:
     from kronos_tune.predict_job import PredictConfig
@@ -107,6 +108,7 @@ class JobInputs:
     futures: list[pd.DatetimeIndex]    # output index of each series
     actual_close: np.ndarray | None    # [N, P] (holdout)
     no_volume: np.ndarray              # [N] bool: the input had no volume column (predict zeros)
+    precision: Precision               # decimals of the input's (float64) values, for text output
 
 
 def _from_series(items: list[SeriesInput], pred_len: int) -> JobInputs:
@@ -114,9 +116,10 @@ def _from_series(items: list[SeriesInput], pred_len: int) -> JobInputs:
                              [item.history[TIME_COLUMN] for item in items], [item.future for item in items], pred_len)
     (group,) = prepared.groups  # every history has --lookback rows
     actual = None if items[0].actual_close is None else np.stack([item.actual_close for item in items])
+    raw = np.stack([item.history[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64) for item in items])
     return JobInputs([item.name for item in items], group.x, group.x_stamp, group.y_stamp,
                      [pd.DatetimeIndex(item.future, name=TIME_COLUMN) for item in items], actual,
-                     np.array(["volume" in item.filled for item in items]))
+                     np.array(["volume" in item.filled for item in items]), input_precision(raw))
 
 
 def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
@@ -138,7 +141,11 @@ def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
     actual = None if inputs.actual is None else inputs.actual[..., FEATURE_COLUMNS.index("close")].astype(np.float64)
     no_volume = np.full(len(inputs.symbols), "volume" in inputs.filled_columns)
     group = inputs.group
-    return JobInputs(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume)
+    present = [c for c in FEATURE_COLUMNS if c in panel.columns]
+    raw = np.zeros((len(panel), len(FEATURE_COLUMNS)))
+    raw[:, [FEATURE_COLUMNS.index(c) for c in present]] = panel[present].to_numpy(dtype=np.float64)
+    return JobInputs(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume,
+                     input_precision(raw))
 
 
 def load_inputs(config: PredictConfig, on_note: NoteCallback) -> JobInputs:

@@ -45,7 +45,6 @@ from kronos_tune.predict_output import (
     Precision,
     check_output_path,
     fix_volumes,
-    input_precision,
     long_frame,
     output_format,
     predictions_json,
@@ -331,7 +330,7 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
                                               mean_only=True)
     predict_seconds = time.perf_counter() - predict_started
     peak_gpu = int(torch.cuda.max_memory_allocated(predictor.device)) if predictor.device.type == "cuda" else None
-    precision = input_precision(inputs.x)
+    precision = inputs.precision
     frames: list[pd.DataFrame] = []
     names = inputs.names if values is not None else []
     if values is not None:
@@ -360,7 +359,8 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
 
 
 __all__ = [
-    "DEFAULT_SYNTHETIC_SERIES", "JobInputs", "OUTPUT_COLUMNS", "OUTPUT_FORMATS", "PredictConfig", "PredictResult", "SeriesInput", "SeriesScore",
+    "DEFAULT_SYNTHETIC_SERIES", "JobInputs", "OUTPUT_COLUMNS", "OUTPUT_FORMATS", "PredictConfig", "PredictResult",
+    "SeriesInput", "SeriesScore",
     "check_config", "check_output_path", "future_timestamps", "infer_interval", "load_inputs", "load_predictor",
     "load_series", "long_frame", "output_format", "peak_rss_bytes", "run_predict", "score", "session_grid",
     "write_table",

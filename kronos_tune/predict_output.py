@@ -59,7 +59,8 @@ def decimals_used(values: np.ndarray, limit: int) -> int:
 
 
 def input_precision(x: np.ndarray) -> Precision:
-    """Precision of raw inputs x [..., 6] (open, high, low, close, volume, amount)."""
+    """Precision of raw inputs x [..., 6] (open, high, low, close, volume, amount); pass the float64 values
+    as read (float32 copies only show about 7 significant digits)."""
     volume, amount = len(PRICE_COLUMNS), len(PRICE_COLUMNS) + 1
     return Precision(decimals_used(x[..., :volume], MAX_PRICE_DECIMALS),
                      decimals_used(x[..., volume], MAX_VOLUME_DECIMALS),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,24 +53,29 @@ def test_launcher_streams_events_and_a_stop_file_stops_the_whole_group(tmp_path:
     )
     events, lines = [], []
 
-    def on_event(event):
-        events.append(event)
+    def on_line(line):
+        lines.append(line)
         stop.touch()
 
-    result = run_launch([sys.executable, "-c", script], on_event=on_event, on_line=lines.append, stop_file=stop,
+    result = run_launch([sys.executable, "-c", script], on_event=events.append, on_line=on_line, stop_file=stop,
                         grace_s=5)
     assert result.stopped and not result.ok and result.returncode != 0
     assert events == [{"event": "ready"}] and "plain line" in lines
-    assert not _alive(int(pid_file.read_text()))  # the grandchild is gone too
+    assert _gone(int(pid_file.read_text()))  # the grandchild is gone too
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """Dead within `within_s` (a zombie waiting for its reaper counts as dead: signals are asynchronous)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _predict(capsys, out: Path, *extra: object) -> None:

@@ -100,7 +100,7 @@ def predict_command(
     symbol_column: Annotated[Optional[str], typer.Option(
         "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
     skip_short: Annotated[bool, typer.Option(
-        "--skip-short", help="Panels: skip symbols with fewer rows than needed (default: stop with an error).")] = False,
+        "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
     window_mode: Annotated[str, typer.Option(
         "--window-mode", help="After the window slides: refill (exact) or shift (approximate, faster).")] = "refill",
     nproc: Annotated[int, typer.Option(
@@ -109,7 +109,7 @@ def predict_command(
     node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="torchrun: this node's rank.")] = None,
     rdzv_endpoint: Annotated[Optional[str], typer.Option(
         "--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")] = None,
-    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
+    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, same on all nodes.")] = None,
     rdzv_backend: Annotated[Optional[str], typer.Option(
         "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
