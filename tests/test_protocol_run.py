@@ -239,6 +239,7 @@ def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
         assert row.peak_memory_bytes > 0
     assert cached.speedup > 0 and "series_per_s" in cached.deltas
     assert cached.output_max_abs_diff == 0.0  # greedy: the cache reproduces the reference exactly
+    assert cached.quality == {"spearman": 1.0, "series": 3, "measure": "rank agreement"}  # the same ranking
     assert report.trial("sharding").status == "skipped"
     assert report.trial("autobatch").status == "ok" and report.trial("autobatch").changes["max_batch_size"] >= 1
     data = json.loads((tmp_path / "out" / "report.json").read_text())

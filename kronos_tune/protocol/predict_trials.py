@@ -65,4 +65,22 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     if reference is not None and reference.series_per_s and result.series_per_s:
         result.speedup = result.series_per_s.median / reference.series_per_s.median
     result.output_max_abs_diff = output_max_abs_diff(outputs, run.references.get("outputs"), dfs)
+    result.quality = rank_agreement(outputs, run.references.get("outputs"), dfs, spec.stage)
+    if result.quality is not None:
+        result.notes.append(f"ranking agreement with the reference's predicted returns: Spearman "
+                            f"{result.quality['spearman']:.3f} over {result.quality['series']} series")
     return result
+
+
+def rank_agreement(outputs: list[pd.DataFrame], reference: list[pd.DataFrame] | None, histories: list[pd.DataFrame],
+                   stage: str) -> dict | None:
+    """Does the approximate setting change which series come out on top? Spearman of the predicted returns
+    (last predicted close over last history close) against the reference method's, across the series
+    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything."""
+    from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
+
+    if stage == "baseline" or not outputs or not reference or len(outputs) != len(reference) or len(outputs) < 3:
+        return None
+    agreement = ranking_agreement(returns_from_frames(reference, histories), returns_from_frames(outputs, histories))
+    value = agreement.spearman.mean
+    return None if value != value else {"spearman": value, "series": len(outputs), "measure": "rank agreement"}
