@@ -86,7 +86,6 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
                              effective_batch=base.batch_size * base.accumulation_steps, on_probe=on_probe)
     except _Cancelled:
         raise KeyboardInterrupt from None
-    run.largest_micro_batch = found.max_fit_batch_size
     how = "fake-tensor estimate" if estimate else "real probes"
     notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {found.margin:g}): "
              f"{found.batch_size} x {found.accumulation_steps}, largest fitting micro-batch {found.max_fit_batch_size}"]
@@ -100,23 +99,30 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
 
 
 def resolve_bigger_batch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
-    """The effective batch raised to the largest micro-batch that fits (autobatch's, searched here when the
-    autobatch trial did not run), lr scaled by the sqrt rule, evaluated after the baseline's samples."""
-    from kronos_tune.autobatch.maximize import scale_for_batch
+    """The effective batch raised to the largest micro-batch that fits (an autobatch search without the
+    effective batch's limit), lr scaled by the sqrt rule, evaluated after the baseline's samples."""
+    from kronos_tune.autobatch.maximize import data_cap, scale_for_batch
+    from kronos_tune.autobatch.train_task import TrainTask
 
     base: TrainConfig = _spec(run, "baseline").config
-    notes = []
-    largest = getattr(run, "largest_micro_batch", None)
-    if largest is None:
-        from kronos_tune.autobatch.train_task import TrainTask
+    estimate = run.options.autobatch_estimate
+    estimate = run.device == "cpu" if estimate is None else estimate
 
-        estimate = run.options.autobatch_estimate
-        estimate = run.device == "cpu" if estimate is None else estimate
+    def on_probe(probe: Any) -> None:
+        if run.cancel.is_set():
+            raise _Cancelled
+
+    try:
         with TrainTask(base, device=run.device) as task:
-            found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate)
-        largest = run.largest_micro_batch = found.max_fit_batch_size
-        notes.append(f"autobatch ({'fake-tensor estimate' if estimate else 'real probes'}, "
-                     f"{found.search_time_s:.1f} s): largest fitting micro-batch {largest}")
+            # searching past the data's cap tells the user what the card could hold (the headroom line)
+            found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate,
+                             max_batch=max(4 * data_cap(base), base.batch_size * base.accumulation_steps + 1),
+                             on_probe=on_probe)
+    except _Cancelled:
+        raise KeyboardInterrupt from None
+    largest = found.max_fit_batch_size
+    notes = [f"autobatch ({'fake-tensor estimate' if estimate else 'real probes'}, {found.search_time_s:.1f} s): "
+             f"largest fitting micro-batch {largest}"]
     config, change = scale_for_batch(base, largest, "sqrt")
     notes += [change.describe(), *change.notes]
     if change.batch_to <= change.batch_from:

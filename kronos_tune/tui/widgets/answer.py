@@ -16,7 +16,7 @@ BAR_CELLS = 20
 def memory_bar(headroom: dict) -> Text:
     """memory ████░░░░ 2.03 of 11.5 GiB used (18%): batch 50 -> about 239 would fit"""
     used = min(1.0, headroom["peak_bytes"] / max(1, headroom["budget_bytes"]))
-    full = round(used * BAR_CELLS)
+    full = max(1 if used > 0 else 0, round(used * BAR_CELLS))
     colour = "red" if used > 0.9 else "yellow" if used > 0.7 else "green"
     return Text.assemble(("memory ", "bold"), ("█" * full, colour), ("░" * (BAR_CELLS - full), "dim"),
                          f" {headroom['text']}")
