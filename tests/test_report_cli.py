@@ -84,6 +84,8 @@ def test_a_bare_results_file_in_a_read_only_folder_prints_and_writes_only_with_o
         code, out, err = run_cli(["report", str(results)], capsys)
         assert code == 0, err
         assert "not written" in out and "recommended" in out and "rtx3080" in out
+        assert f"next: kronos-tune report {results} --out DIR, then kronos-tune train --config DIR/recommended.toml" \
+            in out
         code, out, err = run_cli(["report", str(results), "--out", str(tmp_path / "rebuilt")], capsys)
         assert code == 0, err
         assert (tmp_path / "rebuilt" / "report.md").is_file() and (tmp_path / "rebuilt" / "results.jsonl").is_file()

@@ -93,6 +93,9 @@ def register(app: typer.Typer) -> None:
                               highlight=False, soft_wrap=True)
             return
         run = loaded[0]
+        if target is None and run.report.recommended:  # nothing written here: say how to get the config
+            run.report.recommended["command"] = (f"kronos-tune report {runs[0]} --out DIR, then kronos-tune train "
+                                                 f"--config DIR/recommended.toml")
         if target is not None:
             try:
                 write_reports(run.report, target, results=out is not None)
