@@ -222,8 +222,19 @@ def test_compiled_runs_start_loader_workers_from_a_forkserver_and_read_the_same_
     assert loaders["compiled"][0].multiprocessing_context.get_start_method() == "forkserver"
     assert loaders["compiled"][1].multiprocessing_context.get_start_method() == "forkserver"
     assert loaders["plain"][0].multiprocessing_context is None
-    for index in (0, 1):  # the training sampler is endless: its first 4 micro-batches
-        pairs = list(itertools.islice(zip(loaders["plain"][index], loaders["compiled"][index]), 4))
-        assert pairs
-        for (x_a, s_a), (x_b, s_b) in pairs:
-            assert torch.equal(x_a, x_b) and torch.equal(s_a, s_b)
+    try:
+        for index in (0, 1):  # the training sampler is endless: its first 4 micro-batches
+            pairs = list(itertools.islice(zip(loaders["plain"][index], loaders["compiled"][index]), 4))
+            assert pairs
+            for (x_a, s_a), (x_b, s_b) in pairs:
+                assert torch.equal(x_a, x_b) and torch.equal(s_a, s_b)
+    finally:
+        loaders.clear()  # the persistent workers shut down with their loaders
+        gc.collect()
+        import multiprocessing.forkserver
+
+        import multiprocessing.resource_tracker
+
+        # the server and its resource tracker would outlive the test as children of the test process
+        multiprocessing.forkserver._forkserver._stop()
+        multiprocessing.resource_tracker._resource_tracker._stop()
