@@ -68,11 +68,11 @@ class _Cancelled(Exception):
     pass
 
 
-def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
-    """autobatch's micro-batch within the budget (the effective batch kept); skipped when it is the baseline's."""
+def search_batch(run: ProtocolRun, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
+    """autobatch over the baseline's config within the run's budget (cancellable between probes); `limits` go to
+    TrainTask.run (effective_batch, max_batch). Returns the result and how it was measured."""
     from kronos_tune.autobatch.train_task import TrainTask
 
-    base: TrainConfig = _spec(run, "baseline").config
     estimate = run.options.autobatch_estimate
     estimate = run.device == "cpu" if estimate is None else estimate
 
@@ -83,10 +83,16 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
     try:
         with TrainTask(base, device=run.device) as task:
             found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate,
-                             effective_batch=base.batch_size * base.accumulation_steps, on_probe=on_probe)
+                             on_probe=on_probe, **limits)
     except _Cancelled:
         raise KeyboardInterrupt from None
-    how = "fake-tensor estimate" if estimate else "real probes"
+    return found, "fake-tensor estimate" if estimate else "real probes"
+
+
+def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
+    """autobatch's micro-batch within the budget (the effective batch kept); skipped when it is the baseline's."""
+    base: TrainConfig = _spec(run, "baseline").config
+    found, how = search_batch(run, base, effective_batch=base.batch_size * base.accumulation_steps)
     notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {found.margin:g}): "
              f"{found.batch_size} x {found.accumulation_steps}, largest fitting micro-batch {found.max_fit_batch_size}"]
     spec.changes = {"batch_size": found.batch_size, "accumulation_steps": found.accumulation_steps}
@@ -102,27 +108,13 @@ def resolve_bigger_batch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, 
     """The effective batch raised to the largest micro-batch that fits (an autobatch search without the
     effective batch's limit), lr scaled by the sqrt rule, evaluated after the baseline's samples."""
     from kronos_tune.autobatch.maximize import data_cap, scale_for_batch
-    from kronos_tune.autobatch.train_task import TrainTask
 
     base: TrainConfig = _spec(run, "baseline").config
-    estimate = run.options.autobatch_estimate
-    estimate = run.device == "cpu" if estimate is None else estimate
-
-    def on_probe(probe: Any) -> None:
-        if run.cancel.is_set():
-            raise _Cancelled
-
-    try:
-        with TrainTask(base, device=run.device) as task:
-            # searching past the data's cap tells the user what the card could hold (the headroom line)
-            found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate,
-                             max_batch=max(4 * data_cap(base), base.batch_size * base.accumulation_steps + 1),
-                             on_probe=on_probe)
-    except _Cancelled:
-        raise KeyboardInterrupt from None
+    # searching past the data's cap tells the user what the card could hold (the headroom line)
+    effective = base.batch_size * base.accumulation_steps
+    found, how = search_batch(run, base, max_batch=max(4 * data_cap(base), effective + 1))
     largest = found.max_fit_batch_size
-    notes = [f"autobatch ({'fake-tensor estimate' if estimate else 'real probes'}, {found.search_time_s:.1f} s): "
-             f"largest fitting micro-batch {largest}"]
+    notes = [f"autobatch ({how}, {found.search_time_s:.1f} s): largest fitting micro-batch {largest}"]
     config, change = scale_for_batch(base, largest, "sqrt")
     notes += [change.describe(), *change.notes]
     if change.batch_to <= change.batch_from:
