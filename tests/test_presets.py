@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,11 @@ def test_a_wheel_install_finds_the_builtin_presets(tmp_path: Path) -> None:
     run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", source, "-w", tmp_path / "dist")
     run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python"
+    # --system-site-packages reaches the base interpreter's packages only; when this test itself runs in a
+    # virtual environment, its dependencies (psutil, torch, ...) live there: list those folders too (after the
+    # new venv's own, so the installed wheel is what imports)
+    child_site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    Path(child_site, "parent-env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     wheel = next((tmp_path / "dist").glob("*.whl"))
     run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
     probe = ("import kronos_tune, kronos_tune.presets as p; print(kronos_tune.__file__); "
