@@ -1,0 +1,45 @@
+"""The host's memory, read one way: psutil for what is available and what a process holds now.
+
+The peak resident set of this process comes from the kernel's high-water mark
+(`getrusage`, kilobytes on Linux, bytes on macOS): psutil has no portable peak,
+and sampling would miss short spikes.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import psutil
+
+
+def available_ram_bytes() -> int:
+    """RAM a new allocation can get without swapping (MemAvailable on Linux)."""
+    return int(psutil.virtual_memory().available)
+
+
+def total_ram_bytes() -> int:
+    return int(psutil.virtual_memory().total)
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set of a process now (this one by default)."""
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+def tree_rss_bytes(pid: int | None = None) -> int:
+    """Resident set of a process and all its live descendants (loader workers, torchrun ranks)."""
+    root = psutil.Process(pid)
+    total = int(root.memory_info().rss)
+    for child in root.children(recursive=True):
+        try:
+            total += int(child.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def peak_rss_bytes() -> int:
+    """The highest resident set this process has had so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
