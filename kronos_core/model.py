@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from kronos_core.checkpoint import PretrainedMixin
+from kronos_core.pretrained import PretrainedMixin
 from kronos_core.layers import CrossAttention, LayerCache, RMSNorm, TransformerBlock, run_blocks
 
 DEP_LAYER_HEADS = 4  # fixed in the published architecture, whatever n_heads is

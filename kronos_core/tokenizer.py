@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from kronos_core.checkpoint import PretrainedMixin
+from kronos_core.pretrained import PretrainedMixin
 from kronos_core.layers import TransformerBlock, run_blocks
 from kronos_core.quantizer import BSQuantizer
 

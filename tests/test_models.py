@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from kronos_core.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+from kronos_core.pretrained import CONFIG_NAME, WEIGHTS_NAME
 from kronos_core.errors import KronosError
 from kronos_core.model import Kronos
 from kronos_core.safetensors_io import load_safetensors, save_safetensors

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kronos_core.checkpoint import WEIGHTS_NAME
+from kronos_core.pretrained import WEIGHTS_NAME
 from kronos_core.data import FEATURE_COLUMNS, read_kline
 from kronos_core.predictor import KronosPredictor
 from kronos_core.safetensors_io import load_safetensors, save_safetensors
