@@ -106,14 +106,16 @@ def write_toml(path: str | Path, values: dict[str, Any], header: str = "") -> No
     write_text_atomic(path, dumps_toml(values, header))
 
 
-def load_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """Parse a TOML file; a missing file or a syntax error becomes one KronosError line."""
+def load_toml(path: str | Path, what: str = "config file", fix: str = "check the path") -> dict[str, Any]:
+    """Parse a TOML file; a missing file (`what` names it, `fix` says what to do), a syntax error or an
+    unreadable file becomes one KronosError line starting with the path."""
     path = Path(path)
     if not path.is_file():
-        raise KronosError(f"{what} {path} not found; check the path")
+        raise KronosError(f"{path}: {what} not found; {fix}")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
-        raise KronosError(f"{path}: invalid TOML ({error}); fix the syntax") from None
+        raise KronosError(f"{path}: malformed TOML ({error}); fix the syntax there") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise KronosError(f"{path}: cannot read ({error}); check permissions and encoding") from None
+        raise KronosError(f"{path}: cannot read the {what} ({error}); check that it is a readable UTF-8 "
+                          f"text file") from None

@@ -22,18 +22,13 @@ import os
 import re
 import sys
 import sysconfig
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 import kronos_tune
+from kronos_core.errors import KronosError
+from kronos_core.files import dumps_toml, load_toml
 from kronos_tune.errors import KronosTuneError
 
 # Model sizes known to kronos-tune ("tiny" is test-only), with their context and tokenizer.
@@ -348,17 +343,9 @@ def load_preset_file(path: Path | str) -> Preset:
     """Read and validate one preset file; every problem is a one-line KronosTuneError naming the file and key."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        fix = "check the path (kronos-tune presets lists the known presets)"
-        raise KronosTuneError(f"{path}: preset file not found; {fix}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        fix = "check that it is a readable UTF-8 text file"
-        raise KronosTuneError(f"{path}: cannot read the preset file ({error}); {fix}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise KronosTuneError(f"{path}: malformed TOML: {error}; fix the syntax there") from None
+        data = load_toml(path, what="preset file", fix="check the path (kronos-tune presets lists the known presets)")
+    except KronosError as error:
+        raise KronosTuneError(str(error)) from None
     return parse_preset(data, path)
 
 
@@ -444,4 +431,4 @@ def preset_to_dict(preset: Preset) -> dict[str, Any]:
 
 def preset_to_toml(preset: Preset) -> str:
     """TOML text that load_preset_file reads back to an equal preset."""
-    return tomli_w.dumps(preset_to_dict(preset))
+    return dumps_toml(preset_to_dict(preset))

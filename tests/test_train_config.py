@@ -9,7 +9,7 @@ import pytest
 
 from kronos_core.errors import KronosError
 from kronos_core.train import TrainConfig
-from kronos_core.train.toml_io import dumps_flat
+from kronos_core.files import dumps_toml
 
 
 def test_defaults_follow_the_reference() -> None:
@@ -41,7 +41,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
 
 
 def test_flat_writer_values() -> None:
-    text = dumps_flat({"a": 1, "b": 0.5, "c": 1e-5, "d": True, "e": "x\ty", "f": [1.0, 2], "g": None, "h": 3.0})
+    text = dumps_toml({"a": 1, "b": 0.5, "c": 1e-5, "d": True, "e": "x\ty", "f": [1.0, 2], "g": None, "h": 3.0})
     assert tomllib.loads(text) == {"a": 1, "b": 0.5, "c": 1e-5, "d": True, "e": "x\ty", "f": [1.0, 2], "h": 3.0}
 
 

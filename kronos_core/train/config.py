@@ -18,7 +18,7 @@ import torch
 
 from kronos_core.errors import KronosError
 from kronos_core.sizes import SIZES
-from kronos_core.train.toml_io import dumps_flat, load_toml
+from kronos_core.files import dumps_toml, load_toml, write_text_atomic
 
 WHAT = ("predictor", "tokenizer")
 AMP = ("none", "bf16", "fp16")
@@ -136,7 +136,7 @@ class TrainConfig:
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> TrainConfig:
-        data = load_toml(path)
+        data = load_toml(path, what="training config")
         for key, value in data.items():
             if isinstance(value, dict):
                 raise KronosError(f"{path}: [{key}] is a table; a training config is flat key = value lines, "
@@ -153,13 +153,11 @@ class TrainConfig:
 
     def to_toml(self, path: str | os.PathLike | None = None) -> str:
         """The config as TOML (None fields left out: they take their defaults); written atomically to `path`."""
-        text = dumps_flat(self.to_dict(), header="kronos-tune training config (kronos_core.train.TrainConfig)")
+        text = dumps_toml(self.to_dict(), header="kronos-tune training config (kronos_core.train.TrainConfig)")
         if path is not None:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(path.name + f".tmp{os.getpid()}")
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, path)
+            write_text_atomic(path, text)
         return text
 
     def replace(self, **changes: Any) -> TrainConfig:
