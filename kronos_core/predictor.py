@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -69,6 +70,36 @@ def bytes_per_sequence(model: Kronos, tokenizer: KronosTokenizer, window: int, e
     return cache + prefill + attention_scores + tokenizer_pass
 
 
+@dataclass(frozen=True)
+class PredictProgress:
+    """Where a prediction call stands: decode steps over all chunks, and series whose chunk is finished."""
+
+    steps_done: int
+    steps_total: int
+    series_done: int
+    series_total: int
+
+
+ProgressCallback = Callable[[PredictProgress], None]
+
+
+@contextlib.contextmanager
+def _progress(on_progress: ProgressCallback | None, steps_total: int,
+              series_total: int) -> Iterator[Callable[[int, int], None]]:
+    """Yield advance(series, steps), which reports the running totals to `on_progress` (if any)."""
+    if on_progress is None:
+        yield lambda series, steps: None
+        return
+    done = [0, 0]  # steps, series
+
+    def advance(series: int, steps: int) -> None:
+        done[0] += steps
+        done[1] += series
+        on_progress(PredictProgress(done[0], steps_total, done[1], series_total))
+
+    yield advance
+
+
 class KronosPredictor:
     """Batch prediction for Kronos with the reference's interface.
 
@@ -121,17 +152,22 @@ class KronosPredictor:
     # Public API --------------------------------------------------------------------------
 
     def predict(self, df: pd.DataFrame, x_timestamp, y_timestamp, pred_len: int, T: float = 1.0, top_k: int = 0,
-                top_p: float = 0.9, sample_count: int = 1, verbose: bool = True, return_samples: bool = False):
+                top_p: float = 0.9, sample_count: int = 1, verbose: bool = True, return_samples: bool = False,
+                on_progress: ProgressCallback | None = None):
         """Predict one series: a DataFrame of pred_len rows indexed by y_timestamp
         (with return_samples=True, also an array [sample_count, pred_len, 6] of every path)."""
         frames, samples = self.predict_batch([df], [x_timestamp], [y_timestamp], pred_len, T, top_k, top_p,
-                                             sample_count, verbose, return_samples=True)
+                                             sample_count, verbose, return_samples=True, on_progress=on_progress)
         return (frames[0], samples[0]) if return_samples else frames[0]
 
     def predict_batch(self, df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y_timestamp_list: Sequence,
                       pred_len: int, T: float = 1.0, top_k: int = 0, top_p: float = 0.9, sample_count: int = 1,
-                      verbose: bool = True, return_samples: bool = False, max_batch_size: int | None = None):
-        """Predict many series; they may differ in history length (grouped by length)."""
+                      verbose: bool = True, return_samples: bool = False, max_batch_size: int | None = None,
+                      on_progress: ProgressCallback | None = None):
+        """Predict many series; they may differ in history length (grouped by length).
+
+        `verbose` is kept for the reference's signature; kronos_core draws nothing. To show progress, pass
+        `on_progress`: it is called with a PredictProgress after every generated step and finished chunk."""
         if not isinstance(df_list, (list, tuple)) or not isinstance(x_timestamp_list, (list, tuple)) \
                 or not isinstance(y_timestamp_list, (list, tuple)):
             raise KronosError("df_list, x_timestamp_list and y_timestamp_list must be lists or tuples")
@@ -151,7 +187,7 @@ class KronosPredictor:
         count = len(prepared.indexes)
         means: list[np.ndarray | None] = [None] * count
         samples: list[np.ndarray | None] = [None] * count
-        with self._progress(verbose, chunks * pred_len, count) as advance:
+        with _progress(on_progress, chunks * pred_len, count) as advance:
             for group in prepared.groups:
                 mean_paths, all_paths = run_group(self, group.x, group.x_stamp, group.y_stamp, params, sample_count,
                                                   series_per_chunk, return_samples,
@@ -168,7 +204,7 @@ class KronosPredictor:
     def predict_arrays(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
                        y_stamp: np.ndarray | torch.Tensor, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
                        sample_count: int = 1, verbose: bool = False, max_batch_size: int | None = None,
-                       mean_only: bool = False) -> np.ndarray:
+                       mean_only: bool = False, on_progress: ProgressCallback | None = None) -> np.ndarray:
         """Predict N series of one history length from arrays; every sample path, de-normalized.
 
         x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
@@ -195,7 +231,7 @@ class KronosPredictor:
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
         per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
         chunks = -(-x.shape[0] // per_chunk)
-        with self._progress(verbose, chunks * pred_len, x.shape[0]) as advance:
+        with _progress(on_progress, chunks * pred_len, x.shape[0]) as advance:
             mean_path, samples = run_group(self, values, x_stamp, y_stamp, params, sample_count, per_chunk,
                                            not mean_only, on_step=lambda _step: advance(0, 1),
                                            on_chunk=lambda done: advance(done, 0))
@@ -281,26 +317,3 @@ class KronosPredictor:
         paths = decoded.float().reshape(count, sample_count, pred_len, -1)
         self._mark("decode")
         return paths
-
-    @contextlib.contextmanager
-    def _progress(self, verbose: bool, total_steps: int, total_series: int):
-        """Yield advance(series_done, steps_done); a Rich bar when verbose and Rich is installed."""
-        if not verbose:
-            yield lambda series, steps: None
-            return
-        try:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-        except ImportError:  # kronos_core does not require Rich
-            yield lambda series, steps: None
-            return
-        columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("series {task.fields[series]}/" + str(total_series)), TimeRemainingColumn())
-        with Progress(*columns, transient=True) as progress:
-            task = progress.add_task("steps", total=total_steps, series=0)
-            done = {"series": 0}
-
-            def advance(series: int, steps: int) -> None:
-                done["series"] += series
-                progress.update(task, advance=steps, series=done["series"])
-
-            yield advance

@@ -26,9 +26,10 @@ from kronos_core.errors import KronosError
 from kronos_core.launch import LaunchSpec
 from kronos_core.model import Kronos
 from kronos_core.predict_sharded import ShardJob
-from kronos_core.predictor import KronosPredictor, default_device
+from kronos_core.predictor import KronosPredictor, ProgressCallback, default_device
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
 from kronos_core.tokenizer import KronosTokenizer
+from kronos_tune.calendars import exchange_calendar
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
 from kronos_tune.predict_inputs import (
@@ -80,7 +81,6 @@ class PredictConfig:
     max_context: int | None = None
     seed: int = 0
     holdout: bool = False
-    progress: bool = True
     symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
     skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
     window_mode: str = "refill"
@@ -90,6 +90,7 @@ class PredictConfig:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     rdzv_backend: str | None = None
+    calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
 
     @property
     def launch(self) -> LaunchSpec:
@@ -209,6 +210,8 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
     if config.out is not None:
         check_output_path(config.out)
+    if config.calendar is not None:
+        exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
 
 
 def resolve_device(device: str) -> str:
@@ -282,8 +285,10 @@ def _shard_job(config: PredictConfig, device: str) -> ShardJob:
                     sample_count=config.sample_count)
 
 
-def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> PredictResult:
-    """Check the flags, read the data, load the predictor, predict, score (--holdout) and write --out."""
+def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
+                on_progress: ProgressCallback | None = None) -> PredictResult:
+    """Check the flags, read the data, load the predictor, predict, score (--holdout) and write --out.
+    `on_progress` follows the in-process prediction (kronos_core.predictor.PredictProgress)."""
     started = time.perf_counter()
     notes: list[tuple[str, str]] = []
 
@@ -326,7 +331,7 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None) -> P
         else:
             values = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp, T=config.temperature,
                                               top_k=config.top_k, top_p=config.top_p,
-                                              sample_count=config.sample_count, verbose=config.progress,
+                                              sample_count=config.sample_count, on_progress=on_progress,
                                               mean_only=True)
     predict_seconds = time.perf_counter() - predict_started
     peak_gpu = int(torch.cuda.max_memory_allocated(predictor.device)) if predictor.device.type == "cuda" else None

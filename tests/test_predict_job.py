@@ -169,7 +169,7 @@ def test_failed_job_keeps_the_previous_output(tmp_path: Path) -> None:
 def test_synthetic_holdout_job_and_notes(tmp_path: Path) -> None:
     notes: list[tuple[str, str]] = []
     config = PredictConfig(lookback=24, pred_len=5, size="tiny", synthetic=2, holdout=True, device="cpu",
-                           max_context=20, progress=False, out=tmp_path / "o.parquet")
+                           max_context=20, out=tmp_path / "o.parquet")
     result = run_predict(config, on_note=lambda level, message: notes.append((level, message)))
     assert notes == result.notes
     assert ("warning", RANDOM_WEIGHTS_NOTE) in notes
@@ -189,7 +189,7 @@ def test_synthetic_holdout_job_and_notes(tmp_path: Path) -> None:
 def test_sliding_window_note_and_seeded_sampling() -> None:
     def run(seed: int) -> tuple[np.ndarray, list[tuple[str, str]]]:
         config = PredictConfig(lookback=12, pred_len=6, size="tiny", synthetic=1, device="cpu", max_context=16,
-                               seed=seed, progress=False)
+                               seed=seed)
         result = run_predict(config)
         return result.frames[0].to_numpy(), result.notes
 

@@ -292,3 +292,39 @@ def test_cuda_graph_steps_equal_eager_steps(window_mode, amp):
         for a, b in zip(eager.predict_batch(*args, 30, top_k=1, verbose=False),
                         graphs.predict_batch(*args, 30, top_k=1, verbose=False)):
             pd.testing.assert_frame_equal(a, b)
+
+
+def test_progress_reaches_every_step_and_series_of_every_chunk(tiny):
+    dfs, xs, ys = _batch([synthetic_kline(150, seed=s) for s in range(5)], 100, 7)
+    reports = []
+    KronosPredictor(*tiny, device="cpu").predict_batch(dfs, xs, ys, 7, top_k=1, max_batch_size=2,
+                                                       on_progress=reports.append)
+    steps = [r.steps_done for r in reports]
+    series = [r.series_done for r in reports]
+    assert steps == sorted(steps) and series == sorted(series)
+    # five series in chunks of two: three chunks of seven steps
+    assert {(r.steps_total, r.series_total) for r in reports} == {(21, 5)}
+    assert steps[-1] == 21 and series[-1] == 5
+
+
+def test_the_core_predicts_without_loading_any_ui_library():
+    """kronos_core draws nothing: importing it and predicting leaves rich, textual and typer unloaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import kronos_core\n"
+        "from kronos_core.sizes import build_model, build_tokenizer\n"
+        "from kronos_core.synthetic import synthetic_kline\n"
+        "frame = synthetic_kline(120, seed=0)\n"
+        "history, future = frame.iloc[:100], frame['timestamps'].iloc[100:110].reset_index(drop=True)\n"
+        "predictor = kronos_core.KronosPredictor(build_model('tiny', seed=1), build_tokenizer('tiny', seed=2),"
+        " device='cpu')\n"
+        "out = predictor.predict(history.drop(columns='timestamps'), history['timestamps'], future, 10, top_k=1)\n"
+        "assert len(out) == 10\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'textual', 'typer', 'kronos_tune')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
+    from kronos_core.predictor import PredictProgress
     from kronos_tune.predict_job import PredictResult
 
 TABLE_ROWS = 20
@@ -69,6 +71,31 @@ def _json_ready(report: dict) -> dict:
             for key, value in report.items()}
 
 
+class _PredictBar:
+    """The Rich bar for an in-process prediction (kronos_core reports progress, kronos-tune draws it): shown from
+    the first report until the job returns, then cleared."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+
+    def __call__(self, report: PredictProgress) -> None:
+        if self.progress is None:
+            columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("series {task.fields[series]}"), TimeRemainingColumn())
+            self.progress = Progress(*columns, console=self.console, transient=True)
+            self.task = self.progress.add_task("steps", total=report.steps_total, series=f"0/{report.series_total}")
+            self.progress.start()
+        assert self.task is not None
+        self.progress.update(self.task, completed=report.steps_done,
+                             series=f"{report.series_done}/{report.series_total}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
 def predict_command(
     lookback: Annotated[int, typer.Option("--lookback", help="History rows per series (the last N rows).")],
     pred_len: Annotated[int, typer.Option("--pred-len", help="Future steps to predict.")],
@@ -112,9 +139,14 @@ def predict_command(
     rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, same on all nodes.")] = None,
     rdzv_backend: Annotated[Optional[str], typer.Option(
         "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
+    calendar: Annotated[Optional[str], typer.Option(
+        "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. "
+                           "XSHG, XSHE, XHKG, XNYS; needs the [calendars] extra. Default: each series' own grid.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
 ) -> None:
-    """Predict the next --pred-len bars of each series; timestamps continue each series' own bar grid."""
+    """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
+    bar grid."""
     from kronos_tune.predict_job import PredictConfig, run_predict
 
     console = Console()
@@ -131,11 +163,16 @@ def predict_command(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
-        max_context=max_context, seed=seed, holdout=holdout, progress=not as_json, symbol_column=symbol_column,
+        max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column,
         skip_short=skip_short, window_mode=window_mode, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, calendar=calendar,
     )
-    result = run_predict(config, on_note=on_note)
+    bar = None if as_json else _PredictBar(console)
+    try:
+        result = run_predict(config, on_note=on_note, on_progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
     if as_json:
         typer.echo(json.dumps(_json_ready(result.to_json_dict())))
