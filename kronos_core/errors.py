@@ -7,3 +7,7 @@ class KronosError(ValueError):
     Subclasses ValueError so code written against the reference implementation,
     which raises ValueError for bad DataFrames, keeps catching it.
     """
+
+
+class KronosWarning(UserWarning):
+    """Something a user should change but that still works (e.g. an old config key): one line of text."""

@@ -265,10 +265,11 @@ class TransformerBlock(nn.Module):
 
 
 def run_blocks(blocks: nn.ModuleList, x: Tensor, key_padding_mask: Tensor | None = None,
-               checkpoint_every: int = 0) -> Tensor:
-    """Run blocks in order; in training, recompute every `checkpoint_every`-th block in backward."""
+               recompute_every: int = 0) -> Tensor:
+    """Run blocks in order; in training, recompute every `recompute_every`-th block in backward (activation
+    checkpointing)."""
     for index, block in enumerate(blocks):
-        if checkpoint_every and torch.is_grad_enabled() and index % checkpoint_every == 0:
+        if recompute_every and torch.is_grad_enabled() and index % recompute_every == 0:
             x = torch.utils.checkpoint.checkpoint(block, x, key_padding_mask, use_reentrant=False)
         else:
             x = block(x, key_padding_mask)

@@ -152,7 +152,7 @@ class Kronos(nn.Module, PretrainedMixin):
         self.d_model = d_model
         self.n_heads = n_heads
         self.s1_vocab_size = 2 ** s1_bits
-        self.checkpoint_every = 0
+        self.recompute_every = 0
         self.token_drop = nn.Dropout(token_dropout_p)
         self.embedding = HierarchicalEmbedding(s1_bits, s2_bits, d_model)
         self.time_emb = TemporalEmbedding(d_model, learn_te)
@@ -180,7 +180,7 @@ class Kronos(nn.Module, PretrainedMixin):
 
     def set_activation_checkpointing(self, every_n: int) -> None:
         """Recompute every n-th Transformer block in backward (0 = off, 1 = all blocks)."""
-        self.checkpoint_every = int(every_n)
+        self.recompute_every = int(every_n)
 
     def _embed(self, s1_ids: Tensor, s2_ids: Tensor, stamp: Tensor | None) -> Tensor:
         x = self.embedding([s1_ids, s2_ids])
@@ -191,7 +191,7 @@ class Kronos(nn.Module, PretrainedMixin):
     def decode_s1(self, s1_ids: Tensor, s2_ids: Tensor, stamp: Tensor | None = None,
                   padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """s1 logits for every position and the normed hidden states (the context for s2)."""
-        x = run_blocks(self.transformer, self._embed(s1_ids, s2_ids, stamp), padding_mask, self.checkpoint_every)
+        x = run_blocks(self.transformer, self._embed(s1_ids, s2_ids, stamp), padding_mask, self.recompute_every)
         x = self.norm(x)
         return self.head(x), x
 

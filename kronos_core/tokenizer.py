@@ -31,7 +31,7 @@ class KronosTokenizer(nn.Module, PretrainedMixin):
         self.s1_bits = s1_bits
         self.s2_bits = s2_bits
         self.codebook_dim = s1_bits + s2_bits
-        self.checkpoint_every = 0
+        self.recompute_every = 0
 
         def block() -> TransformerBlock:
             return TransformerBlock(d_model, n_heads, ff_dim, ffn_dropout_p, attn_dropout_p, resid_dropout_p)
@@ -47,14 +47,14 @@ class KronosTokenizer(nn.Module, PretrainedMixin):
 
     def set_activation_checkpointing(self, every_n: int) -> None:
         """Recompute every n-th block in backward (0 = off, 1 = all blocks)."""
-        self.checkpoint_every = int(every_n)
+        self.recompute_every = int(every_n)
 
     def _encode_latent(self, x: Tensor) -> Tensor:
-        z = run_blocks(self.encoder, self.embed(x), checkpoint_every=self.checkpoint_every)
+        z = run_blocks(self.encoder, self.embed(x), recompute_every=self.recompute_every)
         return self.quant_embed(z)
 
     def _decode_latent(self, z: Tensor) -> Tensor:
-        return self.head(run_blocks(self.decoder, z, checkpoint_every=self.checkpoint_every))
+        return self.head(run_blocks(self.decoder, z, recompute_every=self.recompute_every))
 
     def forward(self, x: Tensor):
         """Training forward: ((rec_from_s1, rec_from_all), bsq_loss, quantized bits, indices)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from pathlib import PurePath
 from typing import Any, get_args
 
@@ -20,7 +21,7 @@ except ImportError:  # pragma: no cover - older typer on click
     from click import exceptions as click_errors
 
 from kronos_core import __version__
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, KronosWarning
 
 app = typer.Typer(
     name="kronos-tune",
@@ -116,8 +117,21 @@ def usage_error_line(error: Any) -> str:
     return f"error: {ctx.command_path}: {message}; see `{ctx.command_path} --help`"
 
 
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """KronosWarning (something to change that still works) as one `warning:` line; others as Python shows them."""
+    if issubclass(category, KronosWarning):
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors and user-fixable errors become one line on stderr and exit code 2."""
+    warnings.showwarning = _show_warning
     command = readable_metavars(typer.main.get_command(app))
     try:
         code = command.main(args=argv, prog_name="kronos-tune", standalone_mode=False)

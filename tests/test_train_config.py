@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.train import TrainConfig
 from kronos_core.files import dumps_toml
 
@@ -26,8 +26,8 @@ def test_defaults_follow_the_reference() -> None:
 def test_toml_round_trip(tmp_path: Path) -> None:
     config = TrainConfig(what="tokenizer", model_size="tiny", data=[str(tmp_path / "a b.csv"), "folder/with\"quote"],
                          lookback_window=30, predict_window=5, batch_size=7, accumulation_steps=3, amp="bf16",
-                         activation_checkpointing="every_n", checkpoint_every_n=3, lr=1e-3, betas=(0.8, 0.99),
-                         grad_clip=1.5, pin_memory=True, teacher_forcing=False, samples_per_epoch=210,
+                         activation_checkpointing="every_n", activation_checkpointing_every_n=3, lr=1e-3,
+                         betas=(0.8, 0.99), grad_clip=1.5, pin_memory=True, teacher_forcing=False, samples_per_epoch=210,
                          tokenizer_dir=str(tmp_path / "tok"), output_dir=str(tmp_path / "out"), div_factor=25)
     path = tmp_path / "run.toml"
     text = config.to_toml(path)
@@ -38,6 +38,23 @@ def test_toml_round_trip(tmp_path: Path) -> None:
     assert TrainConfig(**tomllib.loads(text)) == config
     # None fields are left out and come back as None.
     assert "predictor_dir" not in tomllib.loads(text) and again.predictor_dir is None
+
+
+def test_a_config_with_the_old_key_names_still_loads_with_one_warning(tmp_path: Path) -> None:
+    path = tmp_path / "last_week.toml"
+    path.write_text('model_size = "tiny"\nactivation_checkpointing = "every_n"\ncheckpoint_every_n = 3\n'
+                    'checkpoint_every = 50\n')
+    with pytest.warns(KronosWarning) as caught:
+        config = TrainConfig.from_toml(path)
+    assert (config.activation_checkpointing_every_n, config.save_every, config.activation_checkpointing_blocks) \
+        == (3, 50, 3)
+    messages = sorted(str(w.message) for w in caught)
+    assert messages == [f"{path}: 'checkpoint_every' is now called 'save_every' (same meaning); rename it there",
+                        f"{path}: 'checkpoint_every_n' is now called 'activation_checkpointing_every_n' (same "
+                        f"meaning); rename it there"]
+    assert "checkpoint_every" not in config.to_toml()  # written back under the new names
+    with pytest.raises(KronosError, match=r"both 'checkpoint_every' and 'save_every' are set; .* keep only"):
+        TrainConfig(checkpoint_every=5, save_every=5)
 
 
 def test_flat_writer_values() -> None:

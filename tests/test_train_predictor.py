@@ -100,7 +100,7 @@ def test_bf16_autocast_within_2_percent_of_fp32(tmp_path: Path) -> None:
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path: Path) -> None:
     plain = Trainer(tiny(tmp_path / "plain"))
     recomputed = Trainer(tiny(tmp_path / "ckpt", activation_checkpointing="all"))
-    assert recomputed.model.checkpoint_every == 1 and plain.model.checkpoint_every == 0
+    assert recomputed.model.recompute_every == 1 and plain.model.recompute_every == 0
     plain.compute_gradients()
     recomputed.compute_gradients()
     for name, grad in grads(plain.model).items():

@@ -52,7 +52,7 @@ def test_resume_is_exact(tmp_path: Path) -> None:
 
 
 def test_checkpoint_file_is_plain_and_atomic(tmp_path: Path) -> None:
-    trainer = Trainer(tiny(tmp_path, checkpoint_every=2))
+    trainer = Trainer(tiny(tmp_path, save_every=2))
     trainer.fit(max_steps=4)
     folder = checkpoint_path(tmp_path).parent
     assert [p.name for p in folder.iterdir()] == ["last.pt"]  # no temp files left behind

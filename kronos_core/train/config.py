@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.sizes import SIZES
 from kronos_core.files import dumps_toml, load_toml, write_text_atomic
 
@@ -44,7 +45,7 @@ class TrainConfig:
     micro-batches of `batch_size` windows on every process, so its global batch
     is batch_size x accumulation_steps x processes. An epoch is
     `samples_per_epoch // global batch` optimizer steps. `eval_every` and
-    `checkpoint_every` are in optimizer steps; 0 means at the end of every epoch.
+    `save_every` (training-state saves) are in optimizer steps; 0 means at the end of every epoch.
     The onecycle schedule also cycles Adam's beta1 between 0.85 and 0.95, as the
     reference's OneCycleLR does; plateau halves the lr (`plateau_factor`) after
     `plateau_patience` evaluations without a better validation loss.
@@ -71,7 +72,7 @@ class TrainConfig:
     accumulation_steps: int = 1
     amp: str = "none"
     activation_checkpointing: str = "none"
-    checkpoint_every_n: int = 2
+    activation_checkpointing_every_n: int = 2
     compile: str = "off"
     matmul_precision: str = "highest"
     optimizer_impl: str = "auto"
@@ -93,7 +94,7 @@ class TrainConfig:
     epochs: int = 30
     eval_samples: int = 20_000
     eval_every: int = 0
-    checkpoint_every: int = 0
+    save_every: int = 0
     output_dir: str = "runs/kronos"
     device: str = "auto"
     parallelism: str = "ddp"
@@ -105,6 +106,7 @@ class TrainConfig:
         self._assign(values, "TrainConfig")
 
     def _assign(self, values: dict[str, Any], source: str) -> None:
+        values = renamed_keys(values, source)
         check_keys(values, source)
         for spec in dataclasses.fields(self):
             if spec.name in values:
@@ -181,9 +183,10 @@ class TrainConfig:
         return DEFAULT_GRAD_CLIP[self.what] if self.grad_clip is None else self.grad_clip
 
     @property
-    def checkpoint_blocks(self) -> int:
+    def activation_checkpointing_blocks(self) -> int:
         """Argument for `set_activation_checkpointing`: 0 off, 1 every block, n every n-th."""
-        return {"none": 0, "all": 1, "every_n": self.checkpoint_every_n}[self.activation_checkpointing]
+        every_n = self.activation_checkpointing_every_n
+        return {"none": 0, "all": 1, "every_n": every_n}[self.activation_checkpointing]
 
     @property
     def is_synthetic(self) -> bool:
@@ -231,11 +234,11 @@ class TrainConfig:
             if getattr(self, key) not in allowed:
                 raise self._fail(key, "is not a valid choice", f"use one of {', '.join(allowed)}")
         positive_ints = ("batch_size", "accumulation_steps", "samples_per_epoch", "epochs", "eval_samples",
-                         "checkpoint_every_n", "synthetic_series", "plateau_patience", "lookback_window")
+                         "activation_checkpointing_every_n", "synthetic_series", "plateau_patience", "lookback_window")
         for key in positive_ints:
             if getattr(self, key) < 1:
                 raise self._fail(key, "must be >= 1", f"set {key} to a positive integer")
-        for key in ("predict_window", "num_workers", "eval_every", "checkpoint_every", "seed"):
+        for key in ("predict_window", "num_workers", "eval_every", "save_every", "seed"):
             if getattr(self, key) < 0:
                 raise self._fail(key, "must be >= 0", f"set {key} to 0 or more")
         for key in ("lr", "grad_clip", "clip", "div_factor"):
@@ -331,6 +334,30 @@ class TrainConfig:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Keys that were renamed, old -> new: a config written before still loads, with a warning.
+RENAMED_KEYS = {
+    "checkpoint_every_n": "activation_checkpointing_every_n",
+    "checkpoint_every": "save_every",
+}
+
+
+def renamed_keys(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """`values` with old key names moved to their new names, one KronosWarning per old key."""
+    if not any(old in values for old in RENAMED_KEYS):
+        return values
+    values = dict(values)
+    for old, new in RENAMED_KEYS.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise KronosError(f"{source}: both '{old}' and '{new}' are set; '{old}' is the old name of "
+                              f"'{new}', keep only '{new}'")
+        values[new] = values.pop(old)
+        warnings.warn(f"{source}: '{old}' is now called '{new}' (same meaning); rename it there",
+                      KronosWarning, stacklevel=4)
+    return values
 
 
 def field_names() -> list[str]:

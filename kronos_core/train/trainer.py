@@ -1,7 +1,10 @@
 """The training loop: one class for predictor and tokenizer, single process or torchrun (DDP or FSDP).
 
 The loop prints nothing. Progress goes to ``callback(StepRecord)`` after every
-optimizer step; memory goes to an optional PhaseMeter. Rank 0 writes
+optimizer step (loss, lr, tokens and samples per second) and to
+``eval_callback(EvalRecord)`` after every evaluation; the UI (a progress bar,
+metrics.jsonl, TensorBoard) lives with the caller. Memory goes to an optional
+PhaseMeter. Rank 0 writes
 everything under ``output_dir``::
 
     config.toml            the run's TrainConfig
@@ -18,7 +21,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +32,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from kronos_core.errors import KronosError
+from kronos_core.files import write_text_atomic
+from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.train.builders import (
     autocast_context, build_models, build_optimizer, build_scheduler, check_amp_support,
 )
@@ -40,13 +44,14 @@ from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
 from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
 from kronos_core.train.loading import GlobalBatchSampler, build_datasets, eval_loader, train_loader
-from kronos_core.train.records import PhaseClock, PhaseMeter, StepRecord, TrainSummary
+from kronos_core.train.records import EvalRecord, PhaseClock, PhaseMeter, StepRecord, TrainSummary
 from kronos_core.train.sharded_checkpoint import (
     SHARDED_KEY, load_sharded_checkpoint, load_whole_into_sharded, save_sharded_checkpoint,
 )
 from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 
 StepCallback = Callable[[StepRecord], None]
+EvalCallback = Callable[[EvalRecord], None]
 
 
 class Trainer:
@@ -59,10 +64,12 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, meter: PhaseMeter | None = None,
-                 callback: StepCallback | None = None, resume: str | os.PathLike | None = None) -> None:
+                 callback: StepCallback | None = None, resume: str | os.PathLike | None = None,
+                 eval_callback: EvalCallback | None = None) -> None:
         self.config = config
         self.meter = meter
         self.callback = callback
+        self.eval_callback = eval_callback
         self.stop_requested = False
         device_type = config.resolved_device()
         self.dist = DistContext.from_env(device_type)
@@ -91,7 +98,7 @@ class Trainer:
         self.eval_windows = len(val_set)
 
         model, tokenizer = build_models(config)
-        model.set_activation_checkpointing(config.checkpoint_blocks)
+        model.set_activation_checkpointing(config.activation_checkpointing_blocks)
         self.sharded = config.parallelism == "fsdp"
         if self.sharded:
             if not dist.enabled:
@@ -181,7 +188,7 @@ class Trainer:
             every = config.eval_every
             if (every and self.step % every == 0) or (not every and epoch_end):
                 self._evaluate_and_track(scheduled=True)
-            every = config.checkpoint_every
+            every = config.save_every
             if (every and self.step % every == 0) or (not every and epoch_end):
                 self.save_checkpoint()
             if self._stop_agreed():
@@ -242,12 +249,7 @@ class Trainer:
             return int(self.meter.peak_bytes())
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        try:
-            import resource
-        except ImportError:  # Windows
-            return None
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+        return peak_rss_bytes()
 
     # One optimizer step ---------------------------------------------------------------------
 
@@ -344,14 +346,16 @@ class Trainer:
         val_loss = metrics["val_loss"]
         if scheduled and isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step(val_loss)
-        if val_loss < self.best_val_loss:
+        improved = val_loss < self.best_val_loss
+        if improved:
             self.best_val_loss = val_loss
             best = self.save_pretrained(self.output_dir / "best")
             if self.dist.is_main:
                 info = {"step": self.step, "what": self.config.what, **metrics}
-                temp = best / ".metrics.json.tmp"
-                temp.write_text(json.dumps(info, indent=2) + "\n")
-                os.replace(temp, best / "metrics.json")
+                write_text_atomic(best / "metrics.json", json.dumps(info, indent=2) + "\n")
+        if self.eval_callback is not None:
+            epoch = max(self.step - 1, 0) // self.steps_per_epoch
+            self.eval_callback(EvalRecord(self.step, epoch, dict(metrics), improved, scheduled))
         return metrics
 
     # Checkpoints ----------------------------------------------------------------------------

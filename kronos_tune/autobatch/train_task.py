@@ -100,7 +100,7 @@ class TrainTask:
         changes: dict[str, Any] = dict(
             batch_size=batch_size, accumulation_steps=1, data=["synthetic"], synthetic_series=series,
             synthetic_rows=rows, samples_per_epoch=4 * batch_size, epochs=1, eval_samples=batch_size,
-            eval_every=0, checkpoint_every=0, num_workers=0, pin_memory=False, compile="off",
+            eval_every=0, save_every=0, num_workers=0, pin_memory=False, compile="off",
             output_dir=str(self.work_dir / "probe"), device=self.device, amp=self.amp,
         )
         if estimate:
@@ -158,7 +158,7 @@ class TrainTask:
         config = self.probe_config(batch_size, estimate=True)
         cpu = torch.device("cpu")
         model, tokenizer = build_models(config)
-        model.set_activation_checkpointing(config.checkpoint_blocks)
+        model.set_activation_checkpointing(config.activation_checkpointing_blocks)
         if config.parallelism == "fsdp":
             if self.mesh is None:
                 raise KronosTuneError("estimating a parallelism = \"fsdp\" config needs the simulated ranks: "

@@ -30,7 +30,7 @@ DESCRIPTIONS: dict[str, str] = {
     "accumulation_steps": "micro-batches per optimizer step (effective batch = batch_size x this x processes)",
     "amp": "autocast precision for the forward pass",
     "activation_checkpointing": "recompute activations in backward: none, every block, or every n-th",
-    "checkpoint_every_n": "with activation_checkpointing = \"every_n\": which blocks",
+    "activation_checkpointing_every_n": "with activation_checkpointing = \"every_n\": recompute every n-th block",
     "compile": "torch.compile mode (off skips compilation)",
     "matmul_precision": "torch.set_float32_matmul_precision (high allows TF32 on Ampere+)",
     "optimizer_impl": "AdamW implementation (auto picks fused on CUDA)",
@@ -52,7 +52,8 @@ DESCRIPTIONS: dict[str, str] = {
     "epochs": "epochs in the schedule",
     "eval_samples": "validation windows per evaluation",
     "eval_every": "evaluate every N optimizer steps (0: at the end of each epoch)",
-    "checkpoint_every": "save checkpoints/last.pt every N optimizer steps (0: at the end of each epoch)",
+    "save_every": "save the training state (checkpoints/last.pt) every N optimizer steps (0: at the end of each "
+                  "epoch)",
     "output_dir": "where the run writes; `kronos-tune train` gives each run its own folder unless --out is given",
     "device": "auto, cpu or cuda",
     "parallelism": "with several processes: ddp (replicated weights) or fsdp (sharded)",
