@@ -12,7 +12,7 @@ leaves the old target untouched.
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -40,13 +40,27 @@ def _fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def _new_temp(path: Path) -> Path:
+    """A new empty file beside `path` under a random name. Created with mode 0o666 less the umask, as
+    open() would (mkstemp's 0600 would make every file the project writes private to its owner)."""
+    for _ in range(100):
+        temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}")
+        try:
+            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return temp
+    raise FileExistsError(f"no free temp name beside {path}")
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a fresh temp path beside `path`; on a clean exit it becomes `path`, on an error it is removed."""
+    """Yield a fresh temp path beside `path`; on a clean exit it becomes `path`, on an error it is removed.
+
+    The temp name ends in the target's suffix, so writers that pick the format by suffix (matplotlib's
+    savefig) or append one when it is missing (numpy.save) write the intended file."""
     path = Path(path)
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    temp = Path(name)
+    temp = _new_temp(path)
     try:
         yield temp
         with open(temp, "rb+") as handle:

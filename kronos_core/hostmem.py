@@ -1,13 +1,12 @@
 """The host's memory, read one way: psutil for what is available and what a process holds now.
 
 The peak resident set of this process comes from the kernel's high-water mark
-(`getrusage`, kilobytes on Linux, bytes on macOS): psutil has no portable peak,
-and sampling would miss short spikes.
+(`getrusage`, kilobytes on Linux, bytes on macOS; the peak working set on
+Windows): psutil has no portable peak, and sampling would miss short spikes.
 """
 
 from __future__ import annotations
 
-import resource
 import sys
 
 import psutil
@@ -40,6 +39,11 @@ def tree_rss_bytes(pid: int | None = None) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """The highest resident set this process has had so far."""
+    """The highest resident set this process has had so far (never below the current one: Linux counts
+    resident pages in per-CPU batches, so its high-water mark can trail the current reading by a few pages)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return int(psutil.Process().memory_info().peak_wset)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return max(int(peak if sys.platform == "darwin" else peak * 1024), rss_bytes())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from kronos_core.errors import KronosError
+from kronos_core.files import atomic_writer
 from kronos_core.launch import emit_event
 
 JOB_FILE = "job.json"
@@ -75,14 +75,8 @@ def shard_bounds(count: int, world: int) -> list[tuple[int, int]]:
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            np.save(stream, array)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+    with atomic_writer(path, "wb") as stream:
+        np.save(stream, array)
 
 
 def write_job(workdir: Path, job: ShardJob, x: np.ndarray, x_stamp: np.ndarray, y_stamp: np.ndarray) -> Path:

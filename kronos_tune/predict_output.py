@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
+from kronos_core.files import atomic_path
 from kronos_tune.errors import KronosTuneError
 
 OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet"}
@@ -133,22 +134,17 @@ def rounded(table: pd.DataFrame, precision: Precision) -> pd.DataFrame:
 
 
 def write_table(table: pd.DataFrame, path: Path, precision: Precision | None = None) -> None:
-    """CSV (rounded to `precision` when given) or Parquet by suffix, atomically: a temp file, then os.replace."""
+    """CSV (rounded to `precision` when given) or Parquet by suffix, atomically (kronos_core.files)."""
     fmt = output_format(path)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
     try:
-        if fmt == "csv":
-            (table if precision is None else rounded(table, precision)).to_csv(temp, index=False)
-        else:
-            table.to_parquet(temp, index=False)
-        os.replace(temp, path)
+        with atomic_path(path) as temp:
+            if fmt == "csv":
+                (table if precision is None else rounded(table, precision)).to_csv(temp, index=False)
+            else:
+                table.to_parquet(temp, index=False)
     except (OSError, ValueError, ImportError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise KronosTuneError(f"--out {path}: writing failed ({reason}); check the folder and free space") from None
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
 
 
 def predictions_json(names: list[str], frames: list[pd.DataFrame], precision: Precision) -> list[dict]:

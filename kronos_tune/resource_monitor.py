@@ -21,7 +21,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from kronos_core.files import write_text_atomic
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry import Sampler, Snapshot
 
@@ -227,11 +227,11 @@ class ResourceMonitor:
         """Write `summary()` as JSON to `path` atomically (temp file + rename); returns the path."""
         target = Path(path)
         text = json.dumps(self.summary(), indent=2, allow_nan=False) + "\n"
-        _write_atomically(target, text)
+        _write_report(target, text)
         return target
 
 
-def _write_atomically(target: Path, text: str) -> None:
+def _write_report(target: Path, text: str) -> None:
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise KronosTuneError(
@@ -242,20 +242,9 @@ def _write_atomically(target: Path, text: str) -> None:
         raise KronosTuneError(
             f"cannot write report {str(target)!r}: it is a folder; give a file name such as report.json"
         )
-    temp_name: str | None = None
     try:
-        with tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=folder, prefix=f".{target.name}.", suffix=".tmp", delete=False
-        ) as temp:
-            temp_name = temp.name
-            temp.write(text)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.chmod(temp_name, 0o644)  # mkstemp made it 0600
-        os.replace(temp_name, target)
+        write_text_atomic(target, text)
     except OSError as error:
-        if temp_name is not None and os.path.exists(temp_name):
-            os.unlink(temp_name)
         raise KronosTuneError(
             f"cannot write report {str(target)!r}: {error.strerror or error}; choose a writable path"
         ) from error

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_core.files import write_text_atomic
 from kronos_tune.errors import KronosTuneError
 
 RUN_FILE = "run.json"
@@ -95,13 +96,7 @@ class RunDir:
         self.extra.update(extra)
         data = {"tool": MARK, "command": self.command, "identity": self.identity, "status": status,
                 **self.extra, "updated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        write_json_atomic(self.path / RUN_FILE, data)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    from kronos_tune.protocol.report import write_atomic
-
-    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+        write_text_atomic(self.path / RUN_FILE, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _check_writable(folder: Path, flag: str) -> None:

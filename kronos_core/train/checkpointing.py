@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from kronos_core.errors import KronosError
+from kronos_core.files import atomic_path
 
 CHECKPOINT_FORMAT = 1
 LAST_NAME = "last.pt"
@@ -61,19 +62,11 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_atomic(payload: dict[str, Any], path: str | os.PathLike) -> Path:
-    """torch.save to a temp file in the same folder, fsync, then os.replace: never a half-written file."""
+    """torch.save through `atomic_path`: never a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    finally:
-        if temp.exists():
-            temp.unlink()
+    with atomic_path(path) as temp:
+        torch.save(payload, temp)
     return path
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from kronos_core.files import atomic_path
 from kronos_tune.backtest.portfolio import equity_curve
 from kronos_tune.backtest.scoring import BacktestResult, SettingScores
 
@@ -53,9 +53,8 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
         ics.set_xticks(ticks, [result.plan.origins[i].timestamp.strftime("%Y-%m-%d %H:%M") for i in ticks])
         figure.autofmt_xdate()
         figure.tight_layout()
-        temp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-        figure.savefig(temp, dpi=110)
-        os.replace(temp, path)
+        with atomic_path(path) as temp:
+            figure.savefig(temp, dpi=110)
     finally:
         plt.close(figure)
     return path

@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
+from kronos_core.files import write_text_atomic
 from kronos_tune.backtest.portfolio import LONG_ONLY, LONG_SHORT
 from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference
-from kronos_tune.backtest.store import write_text_atomic
 
 JSON_NAME, ORIGINS_NAME, PLOT_NAME = "backtest.json", "origins.csv", "backtest.png"
 

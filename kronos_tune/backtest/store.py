@@ -9,13 +9,12 @@ run scores exactly the numbers an uninterrupted one does.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from kronos_core.files import write_text_atomic
 from kronos_tune.backtest.forecast import Window
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED
 
@@ -36,20 +35,8 @@ def origin_frame(windows: list[Window], timestamp: pd.Timestamp, predicted_close
     }, columns=list(COLUMNS))
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """A temp file in the same folder, then os.replace: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
-
-
 def write_origin(path: Path, frame: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, frame.to_csv(index=False))
 
 

@@ -5,6 +5,7 @@
     report.csv        one flat row per trial
     report.md         header, quality rule, the table, notes, the recommendation
     recommended.toml  (train) the recommended TrainConfig, for `kronos-tune train --config`
+    pareto.png/.svg   time against peak memory per trial (kronos_tune.protocol.plot; needs matplotlib)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kronos_core.files import write_text_atomic
 from kronos_core.train import TrainConfig
 from kronos_tune.protocol.records import Delta, ProtocolReport, TrialResult
 
@@ -25,15 +27,6 @@ RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 REPORT_FILES = ("report.json", "report.csv", "report.md", "recommended.toml")
 LOWER_IS_BETTER = ("step_time_s", "peak_memory_bytes", "val_loss", "projected_train_time_s", "projected_predict_time_s")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    temp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
 
 
 def append_result(path: Path, result: TrialResult) -> None:
@@ -241,7 +234,8 @@ def timing_lines(report: ProtocolReport) -> list[str]:
     return lines
 
 
-def report_markdown(report: ProtocolReport) -> str:
+def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
+    """`picture`: the line shown under the table (the embedded picture, or how to get one)."""
     title = f"# kronos-tune benchmark: preset {report.preset}, task {report.task}"
     lines = [title + (" (partial)" if report.partial else ""), "", report.device_line, ""]
     if report.partial:
@@ -277,6 +271,8 @@ def report_markdown(report: ProtocolReport) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Δ: change vs the baseline, with the 95% interval of the ratio of medians; ~ marks a change the "
                   "decision rule does not call faster or slower (inside the noise threshold or unresolved).", ""]
+    if picture:
+        lines += [picture, ""]
     for t in report.trials:
         extra = ([t.description] if t.description else []) + t.notes
         if extra:
@@ -317,20 +313,32 @@ def report_csv(report: ProtocolReport) -> str:
     return buffer.getvalue()
 
 
+def _picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
+    """pareto.png/.svg (kronos_tune.protocol.plot) and report.md's line for them; a picture that cannot be
+    drawn costs only the picture."""
+    from kronos_tune.protocol.plot import write_picture
+
+    try:
+        return write_picture(report, folder)
+    except Exception as error:  # noqa: BLE001 - the reports matter more than their picture
+        return [], f"No picture: drawing it failed ({type(error).__name__}: {error})."
+
+
 def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: bool = True) -> list[Path]:
-    """Write report.json, report.csv, report.md, (train) recommended.toml and, with `results`, results.jsonl
+    """Write report.json, report.csv, report.md, (train) recommended.toml, the picture (pareto.png/.svg, when
+    matplotlib is installed) and, with `results`, results.jsonl
     (all trials; `kronos-tune report` rebuilding a run folder keeps the run's own results.jsonl)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, picture = _picture(report, folder)
     texts = {"report.json": json.dumps(report.to_dict(), indent=2) + "\n",
-             "report.csv": report_csv(report), "report.md": report_markdown(report)}
+             "report.csv": report_csv(report), "report.md": report_markdown(report, picture)}
     if results:
         texts[RESULTS_FILE] = "".join(json.dumps(t.to_dict()) + "\n" for t in report.trials)
     toml = recommended_toml(report)
     if toml is not None:
         texts["recommended.toml"] = toml
     for name, text in texts.items():
-        write_atomic(folder / name, text)
+        write_text_atomic(folder / name, text)
         written.append(folder / name)
     return written

@@ -4,21 +4,23 @@ torchrun, or a predict trial (``"kind": "predict"``).
     python -m kronos_tune.protocol.trial_worker --job JOB.json
     python -m torch.distributed.run --standalone --nproc-per-node N -m kronos_tune.protocol.trial_worker --job JOB.json
 
-Every trial runs in a process of its own so that the runner can stop it: a
-trial past its watchdog, or a benchmark that receives SIGTERM/SIGINT, kills
-the trial's whole process group (loader workers and compile workers
-included), which no thread can do to a hung CUDA call or a deadlocked
-DataLoader. It also gives each trial a fresh allocator, cuBLAS state and
-compile cache, so one trial's warm-up never flatters the next.
+Every trial runs in a process of its own, started by the shared launcher
+(kronos_core.launch), so that the runner can stop it: a trial past its
+watchdog, or a benchmark that receives SIGTERM/SIGINT, kills the trial's whole
+process group (loader workers and compile workers included), which no thread
+can do to a hung CUDA call or a deadlocked DataLoader. It also gives each
+trial a fresh allocator, cuBLAS state and compile cache, so one trial's
+warm-up never flatters the next.
 
 JOB.json: ``config`` (TrainConfig keys), ``plan`` (measure.StepPlan),
-``budget_bytes`` (per device), ``stop_file`` (its appearance stops every rank
-after the current step), ``result_file`` and ``stack_file``. SIGUSR1 makes
-every thread of this process (and of the loader workers it forked, which
-inherit the handler) write its stack to ``stack_file``: the runner sends it
-before killing a trial past its watchdog. Rank 0 prints one
-``KRONOS_BENCH_STEP {json}`` line per optimizer step and writes its
-TrainMeasurement to ``result_file``. A rank that runs out of memory writes
+``budget_bytes`` (per device), ``result_file`` and ``stack_file``. SIGTERM
+(the launcher's stop) makes every rank stop after the current step. SIGUSR1
+makes every thread of this process (and of the loader workers it forked,
+which inherit the handler) write its stack to ``stack_file``: the runner
+sends it before killing a trial past its watchdog. Rank 0 emits one ``step``
+event (kronos_core.launch.emit_event, a StepRecord's fields) per optimizer
+step and writes its TrainMeasurement to ``result_file``; a predict trial
+emits ``predict_step`` events. A rank that runs out of memory writes
 ``result_file.rank<r>`` and exits 1 (torchrun then stops the others).
 ``KRONOS_TUNE_FAULT=hang:<trial>`` (a test hook) makes the named trial block
 in its first step, as a deadlocked kernel or loader would.
@@ -39,12 +41,29 @@ from typing import Any
 
 import torch
 
+from kronos_core.files import atomic_writer, write_text_atomic
+from kronos_core.launch import emit_event
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_tune.protocol.measure import StepPlan, TrainMeasurement, measure_training
 
-STEP_PREFIX = "KRONOS_BENCH_STEP "
-PREDICT_PREFIX = "KRONOS_BENCH_PREDICT "
+STEP_EVENT = "step"
+PREDICT_EVENT = "predict_step"
 FAULT_ENV = "KRONOS_TUNE_FAULT"
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT (the launcher's stop): the trial stops after the step in flight."""
+
+    def __init__(self) -> None:
+        self.set = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.set = True
+
+    def __call__(self) -> bool:
+        return self.set
 
 
 def make_rank_meter(device: str, budget_bytes: int | None) -> Any:
@@ -61,9 +80,7 @@ def make_rank_meter(device: str, budget_bytes: int | None) -> Any:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    temp = path.with_name(path.name + f".tmp{os.getpid()}")
-    temp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(temp, path)
+    write_text_atomic(path, json.dumps(data))
 
 
 def _injected_hang(trial: str) -> bool:
@@ -71,7 +88,7 @@ def _injected_hang(trial: str) -> bool:
     return kind == "hang" and name == trial
 
 
-def run_predict(job: dict[str, Any]) -> int:
+def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; outputs to an .npz file."""
     import numpy as np
 
@@ -91,15 +108,13 @@ def run_predict(job: dict[str, Any]) -> int:
         if hang:
             while True:
                 time.sleep(3600)
-        print(PREDICT_PREFIX + json.dumps(asdict(step)), flush=True)
+        emit_event(PREDICT_EVENT, **asdict(step))
 
-    stop_file = Path(job["stop_file"])
-    m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, stop_file.exists)
+    m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, should_stop)
     outputs = Path(job["outputs_file"])
     if m.outputs:
-        temp = outputs.with_name(outputs.stem + f".tmp{os.getpid()}.npz")
-        np.savez(temp, *[frame.to_numpy() for frame in m.outputs])
-        os.replace(temp, outputs)
+        with atomic_writer(outputs, "wb") as handle:
+            np.savez(handle, *[frame.to_numpy() for frame in m.outputs])
     write_json(Path(job["result_file"]), {"status": m.status, "reason": m.reason, "seconds": m.seconds,
                                           "peak_memory_bytes": m.peak_memory_bytes,
                                           "metered_time_s": m.metered_time_s})
@@ -114,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     stacks = open(job["stack_file"], "a", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    should_stop = StopFlag()
     if job.get("kind") == "predict":
-        return run_predict(job)
+        return run_predict(job, should_stop)
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
-    stop_file = Path(job["stop_file"])
     result_file = Path(job["result_file"])
     meter = make_rank_meter(config.resolved_device(), job.get("budget_bytes"))
     hang = _injected_hang(job.get("trial", ""))
@@ -129,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             while True:  # blocks like a deadlock: only a kill ends it
                 time.sleep(3600)
         if rank == 0:
-            print(STEP_PREFIX + json.dumps(record.to_dict()), flush=True)
+            emit_event(STEP_EVENT, **record.to_dict())
 
     result: TrainMeasurement = measure_training(
-        config, meter, StepPlan.from_dict(job["plan"]), on_record=emit, should_stop=stop_file.exists,
+        config, meter, StepPlan.from_dict(job["plan"]), on_record=emit, should_stop=should_stop,
         meter_always=config.resolved_device() == "cuda", agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1)
     if result.status == "oom":
         write_json(result_file.with_name(f"{result_file.name}.rank{rank}"), result.to_dict())
