@@ -6,6 +6,9 @@ timestamps. Data whose bars all lie inside the A-share sessions (weekdays,
 continues on that session calendar (bar-close or bar-open stamps, whichever
 the data uses); daily data on weekdays only continues on business days;
 anything else adds multiples of the interval.
+
+With a named exchange calendar (`--calendar`), `kronos_tune.calendars` makes
+the stamps instead: real sessions and holidays; this grid is the fallback.
 """
 
 from __future__ import annotations
@@ -54,9 +57,15 @@ def session_grid(stamps: pd.DatetimeIndex, interval: pd.Timedelta) -> str | None
     return None
 
 
-def future_timestamps(stamps: pd.Series | pd.DatetimeIndex, count: int, where: str = "<data>") -> pd.DatetimeIndex:
-    """`count` stamps after the last one, continuing the series' own bar grid (see the module doc)."""
+def future_timestamps(stamps: pd.Series | pd.DatetimeIndex, count: int, where: str = "<data>",
+                      calendar: str | None = None) -> pd.DatetimeIndex:
+    """`count` stamps after the last one: on exchange `calendar`'s sessions when one is named, else continuing
+    the series' own bar grid (see the module doc)."""
     index = pd.DatetimeIndex(stamps)
+    if calendar is not None:
+        from kronos_tune.calendars import calendar_grid
+
+        return calendar_grid(calendar, index, where).after(index[-1], count, where)
     interval = infer_interval(index, where)
     tz = index.tz
     local = index.tz_localize(None) if tz is not None else index

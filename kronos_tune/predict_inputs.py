@@ -1,8 +1,8 @@
 """Inputs of `kronos-tune predict`: files, synthetic series or panels, read once and turned into arrays.
 
 Per-series files (or --synthetic) become `SeriesInput`s (`load_series`), whose
-future timestamps continue each series' own bar grid; panels (--symbol-column)
-are cut with `kronos_core.panel`, with future timestamps computed once per
+future timestamps continue each series' own bar grid (or follow --calendar);
+panels (--symbol-column) are cut with `kronos_core.panel`, with future timestamps computed once per
 distinct history grid. Either way `load_inputs` returns one `JobInputs` of
 arrays that the predictor (or the ranks of a sharded run) consume directly.
 """
@@ -70,7 +70,7 @@ def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: 
                               "use a shorter lookback or more data")
     history = frame.iloc[rows - config.lookback:].reset_index(drop=True)
     # The whole file defines the bar grid; the history alone may be too short to show it.
-    future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where)
+    future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where, config.calendar)
     return SeriesInput(name, history, future, None, tuple(frame.attrs.get("filled_columns", ())))
 
 
@@ -127,7 +127,8 @@ def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
     panels = [read_panel(path, config.symbol_column) for path in paths]
     panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
     source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
-    inputs = panel_inputs(panel, config.lookback, lambda stamps, count: future_timestamps(stamps, count, source),
+    inputs = panel_inputs(panel, config.lookback,
+                          lambda stamps, count: future_timestamps(stamps, count, source, config.calendar),
                           pred_len=config.pred_len, source=source, on_short="skip" if config.skip_short else "error",
                           holdout=config.pred_len if config.holdout else 0)
     if inputs.skipped:

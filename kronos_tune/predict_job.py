@@ -9,7 +9,6 @@ Future timestamps come from `kronos_tune.future_times`.
 from __future__ import annotations
 
 import math
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -18,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import psutil
 import torch
 
 from kronos_core.data import FEATURE_COLUMNS
 from kronos_core.errors import KronosError
+from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.launch import LaunchSpec
 from kronos_core.model import Kronos
 from kronos_core.predict_sharded import ShardJob
@@ -256,20 +255,6 @@ def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray) -> S
     """MAE and MAPE (percent) of the predicted close against the actual close (prices are > 0)."""
     error = np.abs(np.asarray(predicted_close, dtype=np.float64) - actual_close)
     return SeriesScore(name, float(error.mean()), float((error / np.abs(actual_close)).mean() * 100.0))
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory: psutil's peak where the OS reports one, else getrusage's maximum."""
-    info = psutil.Process().memory_info()
-    peak = int(getattr(info, "peak_wset", 0) or 0)  # Windows
-    try:
-        import resource
-
-        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak = max(peak, int(maxrss) * (1 if sys.platform == "darwin" else 1024))
-    except (ImportError, OSError):
-        pass
-    return max(peak, int(info.rss))
 
 
 # The job -------------------------------------------------------------------------------------

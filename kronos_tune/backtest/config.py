@@ -17,6 +17,7 @@ from typing import Any
 from kronos_core.errors import KronosError
 from kronos_core.generation import WINDOW_MODES
 from kronos_core.sizes import size_spec
+from kronos_tune.calendars import exchange_calendar
 from kronos_tune.errors import KronosTuneError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -130,6 +131,7 @@ class BacktestConfig:
     out: Path | None = None
     resume: bool = False
     overwrite: bool = False
+    calendar: str | None = None  # exchange calendar for the model's future stamps; None: each symbol's own bars
 
     @property
     def every_bars(self) -> int | str:
@@ -151,6 +153,8 @@ class BacktestConfig:
             "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
+            # Only when set, so runs made before --calendar existed still resume.
+            **({"calendar": self.calendar} if self.calendar is not None else {}),
         }
 
 
@@ -191,6 +195,8 @@ def check_config(config: BacktestConfig, device: str) -> None:
     check_setting(config.setting, device, "--window-mode/--amp/sampling flags")
     if config.compare is not None:
         check_setting(config.compare, device, "--compare")
+    if config.calendar is not None:
+        exchange_calendar(config.calendar)
 
 
 def raise_top_k(config: BacktestConfig, symbols: int) -> None:

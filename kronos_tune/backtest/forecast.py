@@ -38,14 +38,18 @@ class Window:
     realized_close: float      # close pred_len bars after the origin
 
 
-def origin_windows(universe: Universe, origin: Origin, lookback: int, pred_len: int) -> list[Window]:
+def origin_windows(universe: Universe, origin: Origin, lookback: int, pred_len: int,
+                   future: np.ndarray | None = None) -> list[Window]:
+    """Every member's window; `future` (pred_len stamps, e.g. from an exchange calendar) replaces the stamps of
+    each symbol's own next bars as what the model is told about the horizon."""
     windows = []
     for s, row in origin.members:
         series = universe.symbols[s]
         start = row + 1 - lookback
         windows.append(Window(
             origin=origin.index, symbol=series.name, history=series.features[start:row + 1],
-            history_stamps=series.stamps[start:row + 1], future_stamps=series.stamps[row + 1:row + 1 + pred_len],
+            history_stamps=series.stamps[start:row + 1],
+            future_stamps=series.stamps[row + 1:row + 1 + pred_len] if future is None else future,
             last_close=float(series.close[row]), realized_close=float(series.close[row + pred_len])))
     return windows
 

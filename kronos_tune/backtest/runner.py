@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 from kronos_core.predictor import default_device
@@ -28,6 +30,7 @@ from kronos_tune.backtest.report import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, score_run
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
 from kronos_tune.backtest.universe import Universe, load_universe
+from kronos_tune.calendars import calendar_grid
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
@@ -173,6 +176,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                      f"history for any origin (need --lookback {config.lookback} bars before and --pred-len "
                      f"{config.pred_len} after): {shown}")
     _setting_notes(config, note)
+    futures = calendar_futures(config, universe, plan)
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
@@ -182,7 +186,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     try:
         for slot, setting in zip(SLOTS, settings):
-            _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress)
+            _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress, futures)
         result = score_run(config, universe, plan, run.path, settings)
         result.notes = session.notes
         result.session_predicted = session.predicted
@@ -211,6 +215,17 @@ def _plan(config: BacktestConfig, universe: Universe, origins: int | None) -> Or
                         min_cross_section=max(2, needed))
 
 
+def calendar_futures(config: BacktestConfig, universe: Universe, plan: OriginPlan) -> dict[int, np.ndarray] | None:
+    """With --calendar: each origin's next pred_len bar stamps on the exchange calendar (what a live forecast
+    would be told), after checking every bar of the universe against that calendar."""
+    if config.calendar is None or not plan.origins:
+        return None
+    timeline = pd.DatetimeIndex(np.unique(np.concatenate([s.stamps for s in universe.symbols])))
+    grid = calendar_grid(config.calendar, timeline, universe.source)
+    return {o.index: grid.after(o.timestamp, config.pred_len, universe.source).as_unit("ns").to_numpy()
+            for o in plan.origins}
+
+
 def _timing(session: Session) -> dict[str, object]:
     return {"session_predicted": session.predicted, "session_predict_seconds": round(session.predict_seconds, 3),
             "symbol_origins_per_s": session.symbol_origins_per_s}
@@ -218,8 +233,8 @@ def _timing(session: Session) -> dict[str, object]:
 
 def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, run: RunDir, slot: str,
                   setting: PredictionSetting, factory: ForecasterFactory, session: Session,
-                  on_progress: ProgressCallback | None) -> None:
-    """Predict every origin of one setting that has no complete file yet."""
+                  on_progress: ProgressCallback | None, futures: dict[int, np.ndarray] | None = None) -> None:
+    """Predict every origin of one setting that has no complete file yet (`futures`: see calendar_futures)."""
     done = {o.index for o in plan.origins
             if read_origin(origin_path(run.path, slot, o.index), len(o.members)) is not None}
     total = plan.predictions
@@ -240,7 +255,8 @@ def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, 
     if on_progress is not None:
         on_progress(state)
     for unit in pending:
-        windows = [w for o in unit for w in origin_windows(universe, o, config.lookback, config.pred_len)]
+        windows = [w for o in unit for w in origin_windows(universe, o, config.lookback, config.pred_len,
+                                                           None if futures is None else futures[o.index])]
         torch.manual_seed(config.seed * 1_000_003 + unit[0].index)
         before, unit_started = state.predicted, time.perf_counter()
         closes = forecaster(windows, config.pred_len)

@@ -142,6 +142,10 @@ def backtest_command(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out; finished origins are kept.")
                       ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
+    calendar: Annotated[Optional[str], typer.Option(
+        "--calendar", help="Exchange calendar (e.g. XSHG, XNYS) for the future timestamps the model is given at "
+                           "each origin; needs the [calendars] extra. Default: each symbol's own next bars.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print backtest.json.")] = False,
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
@@ -162,7 +166,7 @@ def backtest_command(
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
         long_only=long_only, batch_size=batch_size, device=device, setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
-        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite)
+        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar)
     try:
         if as_json:
             result = run_backtest(config, on_note=on_note)
