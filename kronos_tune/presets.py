@@ -29,6 +29,7 @@ from typing import Any
 import kronos_tune
 from kronos_core.errors import KronosError
 from kronos_core.files import dumps_toml, load_toml
+from kronos_core.validate import check_known_keys, check_value
 from kronos_tune.errors import KronosTuneError
 
 # Model sizes known to kronos-tune ("tiny" is test-only), with their context and tokenizer.
@@ -165,30 +166,18 @@ class Preset:
         return self.workload.samples_per_epoch // self.global_batch_size
 
 
-def _toml_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    names = {int: "integer", float: "float", str: "string", dict: "table", list: "array"}
-    return next((n for t, n in names.items() if isinstance(value, t)), "date/time")
-
-
 class _Table:
     """One TOML table under validation; every error names the file and the dotted key."""
 
     def __init__(self, path: Path, prefix: str, data: Any, allowed: tuple[str, ...]) -> None:
         self.path, self.prefix = path, prefix
         header = f"[{prefix[:-1]}]" if prefix else "the top of the file"
-        if not isinstance(data, dict):
-            problem = f"{prefix[:-1]} must be a table (got {_toml_type(data)})"
-            raise KronosTuneError(f"{path}: {problem}; write it as {header}")
+        if prefix:
+            check_value(prefix[:-1], data, dict, where=str(path), error=KronosTuneError)
         self.data: dict[str, Any] = data
         self.where = f"under {header}" if prefix else "at the top of the file"
-        for key in data:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-                valid = f"remove it (valid keys {self.where}: {', '.join(allowed)})"
-                fix = f"did you mean '{prefix}{close[0]}'?" if close else valid
-                raise KronosTuneError(f"{path}: unknown key '{prefix}{key}'; {fix}")
+        check_known_keys(data, allowed, where=str(path), prefix=prefix, error=KronosTuneError,
+                         fix=f"rename or remove it (valid keys {self.where}: {', '.join(allowed)})")
 
     def fail(self, key: str, problem: str, fix: str) -> KronosTuneError:
         return KronosTuneError(f"{self.path}: {self.prefix}{key} {problem}; {fix}")
@@ -200,6 +189,12 @@ class _Table:
             raise self.fail(key, "is missing", f"add `{key} = {example}` {self.where}")
         return default
 
+    def _typed(self, key: str, value: Any, kind: type, example: Any) -> Any:
+        if value is None:  # an optional key left out
+            return value
+        return check_value(self.prefix + key, value, kind, where=str(self.path), example=example,
+                           error=KronosTuneError)
+
     def section(self, key: str) -> Any:
         """A required sub-table, validated by its own _Table."""
         if key not in self.data:
@@ -209,36 +204,24 @@ class _Table:
 
     def integer(self, key: str, minimum: int, default: Any = _MISSING) -> int:
         value = self._get(key, default, str(max(minimum, 1)))
-        if isinstance(value, bool) or not isinstance(value, int):
-            got = f"{_toml_type(value)} {value!r}"
-            fix = f"write a whole number, e.g. {key} = {max(minimum, 1)}"
-            raise self.fail(key, f"must be an integer (got {got})", fix)
+        value = self._typed(key, value, int, max(minimum, 1))
         if value < minimum:
             raise self.fail(key, f"must be >= {minimum} (got {value})", f"set it to {minimum} or more")
         return value
 
     def number(self, key: str, *, positive: bool, default: Any = _MISSING) -> float:
-        value = self._get(key, default, "1.0")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            got = f"{_toml_type(value)} {value!r}"
-            raise self.fail(key, f"must be a number (got {got})", f"write it without quotes, e.g. {key} = 1.0")
+        value = self._typed(key, self._get(key, default, "1.0"), float, 1.0)
         if not math.isfinite(value) or value < 0 or (positive and value == 0):
             bound = "> 0" if positive else ">= 0"
             raise self.fail(key, f"must be {bound} (got {value})", f"set it to a number {bound}")
         return float(value)
 
     def boolean(self, key: str) -> bool:
-        value = self._get(key, _MISSING, "true")
-        if not isinstance(value, bool):
-            got = f"{_toml_type(value)} {value!r}"
-            raise self.fail(key, f"must be true or false (got {got})", f"write {key} = true or {key} = false")
-        return value
+        return self._typed(key, self._get(key, _MISSING, "true"), bool, True)
 
     def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = _MISSING) -> str:
         value = self._get(key, default, f'"{choices[0]}"' if choices else '"..."')
-        if not isinstance(value, str):
-            got = f"{_toml_type(value)} {value!r}"
-            raise self.fail(key, f"must be a string (got {got})", f'write it in quotes, e.g. {key} = "{value}"')
+        value = self._typed(key, value, str, choices[0] if choices else "...")
         if choices is not None and value not in choices:
             raise self.fail(key, f"must be one of {', '.join(choices)} (got '{value}')", "pick one of those")
         return value

@@ -178,10 +178,10 @@ def _peak(dtype: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 BAD_DOCS = [
     # unknown keys, with and without a close match
-    (_set("workload", "batch_sise", 8), "unknown key 'workload.batch_sise'; did you mean 'workload.batch_size'?"),
-    (_set("", "desciption", "x"), "unknown key 'desciption'; did you mean 'description'?"),
+    (_set("workload", "batch_sise", 8), "unknown key 'workload.batch_sise' (did you mean 'workload.batch_size'?); rename or remove it"),
+    (_set("", "desciption", "x"), "unknown key 'desciption' (did you mean 'description'?)"),
     (_set("hardware", "memory_per_device_gib", 8), "did you mean 'hardware.memory_per_device_gb'?"),
-    (_peak("fp8", 1.0), "unknown key 'hardware.peak_tflops.fp8'; remove it (valid keys"),
+    (_peak("fp8", 1.0), "unknown key 'hardware.peak_tflops.fp8'; rename or remove it (valid keys under [hardware.peak_tflops]: fp32,"),
     # missing keys and tables
     (_drop("workload", "epochs"), "workload.epochs is missing; add `epochs = 1` under [workload]"),
     (_drop("", "predict"), "[predict] table is missing"),

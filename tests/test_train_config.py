@@ -27,8 +27,8 @@ def test_toml_round_trip(tmp_path: Path) -> None:
     config = TrainConfig(what="tokenizer", model_size="tiny", data=[str(tmp_path / "a b.csv"), "folder/with\"quote"],
                          lookback_window=30, predict_window=5, batch_size=7, accumulation_steps=3, amp="bf16",
                          activation_checkpointing="every_n", activation_checkpointing_every_n=3, lr=1e-3,
-                         betas=(0.8, 0.99), grad_clip=1.5, pin_memory=True, teacher_forcing=False, samples_per_epoch=210,
-                         tokenizer_dir=str(tmp_path / "tok"), output_dir=str(tmp_path / "out"), div_factor=25)
+                         betas=(0.8, 0.99), grad_clip=1.5, pin_memory=True, teacher_forcing=False,
+                         samples_per_epoch=210, tokenizer_dir=str(tmp_path / "tok"), output_dir=str(tmp_path / "out"), div_factor=25)
     path = tmp_path / "run.toml"
     text = config.to_toml(path)
     assert path.read_text() == text
@@ -84,8 +84,11 @@ def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
         ({"amp": "fp16", "device": "cpu"}, "needs a CUDA device"),
         ({"amp": "fp8"}, "use one of none, bf16, fp16"),
         ({"model_size": "huge"}, "not a valid choice"),
-        ({"batch_size": "8"}, "wrong type"),
-        ({"teacher_forcing": 1}, "wrong type"),
+        ({"batch_size": "8"}, "batch_size must be an integer (got string '8'); write a whole number"),
+        ({"teacher_forcing": 1}, "teacher_forcing must be true or false (got integer 1)"),
+        ({"tokenizer_dir": 3}, "tokenizer_dir must be a string or left out (got integer 3)"),
+        ({"seed": True}, "seed must be an integer (got boolean True)"),
+        ({"data": ["a.csv", 2]}, "data must be a list of strings (got array ['a.csv', 2])"),
         ({"betas": [0.9]}, "two numbers"),
         ({"data": []}, "data=[] is empty"),
         ({"data": ["synthetic", "x.csv"]}, "mixes"),

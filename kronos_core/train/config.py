@@ -8,7 +8,6 @@ Defaults follow the reference fine-tuning scripts (shiyu-coder/Kronos finetune/)
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import torch
 
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.sizes import SIZES
+from kronos_core.validate import NO_EXAMPLE, check_known_keys, check_value, field_types
 from kronos_core.files import dumps_toml, load_toml, write_text_atomic
 
 WHAT = ("predictor", "tokenizer")
@@ -214,14 +214,6 @@ class TrainConfig:
             data = [data]
         if isinstance(data, (list, tuple)) and all(isinstance(d, (str, os.PathLike)) for d in data):
             object.__setattr__(self, "data", [os.fspath(d) for d in data])
-        if isinstance(self.betas, list):
-            object.__setattr__(self, "betas", tuple(self.betas))
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            if spec.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, spec.name, float(value))
-        if isinstance(self.betas, tuple) and all(_is_number(b) for b in self.betas):
-            object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
     def validate(self) -> None:
         """Raise KronosError (one line: what, where, what to do) for impossible values."""
@@ -301,39 +293,12 @@ class TrainConfig:
                              "sharded model is untested in this project)", "use compile = \"off\" with fsdp")
 
     def _check_types(self) -> None:
-        for spec in dataclasses.fields(self):
-            key, value = spec.name, getattr(self, spec.name)
-            kind = spec.type
-            if kind == "int":
-                ok = isinstance(value, int) and not isinstance(value, bool)
-                wanted = "an integer"
-            elif kind == "float":
-                ok = _is_number(value)
-                wanted = "a number"
-            elif kind == "float | None":
-                ok = value is None or _is_number(value)
-                wanted = "a number (or left out)"
-            elif kind == "bool":
-                ok = isinstance(value, bool)
-                wanted = "true or false"
-            elif kind == "str":
-                ok = isinstance(value, str)
-                wanted = "a string"
-            elif kind == "str | None":
-                ok = value is None or isinstance(value, str)
-                wanted = "a folder path string (or left out)"
-            elif kind == "list[str]":
-                ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-                wanted = "a list of path strings or \"synthetic\""
-            else:  # betas
-                ok = isinstance(value, tuple) and all(_is_number(v) for v in value)
-                wanted = "a list of two numbers"
-            if not ok:
-                raise KronosError(f"{self._source}: {key}={value!r} has the wrong type; it must be {wanted}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+        examples = {spec.name: spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+                    for spec in dataclasses.fields(self)}
+        for key, annotation in field_types(TrainConfig).items():
+            value = check_value(key, getattr(self, key), annotation, where=self._source,
+                                example=examples.get(key, NO_EXAMPLE))
+            object.__setattr__(self, key, value)
 
 
 # Keys that were renamed, old -> new: a config written before still loads, with a warning.
@@ -366,13 +331,5 @@ def field_names() -> list[str]:
 
 def check_keys(values: dict[str, Any], source: str) -> None:
     """Unknown keys -> KronosError naming them and the closest valid key."""
-    names = field_names()
-    unknown = [key for key in values if key not in names]
-    if not unknown:
-        return
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-        hints.append(f"'{key}' (did you mean '{close[0]}'?)" if close else f"'{key}'")
-    raise KronosError(f"{source}: unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                      f"valid keys are the TrainConfig fields (list them: `kronos-tune config keys`)")
+    check_known_keys(values, field_names(), where=source, noun="config key",
+                     fix="valid keys are the TrainConfig fields (list them: `kronos-tune config keys`)")
