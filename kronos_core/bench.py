@@ -13,12 +13,15 @@ exactly. The first full-size call is reported apart from the steady state
 (the median over the later calls): it pays for allocator growth, kernel
 selection and graph capture. `--paths host` times only the host work
 (inputs to arrays, outputs to frames), without the model.
+
+    python -m kronos_core.bench load --size base --repeats 3
+
+measures the host memory `from_pretrained` adds, in fresh processes (see kronos_core.bench_load).
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import time
@@ -27,8 +30,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kronos_core.bench_load import add_parser as add_load_parser, bench_load
 from kronos_core.bench_phases import breakdown_lines, measure_read_bandwidth, time_phases
 from kronos_core.data import FEATURE_COLUMNS, read_kline
+from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.panel import panel_frame, panel_inputs, predict_panel
 from kronos_core.predict_arrays import prepare_lists
 from kronos_core.predictor import KronosPredictor
@@ -58,10 +63,6 @@ def _panel(dfs, xs, ys) -> tuple[pd.DataFrame, dict[str, pd.Series]]:
     names = [f"S{i:05d}" for i in range(len(dfs))]
     parts = [df.assign(symbol=name, timestamps=x.to_numpy()) for name, df, x in zip(names, dfs, xs)]
     return pd.concat(parts, ignore_index=True), dict(zip(names, ys))
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _rates_line(name: str, rates: list[float]) -> str:
@@ -166,7 +167,7 @@ def bench_predict(args: argparse.Namespace) -> int:
         steady = rates["cached"][1:] or rates["cached"]
         recompute = statistics.median(args.series / r for r in rates["recompute"]) if "recompute" in rates else None
         _print_breakdown(args, predictors["cached"], call, context, recompute, args.series / statistics.median(steady))
-    print(f"peak RSS of this process: {_peak_rss_bytes() / 2**30:.2f} GiB")
+    print(f"peak RSS of this process: {peak_rss_bytes() / 2**30:.2f} GiB")
     if device.startswith("cuda"):
         print(f"peak CUDA allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0
@@ -221,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--breakdown", action="store_true",
                          help="also time the cached path's phases and print the per-step memory floor and "
                               "the speed-up ceilings")
+    add_load_parser(sub)
     args = parser.parse_args(argv)
-    return bench_predict(args)
+    return bench_load(args) if args.command == "load" else bench_predict(args)
 
 
 if __name__ == "__main__":

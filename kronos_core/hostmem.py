@@ -8,17 +8,30 @@ Windows): psutil has no portable peak, and sampling would miss short spikes.
 from __future__ import annotations
 
 import sys
+from typing import NamedTuple
 
 import psutil
 
 
+class HostRam(NamedTuple):
+    total: int
+    available: int  # what a new allocation can get without swapping (MemAvailable on Linux)
+    used: int
+
+
+def host_ram() -> HostRam:
+    """Total, available and used RAM from one reading (for samplers that record all three)."""
+    memory = psutil.virtual_memory()
+    return HostRam(int(memory.total), int(memory.available), int(memory.used))
+
+
 def available_ram_bytes() -> int:
     """RAM a new allocation can get without swapping (MemAvailable on Linux)."""
-    return int(psutil.virtual_memory().available)
+    return host_ram().available
 
 
 def total_ram_bytes() -> int:
-    return int(psutil.virtual_memory().total)
+    return host_ram().total
 
 
 def rss_bytes(pid: int | None = None) -> int:

@@ -23,6 +23,7 @@ import torch
 from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS
 from kronos_core.errors import KronosError
 from kronos_core.generation import WINDOW_MODES, SamplingParams, generate_tokens
+from kronos_core.hostmem import available_ram_bytes
 from kronos_core.model import Kronos
 from kronos_core.predict_arrays import prepare_lists, run_group
 from kronos_core.tokenizer import KronosTokenizer
@@ -41,21 +42,11 @@ def default_device() -> str:
 
 
 def available_memory_bytes(device: torch.device) -> int:
-    """Free memory on the device (CUDA) or available RAM (CPU), without extra dependencies."""
+    """Free memory on the device (CUDA) or available RAM (anything else)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 * 2**30
+    return available_ram_bytes()
 
 
 def bytes_per_sequence(model: Kronos, tokenizer: KronosTokenizer, window: int, element_bytes: int) -> int:

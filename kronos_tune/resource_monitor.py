@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 
 from kronos_core.files import write_text_atomic
+from kronos_core.hostmem import total_ram_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry import Sampler, Snapshot
 
@@ -122,7 +123,7 @@ def collect_environment(sampler: Sampler | None = None, cwd: str | None = None) 
         "cpu_model": _cpu_model(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
-        "ram_total_bytes": int(psutil.virtual_memory().total),
+        "ram_total_bytes": total_ram_bytes(),
         "hostname": socket.gethostname(),
         "git_sha": _git_sha(cwd or os.getcwd()),
     }

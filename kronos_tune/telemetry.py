@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from kronos_core.hostmem import host_ram
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.nvml import GpuProcessMemory, GpuSnapshot, NvmlReader
 
@@ -192,6 +193,7 @@ class _ProcessTree:
 
     Finding descendants scans every process on the machine, so the list is
     refreshed at most every `refresh_s`; RSS of the known ones is read each time.
+    The figure is kronos_core.hostmem.tree_rss_bytes's, without its scan per call.
     """
 
     def __init__(self, refresh_s: float, pid: int | None) -> None:
@@ -339,7 +341,7 @@ class Sampler:
         with self._sample_lock:
             started = time.perf_counter()
             timestamp_s = time.time()
-            memory = psutil.virtual_memory()
+            memory = host_ram()
             swap = psutil.swap_memory()
             per_core, total = self._cpu.read()
             own_rss, tree_rss, child_count, our_pids = self._tree.read()
@@ -349,9 +351,9 @@ class Sampler:
             snapshot = Snapshot(
                 timestamp_s=timestamp_s,
                 host=HostSnapshot(
-                    ram_used_bytes=int(memory.used),
-                    ram_total_bytes=int(memory.total),
-                    ram_available_bytes=int(memory.available),
+                    ram_used_bytes=memory.used,
+                    ram_total_bytes=memory.total,
+                    ram_available_bytes=memory.available,
                     swap_used_bytes=int(swap.used),
                     swap_total_bytes=int(swap.total),
                     cpu_percent_per_core=per_core,
