@@ -26,6 +26,7 @@ from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.protocol import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
 )
+from kronos_tune.protocol.plot import picture_line
 from kronos_tune.protocol.report import changes_text, fmt_seconds, table
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
@@ -142,6 +143,9 @@ def render(console: Console, report: ProtocolReport) -> None:
         console.print(f"next: {escape(rec['command'])}", highlight=False, soft_wrap=True)
     if report.out_dir:
         console.print(f"reports in {report.out_dir}", highlight=False, soft_wrap=True)
+        picture = picture_line(report)
+        if picture:
+            console.print(escape(picture), highlight=False, soft_wrap=True)
     if report.cancelled:
         console.print(f"[yellow]cancelled[/]: not run: {', '.join(report.not_run) or 'none'}; resume with "
                       f"kronos-tune benchmark --preset {report.preset} --task {report.task} --resume --out "

@@ -16,6 +16,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("space", "pause", "Pause", "Pause or resume the live panels"),
     ("s", "sort", "Sort", "Sort the results by the next column (or click a column header)"),
     ("S,shift+s", "reverse_sort", "Reverse", "Reverse the results order"),
+    ("g", "scatter", "Plot", "Plot time vs peak memory per trial"),
     ("question_mark", "help", "Help", "Show this help"),
     ("q", "quit", "Quit", "Stop any run cleanly and quit"),
 )

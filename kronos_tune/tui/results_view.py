@@ -12,14 +12,17 @@ from kronos_tune.tui.answer import Answer, answer_from, is_complete
 from kronos_tune.tui.format import duration, rate
 from kronos_tune.tui.model import ResultsModel, best_trial
 from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
+from kronos_tune.tui.widgets.scatter import ScatterScreen
 
 if TYPE_CHECKING:
+    from kronos_tune.presets import Preset
     from kronos_tune.protocol import ProtocolReport, TrialResult
+    from kronos_tune.protocol.pareto import Scatter
 
 
 class ResultsView:
-    """Needs from the app: results, results_task, report, complete, answer, recommended, out_dir, log_line,
-    query_one, size."""
+    """Needs from the app: results, results_task, report, complete, answer, recommended, out_dir, preset,
+    log_line, query_one, size, screen, push_screen."""
 
     results: ResultsModel
     results_task: str
@@ -28,6 +31,7 @@ class ResultsView:
     answer: Answer | None
     recommended: Path | None
     out_dir: Path
+    preset: Preset | None
 
     def _fit_results(self, size: Size | None = None) -> None:
         """The results table may take up to half the screen, less what the recommendation needs and the
@@ -90,6 +94,25 @@ class ResultsView:
         self.query_one(ResultsTable).show(self.results_task, self.results.rows(), self.results.sort_key,
                                           self.results.reverse, best=best.name if best is not None else None,
                                           recommended=answer.recommended if answer is not None else None)
+        if isinstance(self.screen, ScatterScreen):  # the scatter follows the results while it is open
+            self.screen.show(self.scatter())
+
+    def scatter(self) -> Scatter | None:
+        """The results on screen as the scatter's points (None before the first trial finishes); the budget
+        is the report's, or the preset's while the benchmark runs."""
+        if not self.results.results:
+            return None
+        from kronos_tune.protocol.pareto import scatter_of
+
+        answer = self.answer if self.answer is not None and self.answer.task == self.results_task else None
+        report = self.report if self.report is not None and self.report.task == self.results_task else None
+        budget = report.budget_bytes if report is not None else self.preset.budget_bytes if self.preset else 0
+        return scatter_of(self.results.results, self.results_task, budget,
+                          answer.recommended if answer is not None else None)
+
+    def action_scatter(self) -> None:
+        if not isinstance(self.screen, ScatterScreen):
+            self.push_screen(ScatterScreen(self.scatter()))
 
     def _clear_results(self, previous: str | None) -> None:
         had = bool(self.results.results) or self.answer is not None

@@ -1,0 +1,45 @@
+"""matplotlib (the `plot` extra) for the pictures kronos-tune writes into run folders.
+
+matplotlib is imported only when a picture is drawn. Figures are made without pyplot: no global state, no
+backend switch and no window, so a picture can be drawn in the dashboard's worker thread too (PNG goes
+through matplotlib's Agg renderer, SVG through its SVG one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kronos_core.files import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PLOT_EXTRA = 'pip install "kronos-tune[plot]"'
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def new_figure(**kwargs: Any) -> Figure | None:
+    """A matplotlib Figure (keyword arguments as Figure's), or None when matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure(**kwargs)
+
+
+def save_figure(figure: Figure, path: Path, dpi: int = 110) -> Path:
+    """Write `figure` to `path` (format from its suffix) through kronos_core.files.atomic_path. SVG keeps its
+    text as text (searchable, small) and carries no date, so the same figure gives the same file."""
+    import matplotlib
+
+    kind = path.suffix.lstrip(".").lower()
+    settings = {"svg.fonttype": "none", "svg.hashsalt": "kronos-tune"} if kind == "svg" else {}
+    metadata = {"Date": None} if kind == "svg" else None
+    with matplotlib.rc_context(settings), atomic_path(path) as temp:
+        figure.savefig(temp, format=kind, dpi=dpi, metadata=metadata)
+    return path

@@ -1,0 +1,148 @@
+"""Step time against peak memory, one point per trial: the data behind the report's picture (pareto.png/svg,
+kronos_tune.protocol.plot) and the dashboard's scatter. Plain Python: nothing here draws.
+
+Lower is better on both axes. The time axis is the time per optimizer step when every trial runs the same
+batch; when batches differ (bigger-batch, autobatch, DDP) it is the time per training sample, so that the
+points compare equal work. Prediction trials use the time per series. Re-measurements of the baseline
+(noise-probe, baseline-repeat, drift checks) are drawn but are no configuration of their own, so they never
+make the Pareto front.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kronos_tune.protocol.decision import BASELINE_REPEATS, DRIFT_STAGE
+from kronos_tune.protocol.records import TrialResult
+
+PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    memory_bytes: float
+    seconds: float
+    repeat: bool = False  # the baseline measured again: shows the noise, is not a configuration
+
+
+@dataclass
+class Scatter:
+    task: str
+    unit: str  # what one `seconds` value is the time of: "step", "sample" or "series"
+    axis_label: str
+    points: list[Point] = field(default_factory=list)
+    front: list[Point] = field(default_factory=list)
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (trial, why it has no point)
+    recommended: str | None = None
+    budget_bytes: int = 0
+
+    def point(self, name: str) -> Point | None:
+        return next((p for p in self.points if p.name == name), None)
+
+    def caption(self) -> str:
+        """One line on what is not drawn (failed, OOM, timed out, skipped trials), or ''."""
+        if not self.left_out:
+            return ""
+        return "not drawn: " + "; ".join(f"{name} ({why})" for name, why in self.left_out)
+
+
+def pareto_front(points: Iterable[Point]) -> list[Point]:
+    """The points no other point beats (at most as much memory and at most as much time, less of one), by
+    memory, least first. Points equal on both axes do not beat each other: all of them stay."""
+    front: list[Point] = []
+    best = math.inf  # the least time among the points with at most this much memory
+    for point in sorted(points, key=lambda p: (p.memory_bytes, p.seconds)):
+        if point.seconds < best:
+            front.append(point)
+            best = point.seconds
+        elif point.seconds == best and front and front[-1].memory_bytes == point.memory_bytes:
+            front.append(point)  # an exact tie with the last point on the front
+    return front
+
+
+def front_staircase(front: Sequence[Point]) -> tuple[list[float], list[float]]:
+    """The front as a line (memory, seconds): with more memory the best time holds until the next point
+    drops it, so the line runs right, then down."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for index, point in enumerate(front):
+        if index:
+            xs.append(point.memory_bytes)
+            ys.append(front[index - 1].seconds)
+        xs.append(point.memory_bytes)
+        ys.append(point.seconds)
+    return xs, ys
+
+
+def _is_repeat(trial: TrialResult) -> bool:
+    return trial.name in BASELINE_REPEATS or trial.stage == DRIFT_STAGE
+
+
+def _median(spread: float | None) -> float | None:
+    return None if spread is None or not spread > 0 else float(spread)
+
+
+def _unit(trials: Sequence[TrialResult], task: str) -> str:
+    if task == "predict":
+        return "series"
+    batches = {t.tokens_per_step for t in trials if t.tokens_per_step}
+    return "step" if len(batches) <= 1 else "sample"
+
+
+def _seconds(trial: TrialResult, unit: str) -> float | None:
+    if unit == "step":
+        return _median(trial.step_time_s)
+    rate = _median(trial.series_per_s if unit == "series" else trial.samples_per_s)
+    return None if rate is None else 1.0 / rate
+
+
+AXIS_LABELS = {
+    "step": "time per optimizer step (median)",
+    "sample": "time per training sample (1 / median samples/s; the trials' batches differ)",
+    "series": "time per series (1 / median series/s)",
+}
+
+
+def scatter_of(trials: Sequence[TrialResult], task: str, budget_bytes: int = 0,
+               recommended: str | None = None) -> Scatter:
+    """The points of the trials that ran ok with a time and a peak memory; the others listed with why."""
+    drawable = [t for t in trials if t.status == "ok" and t.peak_memory_bytes]
+    unit = _unit(drawable, task)
+    scatter = Scatter(task, unit, AXIS_LABELS[unit], recommended=recommended, budget_bytes=int(budget_bytes or 0))
+    for trial in trials:
+        seconds = _seconds(trial, unit) if any(t is trial for t in drawable) else None
+        if seconds is None:
+            why = trial.status if trial.status != "ok" else "no time or peak memory measured"
+            scatter.left_out.append((trial.name, why))
+            continue
+        scatter.points.append(Point(trial.name, float(trial.peak_memory_bytes or 0), seconds, _is_repeat(trial)))
+    scatter.front = pareto_front(p for p in scatter.points if not p.repeat)
+    return scatter
+
+
+def time_scale(seconds: Iterable[float]) -> tuple[float, str]:
+    """(factor, unit) that puts the largest time in readable numbers: ms below a second, µs below a ms."""
+    largest = max(seconds, default=0.0)
+    if largest >= 1:
+        return 1.0, "s"
+    if largest >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def memory_scale(values: Iterable[float]) -> tuple[float, str]:
+    """(divisor, unit): GiB from 1 GiB up, MiB below."""
+    return (2**30, "GiB") if max(values, default=0.0) >= 2**30 else (2**20, "MiB")
+
+
+BUDGET_IN_VIEW = 2.5  # the budget line is drawn when it is at most this many times the largest peak
+
+
+def budget_in_view(scatter: Scatter) -> bool:
+    """Whether the x axis should reach the budget: when it is far past every peak, drawing it would squeeze
+    every point into the left edge; the picture then states the budget in words."""
+    largest = max((p.memory_bytes for p in scatter.points), default=0.0)
+    return bool(scatter.budget_bytes) and scatter.budget_bytes <= BUDGET_IN_VIEW * largest

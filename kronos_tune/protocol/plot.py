@@ -1,0 +1,130 @@
+"""The benchmark's picture: time against peak memory per trial, the Pareto front, the recommendation and the
+memory budget, written as pareto.png and pareto.svg into the run folder and embedded in report.md
+(matplotlib, the `plot` extra; without it report.md and the CLI say in one line how to get the picture)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, save_figure
+from kronos_tune.protocol.pareto import (
+    PICTURE_STEM, Scatter, budget_in_view, front_staircase, memory_scale, scatter_of, time_scale,
+)
+from kronos_tune.protocol.records import ProtocolReport
+
+PICTURE_ALT = "step time vs peak memory"
+FILES = (f"{PICTURE_STEM}.png", f"{PICTURE_STEM}.svg")
+
+
+def report_scatter(report: ProtocolReport) -> Scatter:
+    return scatter_of(report.trials, report.task, report.budget_bytes, (report.recommended or {}).get("source"))
+
+
+def missing_hint(folder: str | Path | None, markdown: bool = False) -> str:
+    """How to get the picture: one line (Markdown: the commands as code and a full stop)."""
+    lead, mark, end = ("No picture", "`", ".") if markdown else ("no picture", "", "")
+    again = f"kronos-tune report {folder if folder is not None else 'RUN'}"
+    return f"{lead}: matplotlib is not installed; {mark}{PLOT_EXTRA}{mark}, then {mark}{again}{mark}{end}"
+
+
+def write_picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
+    """Draw the picture into `folder`; return the files written and the line report.md shows for it (the
+    embedded picture, or why there is none and how to get it)."""
+    scatter = report_scatter(report)
+    if not scatter.points:
+        return [], "No picture: no trial finished with both a time and a peak memory."
+    figure = new_figure(figsize=(9, 6), layout="constrained")
+    if figure is None:
+        return [], missing_hint(folder, markdown=True)
+    draw(figure, scatter, f"kronos-tune benchmark: preset {report.preset}, task {report.task}")
+    written = [save_figure(figure, folder / name) for name in FILES]
+    return written, f"![{PICTURE_ALT}]({FILES[0]})"
+
+
+def picture_line(report: ProtocolReport) -> str | None:
+    """The CLI's one line about the picture: where it is, or how to get it; None when there is nothing to say
+    (no run folder, or no trial to draw)."""
+    if not report.out_dir:
+        return None
+    folder = Path(report.out_dir)
+    if (folder / FILES[0]).is_file() and have_matplotlib():
+        return f"picture (time vs peak memory, Pareto front): {folder / FILES[0]} and {FILES[1]}"
+    if not have_matplotlib() and report_scatter(report).points:
+        return missing_hint(folder)
+    return None
+
+
+def draw(figure: object, scatter: Scatter, title: str) -> None:
+    """One axes on `figure` (a matplotlib Figure): the points, their names, the front, the recommendation,
+    the budget; what is not drawn goes into the caption below."""
+    axes = figure.add_subplot()  # type: ignore[attr-defined]
+    memories = [p.memory_bytes for p in scatter.points]
+    show_budget = budget_in_view(scatter)
+    mem_div, mem_unit = memory_scale(memories + ([scatter.budget_bytes] if show_budget else []))
+    t_mul, t_unit = time_scale(p.seconds for p in scatter.points)
+
+    def xy(points: list) -> tuple[list[float], list[float]]:
+        return [p.memory_bytes / mem_div for p in points], [p.seconds * t_mul for p in points]
+
+    configs = [p for p in scatter.points if not p.repeat]
+    repeats = [p for p in scatter.points if p.repeat]
+    if configs:
+        axes.scatter(*xy(configs), s=36, color="tab:blue", zorder=3, label="trial")
+    if repeats:
+        axes.scatter(*xy(repeats), s=28, facecolors="none", edgecolors="grey", zorder=3,
+                     label="baseline measured again (noise)")
+    right = 1.12 * max(memories + ([scatter.budget_bytes] if show_budget else [])) / mem_div
+    top = 1.12 * max(p.seconds for p in scatter.points) * t_mul
+    xs, ys = xy(scatter.points)
+    places = _label_places([(x / right, y / top, p.name) for x, y, p in zip(xs, ys, scatter.points)])
+    for point, x, y, place in zip(scatter.points, xs, ys, places):
+        moved = place[1] < y / top - LINE / 2  # pushed down past other names: a thin line back to the point
+        axes.annotate(point.name, (x, y), xytext=place, textcoords="axes fraction", fontsize=8, va="bottom",
+                      color="dimgrey" if point.repeat else "black",
+                      arrowprops={"arrowstyle": "-", "color": "lightgrey", "linewidth": 0.6} if moved else None)
+    if scatter.front:
+        xs, ys = front_staircase(scatter.front)
+        axes.plot([x / mem_div for x in xs], [y * t_mul for y in ys], color="tab:orange", linewidth=1.5,
+                  zorder=2, label="Pareto front: no other trial is both faster and smaller")
+    chosen = scatter.point(scatter.recommended) if scatter.recommended else None
+    if chosen is not None:
+        axes.scatter(*xy([chosen]), s=260, marker="*", facecolors="none", edgecolors="tab:green",
+                     linewidths=1.6, zorder=4, label=f"recommended: {chosen.name}")
+    budget = f"memory budget {scatter.budget_bytes / 2**30:.1f} GiB"
+    if show_budget:
+        axes.axvline(scatter.budget_bytes / mem_div, color="tab:red", linestyle="--", linewidth=1.2, label=budget)
+    axes.set_xlim(left=0, right=right)
+    axes.set_ylim(bottom=0, top=top)
+    axes.set_xlabel(f"peak memory [{mem_unit}]")
+    axes.set_ylabel(f"{scatter.axis_label} [{t_unit}]")
+    axes.set_title(f"{title}\nlower left is better: faster and smaller", fontsize=10)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="best", fontsize=8)
+    caption = [scatter.caption()]
+    if scatter.budget_bytes and not show_budget:
+        caption.append(f"{budget} ({scatter.budget_bytes / max(memories):.1f}x the largest peak) is off the "
+                       f"chart")
+    text = "; ".join(c for c in caption if c)
+    if text:
+        figure.supxlabel(text, fontsize=8, color="dimgrey", wrap=True)  # type: ignore[attr-defined]
+
+
+LINE = 0.032  # a label's height as a fraction of the axes' height (8 pt text on a 6 inch figure)
+CHAR = 0.0075  # a character's width as a fraction of the axes' width
+
+
+def _label_places(points: list[tuple[float, float, str]]) -> list[tuple[float, float]]:
+    """Where each name goes, in axes fractions (points given as axes fractions too): just right of and above
+    its point, moved down a line at a time while it would cover a name already placed."""
+    placed: list[tuple[float, float, float]] = []  # (left, bottom, right)
+    places: dict[int, tuple[float, float]] = {}
+    for index in sorted(range(len(points)), key=lambda i: (-points[i][1], points[i][0])):
+        x, y, name = points[index]
+        left, bottom, right = x + 0.008, y + 0.008, x + 0.008 + CHAR * len(name)
+        if right > 0.99:  # past the right edge: the name goes left of its point
+            left, right = x - 0.008 - CHAR * len(name), x - 0.008
+        while any(left < r and l < right and abs(bottom - b) < LINE for l, b, r in placed):
+            bottom -= LINE
+        placed.append((left, bottom, right))
+        places[index] = (left, bottom)
+    return [places[i] for i in range(len(points))]
