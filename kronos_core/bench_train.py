@@ -4,7 +4,7 @@
    median / min / max step time over repeated optimizer steps after one warm-up.
 2. Activation checkpointing off vs all at batch 32: step time, the bytes the
    forward keeps alive for backward (activations) and the step's peak over its
-   starting point, measured by LiveBytesMeter (kronos_core.train.live_bytes) on
+   starting point, measured by StorageTracker (kronos_core.train.live_bytes) on
    the warm-up step; the timed steps run without the meter.
 
 The three setups are timed round-robin, one step each in turn, so a shared
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kronos_core.train import TrainConfig, Trainer
-from kronos_core.train.live_bytes import LiveBytesMeter
+from kronos_core.train.live_bytes import StorageTracker
 
 MIB = 2**20
 
@@ -77,7 +77,7 @@ def bench(setups: list[Setup], size: str, repeats: int, device: str) -> list[Ben
     with tempfile.TemporaryDirectory(prefix="kronos-bench-train-") as out:
         for index, setup in enumerate(setups):
             trainer = make_trainer(size, setup, repeats, device, f"{out}/{index}")
-            meter = LiveBytesMeter() if setup.measure_memory else None
+            meter = StorageTracker() if setup.measure_memory else None
             trainer.attach_meter(meter)
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kronos_core.errors import KronosError
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import (
     CpuExactMeter,
@@ -360,7 +361,7 @@ def test_memory_budget_message_and_validation() -> None:
     err = MemoryBudget(8 << 30).error(9 << 30, 7 << 30)
     assert isinstance(err, torch.OutOfMemoryError)
     assert str(err) == "simulated device out of memory: tried to reach 9.00 GiB, budget 8.00 GiB (peak seen 7.00 GiB)"
-    with pytest.raises(KronosTuneError):
+    with pytest.raises(KronosError, match="memory budget must be positive, got 0 bytes"):
         MemoryBudget(0)
 
 
@@ -371,6 +372,23 @@ def test_make_meter_on_cpu() -> None:
         with meter.phase("forward"):
             torch.empty(1025, dtype=torch.uint8)
     assert isinstance(make_meter(torch.device("cpu"), None), CpuExactMeter)
+    assert make_meter("cpu", exact_on_cpu=False) is None  # plain CPU training runs unmetered
+
+
+def test_phases_record_live_bytes_at_entry_and_exit() -> None:
+    """What kronos_core's training benchmark reads: activations kept from forward to backward."""
+    tracker = StorageTracker()
+    kept = []
+    with tracker.phase("forward"):
+        kept.append(torch.empty(1000, dtype=torch.uint8))
+        torch.empty(5000, dtype=torch.uint8)  # a temporary: in the peak, gone at the exit
+    with tracker.phase("backward"):
+        kept.clear()
+    assert (tracker.entry_bytes["forward"], tracker.exit_bytes["forward"]) == (0, 1000)
+    assert tracker.peaks()["forward"] == 6000
+    assert (tracker.entry_bytes["backward"], tracker.exit_bytes["backward"]) == (1000, 0)
+    tracker.reset()
+    assert tracker.entry_bytes == {} and tracker.peaks() == {}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+from kronos_core.train.live_bytes import StorageTracker
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
 from kronos_tune.memory.estimate import CudaEmulation, estimate_step_peak
-from kronos_tune.memory.tracker import StorageTracker
+from kronos_tune.memory.meters import make_meter
 
 from kronos_tune.autobatch.records import Probe, ProbeKind, ProbeStep, StepFactory, _call
 
@@ -135,9 +136,6 @@ class _CudaRunner(_Runner):
     def __init__(self, step_factory: StepFactory, eval_factory: StepFactory | None, steps_per_probe: int,
                  device: torch.device) -> None:
         super().__init__(step_factory, eval_factory, steps_per_probe)
-        from kronos_tune.memory.meters import CudaMeter
-
-        self._meter_type = CudaMeter
         self.torch_device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.device = str(self.torch_device)
         self.total_bytes = torch.cuda.get_device_properties(self.torch_device).total_memory
@@ -170,7 +168,7 @@ class _CudaRunner(_Runner):
         evaluate: Any = None
         probe = Probe(batch_size, None, "oom", kind, cap_bytes or 0)
         try:
-            meter = self._meter_type(dev)
+            meter = make_meter(dev)  # capped by _cap, not by the meter
             step = self.step_factory(batch_size)
             probe.build_bytes = torch.cuda.memory_allocated(dev) - base_bytes
             meter.reset()

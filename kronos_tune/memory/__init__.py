@@ -9,10 +9,10 @@ Answers "does batch B fit on device D" by measurement:
 * ``MemoryBudget`` / ``apply_cuda_budget`` make a smaller device out of this one.
 """
 
+from kronos_core.train.live_bytes import StorageTracker
 from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError, apply_cuda_budget
 from kronos_tune.memory.estimate import CudaEmulation, EstimateResult, FakeEstimate, estimate_step_peak
 from kronos_tune.memory.meters import CpuExactMeter, CudaMeter, CudaPhaseStats, PhaseMeter, make_meter
-from kronos_tune.memory.tracker import StorageTracker
 
 __all__ = [
     "CpuExactMeter",

@@ -1,49 +1,15 @@
-"""Simulated devices: a byte budget that fails like CUDA does when exceeded."""
+"""Smaller devices out of this one: a real GPU capped with a memory fraction (a simulated CPU device's budget,
+MemoryBudget, lives with the tracker in kronos_core.train.live_bytes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from kronos_core.train.live_bytes import MemoryBudget, OutOfMemoryError
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 
-_GIB = float(1 << 30)
-
-#: The exception a real CUDA allocator raises; ``torch.OutOfMemoryError`` is
-#: the device-generic name (``torch.cuda.OutOfMemoryError`` is the same class).
-OutOfMemoryError: type[RuntimeError] = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-
-
-def _gib(nbytes: int) -> str:
-    """CUDA-style size text: GiB for big numbers, exact bytes for small ones."""
-    if abs(nbytes) >= _GIB / 10:
-        return f"{nbytes / _GIB:.2f} GiB"
-    if abs(nbytes) >= 1 << 20:
-        return f"{nbytes / (1 << 20):.2f} MiB"
-    return f"{nbytes} B"
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A device of ``budget_bytes`` bytes; used by the CPU tracker and fake estimates."""
-
-    budget_bytes: int
-
-    def __post_init__(self) -> None:
-        if self.budget_bytes <= 0:
-            raise KronosTuneError(f"memory budget must be positive, got {self.budget_bytes} bytes")
-
-    def fits(self, nbytes: int) -> bool:
-        return nbytes <= self.budget_bytes
-
-    def error(self, would_be_bytes: int, peak_seen_bytes: int, op: str | None = None) -> RuntimeError:
-        """The exception to raise when live bytes would reach ``would_be_bytes``."""
-        where = f" in {op}" if op else ""
-        return OutOfMemoryError(
-            f"simulated device out of memory{where}: tried to reach {_gib(would_be_bytes)}, "
-            f"budget {_gib(self.budget_bytes)} (peak seen {_gib(peak_seen_bytes)})"
-        )
+__all__ = ["MemoryBudget", "OutOfMemoryError", "apply_cuda_budget", "indexed_cuda_device"]
 
 
 def indexed_cuda_device(device: torch.device | int | str | None = None) -> torch.device:
@@ -69,11 +35,13 @@ def apply_cuda_budget(budget_bytes: int, device: torch.device | int | str | None
         raise KronosTuneError(f"memory budget must be positive, got {budget_bytes} bytes")
     if budget_bytes > total_bytes:
         raise KronosTuneError(
-            f"budget {_gib(budget_bytes)} is larger than {dev} ({_gib(total_bytes)}); pick a smaller budget"
+            f"budget {format_bytes(budget_bytes)} is larger than {dev} ({format_bytes(total_bytes)}); "
+            "pick a smaller budget"
         )
     torch.cuda.set_per_process_memory_fraction(budget_bytes / total_bytes, dev)
     return (
-        f"{dev} capped at {_gib(budget_bytes)} of {_gib(total_bytes)} via set_per_process_memory_fraction: "
+        f"{dev} capped at {format_bytes(budget_bytes)} of {format_bytes(total_bytes)} via "
+        "set_per_process_memory_fraction: "
         "the cap applies to memory reserved by the caching allocator only; the CUDA context, cuBLAS/cuDNN "
         "handles and other processes are outside it, and a capped large card still differs from a small one "
         "(kernel choice, workspace sizes, fragmentation), so treat the result as an approximation"

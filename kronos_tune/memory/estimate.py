@@ -22,9 +22,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from kronos_core.train.live_bytes import StorageTracker, round_up
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget
-from kronos_tune.memory.tracker import StorageTracker, _round_up
 
 _MIB = 1 << 20
 
@@ -62,8 +63,8 @@ class CudaEmulation:
         return [
             f"every storage rounded up to {self.round_bytes} B (CUDA caching allocator block rounding)",
             f"optimizer implementation: {self.optimizer_impl} (CUDA default for AdamW is foreach)",
-            f"CUDA context overhead {self.context_overhead_bytes / _MIB:.0f} MiB added (outside max_memory_allocated)",
-            f"cuBLAS workspace {self.workspace_bytes / _MIB:.0f} MiB added",
+            f"CUDA context overhead {format_bytes(self.context_overhead_bytes, 'MiB', 0)} added (outside max_memory_allocated)",
+            f"cuBLAS workspace {format_bytes(self.workspace_bytes, 'MiB', 0)} added",
             "allocator fragmentation / reserved-but-unused memory not modelled",
             "kernels and autocast op lists are the CPU ones (e.g. attention backend, saved tensors of "
             "CUDA-only kernels may differ); optimizer 'step' scalars counted on device",
@@ -108,7 +109,7 @@ def _unique_storage_bytes(tensors: Iterable[torch.Tensor | None], round_bytes: i
         st = t.untyped_storage()
         if id(st) not in seen:
             seen.add(id(st))
-            total += _round_up(st.nbytes(), round_bytes)
+            total += round_up(st.nbytes(), round_bytes)
     return total
 
 

@@ -18,9 +18,9 @@ from typing import ContextManager, Protocol, runtime_checkable
 
 import torch
 
+from kronos_core.train.live_bytes import StorageTracker
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
-from kronos_tune.memory.tracker import StorageTracker
 
 
 @runtime_checkable
@@ -140,10 +140,19 @@ class CudaMeter:
         return torch.cuda.memory_allocated(self.device)
 
 
-def make_meter(device: torch.device | str, budget_bytes: int | None = None) -> PhaseMeter:
-    """CudaMeter on a cuda device (capped with ``apply_cuda_budget`` if a budget is given), else CpuExactMeter."""
+def make_meter(device: torch.device | str, budget_bytes: int | None = None, *,
+               exact_on_cpu: bool = True) -> PhaseMeter | None:
+    """The meter for `device`, the one place that picks it.
+
+    CUDA (a bare "cuda" is the current device): a CudaMeter; a budget smaller than the card caps it with
+    ``apply_cuda_budget`` (the caveat is in the meter's notes), a budget as large as the card leaves it whole.
+    Anything else: a CpuExactMeter, a simulated device of `budget_bytes` when one is given; or, with
+    `exact_on_cpu=False` (plain training, which should not pay for byte-exact tracking), no meter."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        notes = [apply_cuda_budget(budget_bytes, dev)] if budget_bytes is not None else []
+        dev = indexed_cuda_device(dev)
+        notes = []
+        if budget_bytes is not None and budget_bytes < torch.cuda.get_device_properties(dev).total_memory:
+            notes.append(apply_cuda_budget(budget_bytes, dev))
         return CudaMeter(dev, notes=notes)
-    return CpuExactMeter(budget_bytes=budget_bytes)
+    return CpuExactMeter(budget_bytes=budget_bytes) if exact_on_cpu else None

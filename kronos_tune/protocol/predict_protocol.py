@@ -36,6 +36,7 @@ from kronos_core.predict_sharded import ShardJob, read_merged, write_job
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.synthetic import synthetic_series
+from kronos_core.units import format_bytes
 from kronos_tune.presets import Preset
 from kronos_tune.protocol.measure import first_line
 from kronos_tune.protocol.plan import autobatch_available, device_count, selection_reason
@@ -197,7 +198,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                        on_step: Callable[[PredictStep], None] | None = None,
                        should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
     """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result."""
-    from kronos_tune.memory import CpuExactMeter
+    from kronos_tune.memory import make_meter
 
     if settings.devices > 1:
         return measure_sharded(settings, device, repeats, on_step, should_stop)
@@ -212,7 +213,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             result.outputs = _run(predictor, settings, inputs)
             result.peak_memory_bytes = torch.cuda.max_memory_allocated(predictor.device)
         else:
-            meter = CpuExactMeter(budget_bytes=budget_bytes)
+            meter = make_meter(device, budget_bytes)
             try:
                 meter.track_existing(predictor.model, predictor.tokenizer)
                 with meter:
@@ -247,8 +248,8 @@ def autobatch_chunk(settings: PredictSettings, device: str, budget_bytes: int, m
     result = autobatch(task.step_factory, budget_bytes, margin=margin, min_batch=1, max_batch=settings.series_count,
                        device=device, steps_per_probe=1)
     notes = [f"autobatch: {result.batch_size} series per chunk ({result.batch_size * settings.sample_count} "
-             f"sequences), measured peak {result.measured_peak_bytes / 2**20:,.0f} MiB of a "
-             f"{budget_bytes / 2**30:.2f} GiB budget, search {result.search_time_s:.1f} s"]
+             f"sequences), measured peak {format_bytes(result.measured_peak_bytes, 'MiB', 0)} of a "
+             f"{format_bytes(budget_bytes, 'GiB')} budget, search {result.search_time_s:.1f} s"]
     if result.batch_size >= settings.measured_series:
         notes.append(f"the chunk holds all {settings.measured_series} measured series, as the default does: the "
                      f"timed runs are the kv-cache runs again; the pick matters for the full "

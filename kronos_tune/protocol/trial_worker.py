@@ -67,16 +67,14 @@ class StopFlag:
 
 
 def make_rank_meter(device: str, budget_bytes: int | None) -> Any:
-    from kronos_tune.memory import CpuExactMeter, CudaMeter, apply_cuda_budget
+    """This rank's meter: on CUDA its own card (LOCAL_RANK), made current first."""
+    from kronos_tune.memory import make_meter
 
     if device != "cuda":
-        return CpuExactMeter(budget_bytes=budget_bytes)
+        return make_meter(device, budget_bytes)
     local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(local)
-    notes = []
-    if budget_bytes is not None and budget_bytes < torch.cuda.get_device_properties(local).total_memory:
-        notes.append(apply_cuda_budget(budget_bytes, local))
-    return CudaMeter(local, notes=notes)
+    return make_meter(local, budget_bytes)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
