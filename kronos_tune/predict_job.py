@@ -30,18 +30,8 @@ from kronos_core.sizes import build_model, build_tokenizer, size_spec
 from kronos_core.tokenizer import KronosTokenizer
 from kronos_tune.calendars import exchange_calendar
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
-from kronos_tune.predict_inputs import (
-    DEFAULT_SYNTHETIC_SERIES,
-    JobInputs,
-    NoteCallback,
-    SeriesInput,
-    load_inputs,
-    load_series,
-)
+from kronos_tune.predict_inputs import NoteCallback, load_inputs
 from kronos_tune.predict_output import (
-    OUTPUT_COLUMNS,
-    OUTPUT_FORMATS,
     Precision,
     check_output_path,
     fix_volumes,
@@ -349,9 +339,6 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
 
 
 __all__ = [
-    "DEFAULT_SYNTHETIC_SERIES", "JobInputs", "OUTPUT_COLUMNS", "OUTPUT_FORMATS", "PredictConfig", "PredictResult",
-    "SeriesInput", "SeriesScore",
-    "check_config", "check_output_path", "future_timestamps", "infer_interval", "load_inputs", "load_predictor",
-    "load_series", "long_frame", "output_format", "peak_rss_bytes", "run_predict", "score", "session_grid",
-    "write_table",
+    "RANDOM_WEIGHTS_NOTE", "PredictConfig", "PredictResult", "SeriesScore",
+    "check_config", "load_predictor", "peak_rss_bytes", "resolve_device", "resolve_max_context", "run_predict", "score",
 ]

@@ -12,15 +12,9 @@ from kronos_core.data import FEATURE_COLUMNS
 from kronos_core.synthetic import synthetic_kline
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
-from kronos_tune.predict_job import (
-    RANDOM_WEIGHTS_NOTE,
-    PredictConfig,
-    check_output_path,
-    load_series,
-    run_predict,
-    score,
-    write_table,
-)
+from kronos_tune.predict_inputs import load_series
+from kronos_tune.predict_job import RANDOM_WEIGHTS_NOTE, PredictConfig, run_predict, score
+from kronos_tune.predict_output import check_output_path, write_table
 
 
 def _stamps(*values: str) -> list[pd.Timestamp]:
