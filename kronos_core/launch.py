@@ -9,21 +9,27 @@
   several (`--nnodes`, `--node-rank`, `--rdzv-endpoint/-id/-backend`), always
   with `--max-restarts 0`: a rank that dies makes torchrun's agent stop the
   others and exit non-zero instead of restarting the job.
-- `run_launch` runs it in its own session (process group), reads its merged
-  stdout/stderr line by line, hands lines that start with EVENT_PREFIX to
-  `on_event` as dicts (workers print them with `emit_event`) and the rest to
-  `on_line`. It stops the whole group (SIGTERM, then SIGKILL after a grace
-  period) on SIGINT/SIGTERM to this process, when `stop_file` appears, or
-  when `should_stop()` says so; and whatever happened, no worker outlives it.
+- `launch_command` is torchrun_command when the spec asks for torchrun, else
+  a plain `python -m module *args` (one process, the same events and stops).
+- `run_launch` runs it in its own session (process group), reads its
+  stdout (and stderr, unless `stderr_file` takes it) line by line, hands
+  lines that start with EVENT_PREFIX to `on_event` as dicts (workers print
+  them with `emit_event`) and the rest to `on_line`. It stops the whole group
+  (SIGTERM, then SIGKILL after a grace period) on SIGINT/SIGTERM to this
+  process, when `stop_file` appears, or when `should_stop()` says so. Past
+  `timeout_s` (a watchdog) it calls `before_kill(pid)` (e.g. to ask for stack
+  dumps) and kills the tree outright. Whatever happened, no process of the
+  tree outlives it (its session and every descendant, even one that left it).
+  Workers treat SIGTERM as "stop at the next step boundary" (stop_on_signals).
 
-Used by `kronos-tune predict --nproc` and the predict protocol's sharding
-trial; `kronos-tune train --nproc` and the DDP trial can adopt it the same way
-(their workers print their JSON lines through `emit_event`).
+Used by `kronos-tune train --nproc`, `kronos-tune predict --nproc` and every
+benchmark trial (train, DDP, predict).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
@@ -36,10 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from kronos_core.errors import KronosError
 
 EVENT_PREFIX = "@kronos-event "
 TAIL_LINES = 20
+TREE_SCAN_S = 1.0  # how often the process tree is listed (psutil reads /proc)
+# torchrun sets these for its workers; inherited from a parent that is itself a rank, they would make a plain
+# worker join a process group that is not its own
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,13 @@ def torchrun_command(spec: LaunchSpec, module: str, args: Sequence[str], python:
     return command + ["-m", module, *args]
 
 
+def launch_command(spec: LaunchSpec, module: str, args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """torchrun when `spec` asks for it, else one plain process running `python -m module *args`."""
+    if spec.launched:
+        return torchrun_command(spec, module, args, python)
+    return [python, "-m", module, *args]
+
+
 def emit_event(kind: str, **fields: Any) -> None:
     """Print one event line for the launcher (one write, so ranks' lines do not interleave mid-line)."""
     sys.stdout.write(EVENT_PREFIX + json.dumps({"event": kind, **fields}, default=str) + "\n")
@@ -105,10 +125,12 @@ class LaunchResult:
     stopped: bool                     # we stopped it (signal, stop file, should_stop)
     events: list[dict[str, Any]] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)  # last plain lines, for error messages
+    timed_out: bool = False           # killed past timeout_s
+    elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.stopped
+        return self.returncode == 0 and not self.stopped and not self.timed_out
 
     def error_events(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") == "error"]
@@ -121,14 +143,50 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants (empty when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(pid: int, processes: list[psutil.Process] | None = None) -> None:
+    """SIGKILL the session led by `pid` and every descendant, also one that started a session of its own."""
+    processes = process_tree(pid) if processes is None else processes
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=5)
+
+
 def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None] | None = None,
                on_line: Callable[[str], None] | None = None, stop_file: Path | None = None,
                should_stop: Callable[[], bool] | None = None, env: dict[str, str] | None = None,
-               grace_s: float = 10.0, poll_s: float = 0.2, cwd: Path | None = None) -> LaunchResult:
-    """Run `command` in its own session and stream it (see the module doc)."""
-    environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               bufsize=1, start_new_session=True, env=environment, cwd=cwd)
+               grace_s: float = 10.0, poll_s: float = 0.2, cwd: Path | None = None, *,
+               stderr_file: Path | None = None, timeout_s: float | None = None,
+               before_kill: Callable[[int], None] | None = None, catch_signals: bool = True) -> LaunchResult:
+    """Run `command` in its own session and stream it (see the module doc). `catch_signals=False` leaves
+    SIGINT/SIGTERM to the caller's own handlers (which then stop the launch through `should_stop`)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    environment = {**inherited, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    if stderr_file is not None:
+        with open(stderr_file, "w", encoding="utf-8") as stderr:
+            process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                       text=True, bufsize=1, start_new_session=True, env=environment, cwd=cwd)
+    else:
+        process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+                                   env=environment, cwd=cwd)
+    tree: list[psutil.Process] = []  # every process seen in the tree, so that none escapes the final kill
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -146,10 +204,11 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
         requested.append(signum)
 
     handlers = {}
-    if threading.current_thread() is threading.main_thread():
+    if catch_signals and threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
     stop_sent_at: float | None = None
     exited_at: float | None = None
+    scanned_at = -math.inf
     try:
         finished = False
         while not finished:
@@ -169,9 +228,19 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
                     result.tail = (result.tail + [line])[-TAIL_LINES:]
                     if on_line is not None:
                         on_line(line)
+            if process.poll() is None and time.monotonic() - scanned_at > TREE_SCAN_S:
+                scanned_at = time.monotonic()
+                seen = {p.pid for p in tree}
+                tree += [p for p in process_tree(process.pid) if p.pid not in seen]
+            if timeout_s is not None and not result.timed_out and process.poll() is None and \
+                    time.monotonic() - started > timeout_s:
+                result.timed_out = True
+                if before_kill is not None:
+                    before_kill(process.pid)
+                kill_tree(process.pid, tree + [p for p in process_tree(process.pid) if p not in tree])
             wants_stop = bool(requested) or (stop_file is not None and stop_file.exists()) or \
                 (should_stop is not None and should_stop())
-            if wants_stop and stop_sent_at is None and process.poll() is None:
+            if wants_stop and stop_sent_at is None and process.poll() is None and not result.timed_out:
                 result.stopped = True
                 stop_sent_at = time.monotonic()
                 _signal_group(process, signal.SIGTERM)
@@ -192,6 +261,8 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
                 process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        _signal_group(process, signal.SIGKILL)  # no worker outlives the launch, whatever happened
+        kill_tree(process.pid, tree)  # no worker outlives the launch, whatever happened
         process.wait()
+        reader.join(timeout=5)
+        result.elapsed_s = time.monotonic() - started
     return result

@@ -1,4 +1,5 @@
-"""DDP through real torchrun on CPU (gloo): same parameters as one process, and a 2-node rendezvous."""
+"""DDP through real torchrun on CPU (gloo): same parameters as one process, a 2-node rendezvous, and
+`kronos-tune train --nproc 2` through the shared launcher (progress events, metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kronos_core.launch import parse_event
 from kronos_core.train import TrainConfig, Trainer, load_checkpoint
-from kronos_core.train.__main__ import STEP_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +46,13 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     ddp_config.to_toml(config_file)
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "kronos_core.train", "--config", str(config_file), "--steps", str(steps), "--jsonl"],
+         "-m", "kronos_core.train", "--config", str(config_file), "--steps", str(steps), "--events"],
         env=child_env(), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
-    ddp_losses = [json.loads(line[len(STEP_PREFIX):])["loss"] for line in run.stdout.splitlines()
-                  if line.startswith(STEP_PREFIX)]
+    events = [e for e in map(parse_event, run.stdout.splitlines()) if e is not None]
+    ddp_losses = [e["loss"] for e in events if e["event"] == "step"]
     assert len(ddp_losses) == steps  # rank 0 alone reports
+    assert [e["event"] for e in events if e["event"] != "step"] == ["start", "eval", "summary"]
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -84,3 +86,31 @@ def test_two_node_rendezvous_on_localhost(tmp_path: Path) -> None:
     state = load_checkpoint(tmp_path / "out")
     assert state["world_size"] == 2 and state["step"] == 2 and state["global_batch"] == 8
     assert any("2 / " in out for out, _ in outputs)  # the node hosting rank 0 drew the progress and summary
+
+
+def test_train_nproc_2_goes_through_the_launcher_and_logs_rank_0s_events(tmp_path: Path, capsys,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from kronos_tune.cli import main
+    from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR
+
+    config_file = tmp_path / "ddp.toml"
+    tiny(tmp_path / "unused", batch_size=4, accumulation_steps=1, eval_every=2).to_toml(config_file)
+    out = tmp_path / "run"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--config", str(config_file), "--nproc", "2", "--steps", "3", "--out", str(out),
+              "--tensorboard"])
+    printed = capsys.readouterr().out
+    assert (info.value.code or 0) == 0, printed[-3000:]
+    assert "3 / 8" in printed and "@kronos-event" not in printed  # events drawn, not printed
+    lines = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert [(line["kind"], line["step"]) for line in lines] == [("train", 1), ("train", 2), ("eval", 2),
+                                                                 ("train", 3), ("eval", 3)]
+    assert all(line["samples"] == 8 for line in lines if line["kind"] == "train")  # global: 4 x 2 processes
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / TENSORBOARD_DIR))
+    board.Reload()
+    assert [e.step for e in board.Scalars("train/loss")] == [1, 2, 3]
+    assert load_checkpoint(out)["world_size"] == 2
+    assert json.loads((out / "run.json").read_text())["status"] == "partial"

@@ -8,8 +8,8 @@ Multi-process: ``torchrun --nproc-per-node N -m kronos_core.train --config run.t
 
 from kronos_core.train.checkpointing import checkpoint_path, load_checkpoint
 from kronos_core.train.config import TrainConfig
-from kronos_core.train.records import PHASES, PhaseMeter, StepRecord, TrainSummary
+from kronos_core.train.records import PHASES, EvalRecord, PhaseMeter, StepRecord, TrainSummary
 from kronos_core.train.trainer import Trainer
 
-__all__ = ["PHASES", "PhaseMeter", "StepRecord", "TrainConfig", "TrainSummary", "Trainer", "checkpoint_path",
+__all__ = ["PHASES", "EvalRecord", "PhaseMeter", "StepRecord", "TrainConfig", "TrainSummary", "Trainer", "checkpoint_path",
            "load_checkpoint"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
@@ -55,10 +55,35 @@ class StepRecord:
     def tokens_per_s(self) -> float:
         return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.step_time_s if self.step_time_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tokens_per_s"] = self.tokens_per_s
+        out["samples_per_s"] = self.samples_per_s
         return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> StepRecord:
+        """Back from `to_dict` (or an event carrying its fields): derived and unknown keys are dropped."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+@dataclass
+class EvalRecord:
+    """One evaluation: after optimizer step `step`, metrics reduced over every rank (val_loss first)."""
+
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    best: bool  # the lowest val_loss so far (best/ was rewritten)
+    scheduled: bool  # on the eval_every / epoch schedule (False: the closing evaluation of fit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, **self.metrics, "best": self.best,
+                "scheduled": self.scheduled}
 
 
 @dataclass

@@ -176,6 +176,7 @@ def register(app: typer.Typer) -> None:
         budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", metavar="GIB", help="Per-device memory budget in GiB (default: the preset's).")] = None,
         preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", metavar="DIR", help="Extra folder of preset TOML files.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (progress goes to stderr).")] = False,
+        tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the [tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
         helpful ones together; writes the reports and a recommended config into the run folder."""
@@ -188,6 +189,10 @@ def register(app: typer.Typer) -> None:
         for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget)):
             if value is not None and not value > 0:
                 raise KronosTuneError(f"{flag} {value:g}: give a positive number of seconds")
+        if tensorboard:
+            from kronos_tune.run_logs import want_tensorboard
+
+            want_tensorboard(True)  # not installed: the pip line, exit 2
         chosen = resolve_preset(preset, list(preset_dir or []))
         defaults = ProtocolOptions()
         options = ProtocolOptions(
@@ -202,7 +207,7 @@ def register(app: typer.Typer) -> None:
         cancel = threading.Event()
         with cancel_on_signals(cancel) as received, ProtocolProgress(console) as view:
             report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,
-                                  on_event=view.on_event, cancel=cancel, overwrite=overwrite)
+                                  on_event=view.on_event, cancel=cancel, overwrite=overwrite, tensorboard=tensorboard)
         if json_out:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:

@@ -1,8 +1,13 @@
 """`kronos-tune train`: fine-tune the Kronos tokenizer and/or predictor with a live progress bar.
 
 One process runs the trainer right here. `--nproc N` (or any multi-node flag)
-launches `python -m torch.distributed.run ... -m kronos_core.train` instead and
-draws the progress of its rank 0 from the JSON lines it prints.
+launches `python -m torch.distributed.run ... -m kronos_core.train --events`
+through the shared launcher (kronos_core.launch) instead and draws the
+progress of its rank 0 from the events it prints.
+
+Either way the progress bar shows step/total, loss, lr, tokens/s, the last
+validation loss and the ETA, and every stage's folder gets metrics.jsonl and
+(with the `[tensorboard]` extra) TensorBoard event files (kronos_tune.run_logs).
 
 Before the first step it prints the run's folder and plan (optimizer steps,
 epochs, effective batch); every run gets its own folder (kronos_tune.runs), and
@@ -11,10 +16,6 @@ the next start of a cancelled run with the same config continues it.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -25,12 +26,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.train import TrainConfig, Trainer
-from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, STEP_PREFIX, SUMMARY_PREFIX, oom_message
+from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE, oom_message
 from kronos_core.train.config import WHAT
 from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log, want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train_runs import (
     Start, adopt_legacy_run, check_resume_folder, checkpoint_step, choose_folder, claim_train_dir, finish_status,
@@ -38,10 +42,7 @@ from kronos_tune.train_runs import (
 )
 
 STAGES = (*WHAT, "both")
-
-
-def _gib(value: float | None) -> str:
-    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+STOP_GRACE_S = 60.0  # after Ctrl-C, the ranks' time to finish the step and save before they are killed
 
 
 def _preset_fields(name: str) -> dict[str, Any]:
@@ -90,15 +91,18 @@ def stages(base: TrainConfig, what: str | None) -> list[TrainConfig]:
 
 
 class ProgressView:
-    """A Rich progress bar fed with step-record dicts (in process or from rank 0's JSON lines)."""
+    """A Rich progress bar fed with step and evaluation dicts (in process, or rank 0's events): step/total,
+    loss, lr, tokens/s, the last validation loss, memory, elapsed time and ETA."""
 
-    def __init__(self, console: Console, label: str, total: int | None) -> None:
+    def __init__(self, console: Console, label: str, total: int | None, start: int = 0) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
-            TextColumn("mem {task.fields[memory]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("lr {task.fields[lr]}"),
+            TextColumn("{task.fields[speed]} tok/s"), TextColumn("val {task.fields[val]}"),
+            TextColumn("mem {task.fields[memory]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=console, transient=False)
-        self.task = self.progress.add_task(label, total=total, loss="-", speed="-", memory="-")
+        self.task = self.progress.add_task(label, total=total, completed=start, loss="-", lr="-", speed="-",
+                                           val="-", memory="-")
 
     def __enter__(self) -> ProgressView:
         self.progress.start()
@@ -107,11 +111,20 @@ class ProgressView:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
+    def restart(self, start: int, total: int | None) -> None:
+        """Where the run really starts (a resumed run's step) and ends; the ETA counts from here."""
+        self.progress.reset(self.task, total=total, completed=start)
+
     def update(self, record: dict[str, Any]) -> None:
         peaks = record.get("peak_bytes_by_phase") or {}
         memory = max(peaks.values()) if peaks else record.get("peak_memory_bytes")
         self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
-                             speed=f"{record.get('tokens_per_s', 0.0):,.0f}", memory=_gib(memory))
+                             lr=f"{record.get('lr', 0.0):.2e}", speed=f"{record.get('tokens_per_s', 0.0):,.0f}",
+                             memory=format_bytes(memory, "GiB"))
+
+    def evaluated(self, values: dict[str, Any]) -> None:
+        if values.get("val_loss") is not None:
+            self.progress.update(self.task, val=f"{values['val_loss']:.4f}")
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -133,7 +146,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table.add_row("throughput", f"{summary.get('tokens_per_s', 0.0):,.0f} tokens/s over {summary['train_time_s']:.1f} s")
     peaks = summary.get("peak_bytes_by_phase") or {}
     if peaks:
-        table.add_row("peak memory", ", ".join(f"{k} {_gib(v)}" for k, v in peaks.items()))
+        table.add_row("peak memory", ", ".join(f"{k} {format_bytes(v, 'GiB')}" for k, v in peaks.items()))
     table.add_row("checkpoint", str(summary.get("checkpoint_path")))
     table.add_row("best weights", str(summary.get("best_dir") or "none yet"))
     console.print(table)
@@ -145,23 +158,35 @@ def _finish(run: RunDir | None, status: str, **extra: Any) -> None:
 
 
 def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, console: Console,
-                   meter: PhaseMeter | None = None, run: RunDir | None = None) -> int:
+                   meter: PhaseMeter | None = None, run: RunDir | None = None, tensorboard: bool = False) -> int:
     """Train here; returns the exit code (0 done, 130 stopped by Ctrl-C after saving, 1 out of memory).
-    `run`: the claimed folder, whose run.json records how the run ended."""
-    if meter is None and config.resolved_device() == "cuda":
+    `run`: the claimed folder, whose run.json records how the run ended. The stage's folder gets
+    metrics.jsonl and, with `tensorboard`, TensorBoard event files."""
+    if meter is None:
         from kronos_tune.memory.meters import make_meter
 
-        meter = make_meter(torch.device("cuda", torch.cuda.current_device()))
+        meter = make_meter(config.resolved_device(), exact_on_cpu=False)
     stopper = StopForwarder()
     trainer: Trainer | None = None
+    log: RunLog | None = None
     try:
         with stop_on_signals(stopper, second_interrupts=True):
             trainer = Trainer(config, meter=meter, resume=resume)
             stopper.attach(trainer)
             target = trainer.total_steps if steps is None else min(steps, trainer.total_steps)
-            with ProgressView(console, config.what, target) as view:
-                view.progress.update(view.task, completed=trainer.step)
-                trainer.callback = lambda record: view.update(record.to_dict())
+            log = stage_log(Path(config.output_dir), tensorboard)
+            with ProgressView(console, config.what, target, start=trainer.step) as view:
+                def on_step(record: Any) -> None:
+                    values = record.to_dict()
+                    view.update(values)
+                    log.step(values)
+
+                def on_eval(record: Any) -> None:
+                    values = record.to_dict()
+                    view.evaluated(values)
+                    log.eval(values)
+
+                trainer.callback, trainer.eval_callback = on_step, on_eval
                 summary = trainer.fit(steps)
     except torch.OutOfMemoryError:
         step = trainer.step if trainer is not None else 0
@@ -180,6 +205,8 @@ def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, 
                 step=_saved_step(config))
         raise
     finally:
+        if log is not None:
+            log.close()
         if trainer is not None:
             trainer.close()
     print_summary(console, summary.to_dict())
@@ -211,70 +238,90 @@ def _ending(console: Console, config: TrainConfig, status: str, step: int, total
     return 0
 
 
-def torchrun_command(config_file: Path, nproc: int, steps: int | None, resume: Path | None,
-                     nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, rdzv_id: str | None,
-                     rdzv_backend: str | None) -> list[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    if nnodes is not None and nnodes != "1":
-        if not rdzv_endpoint:
-            raise KronosTuneError(f"train: --nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every "
-                                  f"node, e.g. the first node's address:29400)")
-        command += ["--nnodes", nnodes, "--rdzv-endpoint", rdzv_endpoint,
-                    "--rdzv-backend", rdzv_backend or "c10d", "--rdzv-id", rdzv_id or "kronos-tune"]
-        if node_rank is not None:
-            command += ["--node-rank", str(node_rank)]
-    elif rdzv_endpoint:
-        command += ["--rdzv-endpoint", rdzv_endpoint, "--rdzv-backend", rdzv_backend or "c10d",
-                    "--rdzv-id", rdzv_id or "kronos-tune"]
-    else:
-        command += ["--standalone"]  # a free local port: runs side by side never collide
-    command += ["-m", "kronos_core.train", "--config", str(config_file), "--jsonl"]
+def worker_args(config_file: Path, steps: int | None, resume: Path | None) -> list[str]:
+    """The arguments of `python -m kronos_core.train` on every rank."""
+    args = ["--config", str(config_file), "--events"]
     if steps is not None:
-        command += ["--steps", str(steps)]
+        args += ["--steps", str(steps)]
     if resume is not None:
-        command += ["--resume", str(resume)]
-    return command
+        args += ["--resume", str(resume)]
+    return args
+
+
+class LaunchedRun:
+    """Rank 0's events of a torchrun training run: the progress bar, the run's logs, the summary, errors.
+    The log opens on rank 0's first event, so on a multi-node run only the node hosting rank 0 writes it."""
+
+    def __init__(self, config: TrainConfig, view: ProgressView, tensorboard: bool) -> None:
+        self.config, self.view, self.tensorboard = config, view, tensorboard
+        self.log: RunLog | None = None
+        self.summary: dict[str, Any] | None = None
+        self.errors: list[dict[str, Any]] = []
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "error":
+            self.errors.append(event)
+            return
+        if self.log is None and kind in ("start", "step", "eval"):
+            self.log = stage_log(Path(self.config.output_dir), self.tensorboard)
+        if kind == "start":
+            total = self.view.progress.tasks[0].total
+            self.view.restart(int(event["step"]), total if total is not None else event.get("total_steps"))
+        elif kind == "step":
+            self.view.update(event)
+            self.log.step(event)
+        elif kind == "eval":
+            self.view.evaluated(event)
+            self.log.eval(event)
+        elif kind == "summary":
+            self.summary = event
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
 
 
 def run_torchrun(config: TrainConfig, command: list[str], total: int | None, console: Console,
-                 run: RunDir | None = None) -> int:
-    """Run torchrun in its own session (Ctrl-C here is forwarded once), draw rank 0's progress."""
-    summary: dict[str, Any] | None = None
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-    forwarded: list[int] = []
+                 run: RunDir | None = None, tensorboard: bool = False) -> int:
+    """Run torchrun through the shared launcher (Ctrl-C or SIGTERM here: every rank stops after its step and
+    saves; killed after a grace period), draw rank 0's progress and write the run's logs from its events."""
+    with ProgressView(console, f"{config.what} (torchrun)", total) as view:
+        watcher = LaunchedRun(config, view, tensorboard)
 
-    def forward(signum: int, frame: Any) -> None:
-        if not forwarded:
-            forwarded.append(signum)
-            proc.send_signal(signal.SIGINT)
+        def on_line(line: str) -> None:
+            view.progress.console.print(line, highlight=False, markup=False)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with ProgressView(console, f"{config.what} (torchrun)", total) as view:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith(STEP_PREFIX):
-                    view.update(json.loads(line[len(STEP_PREFIX):]))
-                elif line.startswith(SUMMARY_PREFIX):
-                    summary = json.loads(line[len(SUMMARY_PREFIX):])
-                else:
-                    view.progress.console.print(line.rstrip("\n"), highlight=False, markup=False)
-        code = proc.wait()
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        try:
+            result = run_launch(command, on_event=watcher.on_event, on_line=on_line, grace_s=STOP_GRACE_S)
+        finally:
+            watcher.close()
+    summary, code = watcher.summary, result.returncode
     if summary is not None:
         print_summary(console, summary)
         status = finish_status(summary["interrupted"], summary["steps"], summary["total_steps"])
         _finish(run, status, step=summary["steps"], total_steps=summary["total_steps"])
         if status == "cancelled" or code == 0:
             return _ending(console, config, status, summary["steps"], summary["total_steps"])
-    if code != 0:
+    if watcher.errors:
+        first = watcher.errors[0]
+        console.print(f"[red]error:[/] rank {first.get('rank')}: {first.get('message')}", highlight=False,
+                      soft_wrap=True)
+        _finish(run, "failed", reason=str(first.get("message")), step=_saved_step(config))
+        return {"oom": EXIT_OOM, "usage": EXIT_USAGE}.get(str(first.get("kind")), 1)
+    if code != 0 or result.stopped:
         console.print(f"[red]error:[/] torchrun exited with code {code}; see the worker messages above",
                       highlight=False)
-        _finish(run, "cancelled" if forwarded else "failed", step=_saved_step(config))
-        return EXIT_INTERRUPTED if forwarded else (code if 0 < code < 128 else 1)
+        _finish(run, "cancelled" if result.stopped else "failed", step=_saved_step(config))
+        return EXIT_INTERRUPTED if result.stopped else (code if 0 < code < 128 else 1)
     return 0
+
+
+def check_logs(configs: list[TrainConfig], tensorboard: bool) -> None:
+    """Before anything is written: every stage folder can take metrics.jsonl (and tensorboard/)."""
+    for stage in configs:
+        folder = Path(stage.output_dir)
+        check_log_paths(folder / METRICS_FILE, folder / TENSORBOARD_DIR if tensorboard else None)
 
 
 def register(app: typer.Typer) -> None:
@@ -298,6 +345,7 @@ def register(app: typer.Typer) -> None:
         rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")] = None,
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
+        tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -318,6 +366,7 @@ def register(app: typer.Typer) -> None:
             if theirs is not None and theirs != source:
                 raise KronosTuneError(f"--resume {resume}: that run was started from {theirs}, not {source}; leave "
                                       f"out --preset/--config to continue it as it was")
+        board = want_tensorboard(tensorboard)
         console = Console()
         if config is not None:
             partial = partial_config_note(config)
@@ -329,8 +378,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]warning:[/] {config} comes from a partial benchmark "
                               f"({partial.lstrip('# ')}); training with it anyway (--strict refuses)",
                               highlight=False, soft_wrap=True)
-        multi_node = nnodes is not None and nnodes != "1"
-        launched = nproc > 1 or any(v is not None for v in (nnodes, node_rank, rdzv_endpoint))
+        spec = LaunchSpec(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id or "kronos-tune", rdzv_backend)
+        multi_node, launched = spec.multi_node, spec.launched
+        if launched:
+            torchrun_command(spec, "kronos_core.train", [])  # a missing rendezvous flag: one line, before any folder
         processes = world_size(nproc, nnodes) if launched else 1
         start_step = run_step(resume) if resume is not None else 0
         base, plan = plan_training(base, processes, steps, start_step, resume, keep_batch)
@@ -344,6 +395,8 @@ def register(app: typer.Typer) -> None:
                 start_step = run_step(begin.resume)
                 base, plan = plan_training(base, processes, steps, start_step, begin.resume, False)
         base = base.replace(output_dir=str(begin.folder))
+        if begin.resume is not None:  # the only folder kept as it is: its logs must take more lines
+            check_logs(stages(base, what), board)
         run: RunDir | None = None
         if not multi_node:
             if begin.resume is not None:
@@ -361,11 +414,10 @@ def register(app: typer.Typer) -> None:
             if launched:
                 config_file = Path(stage.output_dir) / "config.toml"
                 stage.to_toml(config_file)
-                command = torchrun_command(config_file, nproc, steps, begin.resume, nnodes, node_rank,
-                                           rdzv_endpoint, rdzv_id, rdzv_backend)
-                code = run_torchrun(stage, command, plan.end_step, console, stage_run)
+                command = torchrun_command(spec, "kronos_core.train", worker_args(config_file, steps, begin.resume))
+                code = run_torchrun(stage, command, plan.end_step, console, stage_run, tensorboard=board)
             else:
-                code = run_in_process(stage, steps, begin.resume, console, run=stage_run)
+                code = run_in_process(stage, steps, begin.resume, console, run=stage_run, tensorboard=board)
             if code != 0:
                 if what == "both" and run is not None:
                     run.mark("cancelled" if code == EXIT_INTERRUPTED else "failed", stage=stage.what)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -14,7 +14,7 @@ from kronos_core.data import FEATURE_COLUMNS
 from kronos_tune.protocol.predict_protocol import output_max_abs_diff, series_inputs
 from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
 from kronos_tune.protocol.train_trials import raise_for_exit, timeout_reason
-from kronos_tune.protocol.trial_worker import PREDICT_PREFIX
+from kronos_tune.protocol.trial_worker import PREDICT_EVENT
 
 if TYPE_CHECKING:
     from kronos_tune.protocol.runner import ProtocolRun
@@ -35,11 +35,11 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
            "repeats": spec.measured_steps, "result_file": str(result_file), "outputs_file": str(outputs_file)}
 
-    def on_line(line: str) -> None:
-        if line.startswith(PREDICT_PREFIX):
-            run.emit(TrialStep(spec.name, PredictStep(**json.loads(line[len(PREDICT_PREFIX):]))))
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == PREDICT_EVENT:
+            run.emit(TrialStep(spec.name, PredictStep(**{k: v for k, v in event.items() if k != "event"})))
 
-    outcome, stack_file = run.launch(spec, work, job, on_line)
+    outcome, stack_file = run.launch(spec, work, job, on_event)
     hardware = f"{settings.devices} x {run.device}"
     if outcome.timed_out:
         return TrialResult(spec.name, spec.stage, "timeout", spec.changes, timeout_reason(run, stack_file),

@@ -6,9 +6,11 @@ finished trial to OUT/results.jsonl at once, and writes the reports at the
 end, also after a cancel (``cancel`` set, Ctrl-C or SIGTERM: the trial in
 flight is asked to stop at a step boundary and killed after a short grace,
 recorded as cancelled; later trials are not run; the report says partial).
-Every trial runs in a process of its own under a watchdog
-(isolation.py): a trial past ``trial_timeout_s`` is killed with its children
-and recorded as ``timeout``, its threads' stacks saved under OUT/stacks/.
+Every trial runs in a process of its own, started by the shared launcher
+(kronos_core.launch) under a watchdog (isolation.py): a trial past
+``trial_timeout_s`` is killed with its children and recorded as ``timeout``,
+its threads' stacks saved under OUT/stacks/. Each trial's steps are also
+written to OUT/curves/<trial>.jsonl (kronos_tune.run_logs).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import datetime
 import gc
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +30,8 @@ from typing import Any
 import torch
 
 from kronos_core.errors import KronosError
+from kronos_core.launch import LaunchSpec, launch_command
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
 from kronos_tune.protocol import predict_trials, train_trials
@@ -41,6 +44,7 @@ from kronos_tune.protocol.records import (
 )
 from kronos_tune.protocol.report import RESULTS_FILE, append_result, load_results, write_reports
 from kronos_tune.protocol.summary import summarize
+from kronos_tune.run_logs import TrialCurves
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 from kronos_tune.workloads import runnable_device
 
@@ -53,15 +57,12 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
-
-
 class ProtocolRun:
     """State of one protocol run; `run()` does the work."""
 
     def __init__(self, preset: Preset, task: str, options: ProtocolOptions, out_dir: Path | None, resume: bool,
-                 on_event: EventCallback | None, cancel: threading.Event | None, overwrite: bool = False) -> None:
+                 on_event: EventCallback | None, cancel: threading.Event | None, overwrite: bool = False,
+                 tensorboard: bool = False) -> None:
         self.preset, self.task, self.options = preset, task, options
         self.on_event = on_event
         self.cancel = cancel if cancel is not None else threading.Event()
@@ -79,6 +80,7 @@ class ProtocolRun:
             out_dir = default_run_dir("benchmark", f"{preset.name}-{task}")
         self.out_dir = out_dir
         self.run_dir = self._claim(out_dir, resume, overwrite)
+        self.curves = TrialCurves(out_dir, tensorboard)  # OUT/curves/<trial>.jsonl (+ OUT/tensorboard/<trial>/)
         self.budget_mode, self.device_line = self._device_line()
         self.run_dir.mark("running", **self._run_facts())
 
@@ -118,51 +120,48 @@ class ProtocolRun:
         return folder / f"{trial}.txt"
 
     def launch(self, spec: TrialSpec, work: Path, job: dict[str, Any],
-               on_line: Callable[[str], None]) -> tuple[Outcome, Path]:
-        """Run `job` in trial_worker processes (torchrun for spec.nproc > 1) under the watchdog."""
-        stop_file, job_file, stack_file = work / "stop", work / "job.json", self.stack_file(spec.name)
-        job = {**job, "trial": spec.name, "stop_file": str(stop_file), "stack_file": str(stack_file)}
+               on_event: Callable[[dict[str, Any]], None]) -> tuple[Outcome, Path]:
+        """Run `job` in trial_worker processes (torchrun for spec.nproc > 1) through the shared launcher, under
+        the watchdog; `on_event` gets the workers' events."""
+        job_file, stack_file = work / "job.json", self.stack_file(spec.name)
+        job = {**job, "trial": spec.name, "stack_file": str(stack_file)}
         job_file.write_text(json.dumps(job), encoding="utf-8")
-        worker = ["-m", "kronos_tune.protocol.trial_worker", "--job", str(job_file)]
-        if spec.nproc > 1 and job.get("kind") != "predict":  # predict shards through its own launcher
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                       str(spec.nproc), *worker]
-        else:
-            command = [sys.executable, *worker]
-        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-                                                                "MASTER_PORT")}
-        env["PYTHONUNBUFFERED"] = "1"
-        outcome = run_watched(command, env, work / "stderr.txt", on_line, self.cancel, self.trial_timeout_s,
-                              stack_file, stop_file)
+        processes = spec.nproc if job.get("kind") != "predict" else 1  # predict shards through its own launch
+        command = launch_command(LaunchSpec(nproc=processes), "kronos_tune.protocol.trial_worker",
+                                 ["--job", str(job_file)])
+        outcome = run_watched(command, work / "stderr.txt", on_event, self.cancel, self.trial_timeout_s, stack_file)
         if not outcome.timed_out and stack_file.is_file() and stack_file.stat().st_size == 0:
             stack_file.unlink()  # nothing was dumped: the trial ended on its own
         return outcome, stack_file
 
     def _device_line(self) -> tuple[str, str]:
         budget = self.budget_bytes
+        budget_text = format_bytes(budget, "GiB", 1)
         if self.device == "cpu":
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
             return "simulated", (f"device: cpu ({cores} cores, {torch.get_num_threads()} threads); budget "
-                                 f"{_gib(budget)} simulated (exact tensor accounting, over it fails like CUDA)")
+                                 f"{budget_text} simulated (exact tensor accounting, over it fails like CUDA)")
         from kronos_tune.memory import apply_cuda_budget
 
         dev = torch.device("cuda", torch.cuda.current_device())
         name, total = torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory
+        total_text = format_bytes(total, "GiB", 1)
         if budget < total:
             if self.task == "predict":  # predict trials run in this process
                 self.notes.append(apply_cuda_budget(budget, dev))
             else:
-                self.notes.append(f"each trial's process caps {dev} at {_gib(budget)} of {_gib(total)} via "
+                self.notes.append(f"each trial's process caps {dev} at {budget_text} of {total_text} via "
                                   f"set_per_process_memory_fraction (reserved memory only: the CUDA context and "
                                   f"cuBLAS workspaces are outside it; a capped large card still differs from a "
                                   f"small one, so treat the result as an approximation)")
-            return "memory-fraction", (f"device: {dev} {name} ({_gib(total)}); budget {_gib(budget)} via memory "
+            return "memory-fraction", (f"device: {dev} {name} ({total_text}); budget {budget_text} via memory "
                                        f"fraction (a capped card is not identical to a small one)")
-        self.notes.append(f"the budget {_gib(budget)} is not below the card's {_gib(total)}: the whole card is used")
-        return "whole-card", f"device: {dev} {name} ({_gib(total)}); budget: the whole card"
+        self.notes.append(f"the budget {budget_text} is not below the card's {total_text}: the whole card is used")
+        return "whole-card", f"device: {dev} {name} ({total_text}); budget: the whole card"
 
     # Events and bookkeeping -----------------------------------------------------------------------
     def emit(self, event: Any) -> None:
+        self.curves.on_event(event)
         if self.on_event is not None:
             self.on_event(event)
 
@@ -185,6 +184,7 @@ class ProtocolRun:
         except KeyboardInterrupt:  # between trials: what finished is reported
             self.cancel.set()
         finally:
+            self.curves.close()
             self.restore_device()
         report = self.build_report()
         write_reports(report, self.out_dir)
@@ -298,11 +298,12 @@ def _one_line(error: BaseException) -> str:
 def run_protocol(preset: Preset | str, task: str = "train", options: ProtocolOptions = ProtocolOptions(),
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
-                 overwrite: bool = False) -> ProtocolReport:
-    """Run the benchmark protocol for `preset` ("train" or "predict"); see the module docstring.
+                 overwrite: bool = False, tensorboard: bool = False) -> ProtocolReport:
+    """Run the benchmark protocol for `preset` ("train" or "predict"); see the module docstring. Each trial's
+    curve (step times, losses) goes to OUT/curves/<trial>.jsonl, and with `tensorboard` to OUT/tensorboard/<trial>/.
 
     `out_dir` None: a fresh folder runs/benchmark/<preset>-<task>-<time>/ under the current directory. An
     existing run folder is only continued with `resume` or replaced with `overwrite`."""
     run = ProtocolRun(resolve(preset), task, options, Path(out_dir) if out_dir is not None else None, resume,
-                      on_event, cancel, overwrite)
+                      on_event, cancel, overwrite, tensorboard)
     return run.run()

@@ -21,7 +21,7 @@ from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
 from kronos_tune.protocol.plan import combine
 from kronos_tune.protocol.quality import quality_guard
 from kronos_tune.protocol.records import Spread, TrialResult, TrialSpec, TrialStep
-from kronos_tune.protocol.trial_worker import STEP_PREFIX
+from kronos_tune.protocol.trial_worker import STEP_EVENT
 
 if TYPE_CHECKING:
     from kronos_tune.protocol.runner import ProtocolRun
@@ -163,13 +163,11 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     job = {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec).to_dict(),
            "budget_bytes": run.budget_bytes, "result_file": str(result_file)}
 
-    def on_line(line: str) -> None:
-        if line.startswith(STEP_PREFIX):
-            values = json.loads(line[len(STEP_PREFIX):])
-            values.pop("tokens_per_s", None)
-            run.emit(TrialStep(spec.name, StepRecord(**values)))
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == STEP_EVENT:
+            run.emit(TrialStep(spec.name, StepRecord.from_dict(event)))
 
-    outcome, stack_file = run.launch(spec, work, job, on_line)
+    outcome, stack_file = run.launch(spec, work, job, on_event)
     if outcome.timed_out:
         return TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes), timeout_reason(run, stack_file),
                            spec.description, task="train", config=spec.config.to_dict(), nproc=spec.nproc)

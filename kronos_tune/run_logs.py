@@ -1,0 +1,217 @@
+"""What a run leaves behind to watch and plot: metrics.jsonl and TensorBoard event files.
+
+    with RunLog(run_folder / METRICS_FILE, run_folder / TENSORBOARD_DIR) as log:
+        log.step(record.to_dict())      # a StepRecord's fields (in process, or rank 0's event)
+        log.eval(eval_record.to_dict())
+
+- ``metrics.jsonl``: one JSON object per line, ``kind`` "train" (step, epoch,
+  loss, lr, grad_norm, tokens_per_s, samples_per_s, step_time_s, ...) or
+  "eval" (step, epoch, val_loss and the other metrics), each with ``time``
+  (Unix seconds). Appended and flushed line by line, so it can be read while
+  the run goes on; a resumed run appends to it (steps after the last
+  checkpoint may appear twice: the later line is the one the run kept).
+- TensorBoard (optional extra ``[tensorboard]``): scalars ``train/loss``,
+  ``train/lr``, ``train/tokens_per_s``, ``train/samples_per_s``,
+  ``train/grad_norm``, ``train/step_time_s``, ``val/loss`` and ``val/<metric>``
+  through ``torch.utils.tensorboard.SummaryWriter``, imported only here and
+  only when asked for. Each writer adds an event file of its own (host, pid
+  and time in its name), so a resumed run never overwrites the earlier one.
+
+The benchmark writes the same per trial: ``curves/<trial>.jsonl`` and, with
+``--tensorboard``, ``tensorboard/<trial>/`` (TrialCurves).
+"""
+
+from __future__ import annotations
+
+import json
+import dataclasses
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from kronos_tune.errors import KronosTuneError
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CURVES_DIR = "curves"
+INSTALL_HINT = 'pip install "kronos-tune[tensorboard]"'
+STEP_KEYS = ("step", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "step_time_s",
+             "samples", "tokens", "peak_memory_bytes", "skipped")
+TRAIN_SCALARS = ("loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "step_time_s")
+
+
+def tensorboard_available() -> bool:
+    """Whether torch.utils.tensorboard imports (the tensorboard package is installed and usable)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except Exception:  # noqa: BLE001 - missing, blocked or broken: all mean "no TensorBoard here"
+        return False
+    return True
+
+
+def want_tensorboard(flag: bool | None) -> bool:
+    """--tensorboard / --no-tensorboard / neither (on when the package imports); asked for without it: one line."""
+    if flag is False:
+        return False
+    available = tensorboard_available()
+    if flag and not available:
+        raise KronosTuneError(f"--tensorboard: the tensorboard package is not installed; {INSTALL_HINT} (or "
+                              f"leave out --tensorboard)")
+    return available
+
+
+def check_log_paths(metrics: Path, tensorboard: Path | None) -> None:
+    """A one-line error, before anything is written, when the run's logs could not be written there."""
+    if metrics.exists() and not metrics.is_file():
+        raise KronosTuneError(f"{metrics}: that is a folder, not the run's metrics file; move it away so the run "
+                              f"can write its metrics")
+    if tensorboard is None:
+        return
+    if tensorboard.exists() and not tensorboard.is_dir():
+        raise KronosTuneError(f"--tensorboard: {tensorboard} is a file, so TensorBoard cannot write its folder "
+                              f"there; move the file away or add --no-tensorboard")
+    if tensorboard.is_dir():
+        try:
+            with tempfile.NamedTemporaryFile(dir=tensorboard, prefix=".write-test-"):
+                pass
+        except OSError as error:
+            raise KronosTuneError(f"--tensorboard: cannot write in {tensorboard} ({error.strerror or error}); "
+                                  f"make it writable or add --no-tensorboard") from None
+
+
+def _number(value: Any) -> Any:
+    """JSON has no NaN/inf: those become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunLog:
+    """metrics.jsonl (always) and TensorBoard scalars (when `tensorboard` names a folder) for one run or trial."""
+
+    def __init__(self, metrics: Path, tensorboard: Path | None = None, mode: str = "a") -> None:
+        check_log_paths(metrics, tensorboard)
+        self.metrics_path = metrics
+        self.writer: Any = None
+        try:
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] | None = open(metrics, mode, encoding="utf-8")  # noqa: SIM115 - closed in close()
+        except OSError as error:
+            raise KronosTuneError(f"{metrics}: cannot write the run's metrics ({error.strerror or error}); pick a "
+                                  f"folder you can write to") from None
+        if tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            try:
+                self.writer = SummaryWriter(log_dir=str(tensorboard), flush_secs=5)
+            except OSError as error:
+                self.close()
+                raise KronosTuneError(f"--tensorboard: cannot write in {tensorboard} ({error.strerror or error}); "
+                                      f"make it writable or add --no-tensorboard") from None
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        line["time"] = round(time.time(), 3)
+        self._file.write(json.dumps({k: _number(v) for k, v in line.items()}) + "\n")
+        self._file.flush()
+
+    def step(self, values: dict[str, Any]) -> None:
+        """One optimizer step (a StepRecord's `to_dict()`, or a predict trial's step)."""
+        self._write({"kind": "train", **{k: values[k] for k in STEP_KEYS if k in values}})
+        if self.writer is not None:
+            step = int(values["step"])
+            for key in TRAIN_SCALARS:
+                value = values.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.writer.add_scalar(f"train/{key}", value, step)
+
+    def eval(self, values: dict[str, Any]) -> None:
+        """One evaluation (an EvalRecord's `to_dict()`): step, epoch, val_loss and the other metrics."""
+        self._write({"kind": "eval", **{k: v for k, v in values.items() if k != "event"}})
+        if self.writer is not None:
+            step = int(values["step"])
+            for key, value in values.items():
+                counted = key.endswith(("_tokens", "_elements"))  # how much was evaluated, not a metric
+                if key in ("step", "epoch", "best", "scheduled", "event") or counted or \
+                        not isinstance(value, (int, float)):
+                    continue
+                tag = "val/loss" if key == "val_loss" else f"val/{key}"
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def safe_name(name: str) -> str:
+    """A trial name as a file name (letters, digits, - _ . kept)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip(".")
+    return cleaned or "trial"
+
+
+class TrialCurves:
+    """Per-trial curves of a benchmark run, fed with the protocol's events (TrialStarted/Step/Finished):
+    OUT/curves/<trial>.jsonl and, with `tensorboard`, OUT/tensorboard/<trial>/. A trial run again (after a
+    cancel and --resume) starts its curve over, as its result replaces the cancelled one."""
+
+    def __init__(self, out_dir: Path, tensorboard: bool = False) -> None:
+        self.out_dir = Path(out_dir)
+        self.tensorboard = tensorboard
+        self.logs: dict[str, RunLog] = {}
+
+    def on_event(self, event: Any) -> None:
+        from kronos_tune.protocol.records import TrialFinished, TrialStarted, TrialStep
+
+        if isinstance(event, TrialStarted):
+            self._close(event.spec.name)
+            name = safe_name(event.spec.name)
+            board = self.out_dir / TENSORBOARD_DIR / name if self.tensorboard else None
+            self.logs[event.spec.name] = RunLog(self.out_dir / CURVES_DIR / f"{name}.jsonl", board, mode="w")
+        elif isinstance(event, TrialStep):
+            log = self.logs.get(event.trial_name)
+            if log is not None:
+                record = event.record
+                if hasattr(record, "to_dict"):  # a training StepRecord
+                    values = record.to_dict()
+                else:  # a predict trial's PredictStep: no loss, time and tokens per run
+                    values = dataclasses.asdict(record)
+                    values["tokens_per_s"] = values["tokens"] / values["step_time_s"] if values["step_time_s"] else 0.0
+                log.step(values)
+        elif isinstance(event, TrialFinished):
+            result = event.result
+            log = self.logs.get(result.name)
+            if log is not None and result.val_loss is not None and result.val_loss_step is not None:
+                log.eval({"step": result.val_loss_step, "val_loss": result.val_loss})
+            self._close(result.name)
+
+    def _close(self, name: str) -> None:
+        log = self.logs.pop(name, None)
+        if log is not None:
+            log.close()
+
+    def close(self) -> None:
+        for name in list(self.logs):
+            self._close(name)
+
+
+def stage_log(folder: Path, tensorboard: bool) -> RunLog:
+    """The RunLog of one training stage's folder: folder/metrics.jsonl and folder/tensorboard/."""
+    return RunLog(folder / METRICS_FILE, folder / TENSORBOARD_DIR if tensorboard else None)
+
+
+__all__ = ["CURVES_DIR", "INSTALL_HINT", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "TrialCurves",
+           "check_log_paths", "stage_log", "tensorboard_available", "want_tensorboard"]
