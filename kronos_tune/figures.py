@@ -26,6 +26,7 @@ def have_matplotlib() -> bool:
 def new_figure(**kwargs: Any) -> Figure | None:
     """A matplotlib Figure (keyword arguments as Figure's), or None when matplotlib is not installed."""
     try:
+        import matplotlib  # noqa: F401 - the package itself first: a loaded submodule would hide its absence
         from matplotlib.figure import Figure
     except ImportError:
         return None
