@@ -135,6 +135,8 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
             save_file(prepared, str(temp), metadata=metadata)
     except OSError as error:
         raise KronosError(f"cannot write {path}: {error.strerror or error}; check free space and permissions") from None
-    except (SafetensorError, ValueError, RuntimeError) as error:  # shared or sparse tensors, an odd dtype
+    except (SafetensorError, ValueError, RuntimeError) as error:  # a failed write, shared or sparse tensors
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        if "I/O error" in first:
+            raise KronosError(f"cannot write {path} ({first}); check free space and permissions") from None
         raise KronosError(f"cannot save tensors to {path}: {first}") from None

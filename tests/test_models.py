@@ -167,17 +167,6 @@ def test_save_and_load_round_trip_is_bit_identical(tmp_path):
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in tokenizer.state_dict().items())
 
 
-def test_safetensors_files_are_readable_by_the_safetensors_library(tmp_path):
-    safetensors_torch = pytest.importorskip("safetensors.torch")
-    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5), "c": torch.randn(2).to(torch.bfloat16)}
-    save_safetensors(tensors, tmp_path / "x.safetensors")
-    theirs = safetensors_torch.load_file(str(tmp_path / "x.safetensors"))
-    assert all(torch.equal(tensors[k], theirs[k]) for k in tensors)
-    safetensors_torch.save_file(tensors, str(tmp_path / "y.safetensors"))
-    ours = load_safetensors(tmp_path / "y.safetensors")
-    assert all(torch.equal(tensors[k], ours[k]) for k in tensors)
-
-
 def test_missing_config_is_named(tmp_path):
     build_model("tiny").save_pretrained(tmp_path)
     (tmp_path / CONFIG_NAME).unlink()
