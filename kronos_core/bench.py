@@ -38,6 +38,7 @@ from kronos_core.panel import panel_frame, panel_inputs, predict_panel
 from kronos_core.predict_arrays import prepare_lists
 from kronos_core.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
+from kronos_core.units import format_bytes
 from kronos_core.synthetic import synthetic_series
 
 
@@ -167,9 +168,9 @@ def bench_predict(args: argparse.Namespace) -> int:
         steady = rates["cached"][1:] or rates["cached"]
         recompute = statistics.median(args.series / r for r in rates["recompute"]) if "recompute" in rates else None
         _print_breakdown(args, predictors["cached"], call, context, recompute, args.series / statistics.median(steady))
-    print(f"peak RSS of this process: {peak_rss_bytes() / 2**30:.2f} GiB")
+    print(f"peak RSS of this process: {format_bytes(peak_rss_bytes(), 'GiB')}")
     if device.startswith("cuda"):
-        print(f"peak CUDA allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+        print(f"peak CUDA allocated: {format_bytes(torch.cuda.max_memory_allocated(), 'GiB')}")
     return 0
 
 

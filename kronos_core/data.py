@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 
 PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
 FEATURE_COLUMNS: tuple[str, ...] = PRICE_COLUMNS + ("volume", "amount")
@@ -156,11 +156,6 @@ def normalize_window(
     return x_norm.astype(np.float32, copy=False), mean, std
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:200] if text else type(exc).__name__
-
-
 def _fmt_ts(ts: object) -> str:
     return "NaT" if pd.isna(ts) else str(pd.Timestamp(ts))
 
@@ -192,7 +187,7 @@ def _parse_timestamps(values: pd.Series, source: str, first_line: int | None = N
                 parsed = pd.to_datetime(values, errors="coerce", format="mixed")
             except (ValueError, TypeError, OverflowError) as exc:
                 raise KronosError(
-                    f"{source}: column '{TIME_COLUMN}' could not be parsed as dates ({_one_line(exc)}); "
+                    f"{source}: column '{TIME_COLUMN}' could not be parsed as dates ({one_line(exc, typed=False)}); "
                     "use one format like 2024-01-02 09:35:00"
                 ) from None
     parsed = pd.Series(parsed, index=values.index, name=TIME_COLUMN)
@@ -339,7 +334,7 @@ def _read_table(path: Path) -> pd.DataFrame:
         except pd.errors.EmptyDataError:
             raise KronosError(f"{path}: file is empty; give a CSV with a header row and data") from None
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            raise KronosError(f"{path}: could not read CSV ({_one_line(exc)}); check the file") from None
+            raise KronosError(f"{path}: could not read CSV ({one_line(exc, typed=False)}); check the file") from None
     if suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401  (only to give a clear message when it is missing)
@@ -348,7 +343,8 @@ def _read_table(path: Path) -> pd.DataFrame:
         try:
             return pd.read_parquet(path)
         except (OSError, ValueError) as exc:
-            raise KronosError(f"{path}: could not read Parquet ({_one_line(exc)}); check the file") from None
+            raise KronosError(f"{path}: could not read Parquet ({one_line(exc, typed=False)}); "
+                              "check the file") from None
     raise KronosError(f"{path}: unsupported file type '{path.suffix}'; use .csv or .parquet")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
+from kronos_core.errors import one_line
 from kronos_core.files import atomic_path
 from kronos_tune.errors import KronosTuneError
 
@@ -143,8 +144,8 @@ def write_table(table: pd.DataFrame, path: Path, precision: Precision | None = N
             else:
                 table.to_parquet(temp, index=False)
     except (OSError, ValueError, ImportError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise KronosTuneError(f"--out {path}: writing failed ({reason}); check the folder and free space") from None
+        raise KronosTuneError(f"--out {path}: writing failed ({one_line(error, typed=False)}); "
+                              "check the folder and free space") from None
 
 
 def predictions_json(names: list[str], frames: list[pd.DataFrame], precision: Precision) -> list[dict]:

@@ -8,7 +8,7 @@ from typing import ContextManager
 import torch
 import torch.nn as nn
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.model import Kronos
 from kronos_core.sizes import build_model, build_tokenizer
 from kronos_core.tokenizer import KronosTokenizer
@@ -52,7 +52,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device)
         except (RuntimeError, ValueError) as error:
             if impl == "fused":
                 raise KronosError(f"optimizer_impl='fused' is not available for {device} in this PyTorch "
-                                  f"({str(error).splitlines()[0]}); use optimizer_impl = \"auto\" or \"foreach\"") from None
+                                  f"({one_line(error, typed=False)}); "
+                                  "use optimizer_impl = \"auto\" or \"foreach\"") from None
     if impl in ("auto", "foreach"):
         return torch.optim.AdamW(params, foreach=True, **kwargs)
     return torch.optim.AdamW(params, foreach=False, **kwargs)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.files import atomic_path
 
 CHECKPOINT_FORMAT = 1
@@ -84,8 +84,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # unpickling errors come in many types
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise KronosError(f"{path} is not a loadable training checkpoint ({first}); "
+        raise KronosError(f"{path} is not a loadable training checkpoint ({one_line(error, typed=False)}); "
                           f"use a checkpoints/{LAST_NAME} written by kronos_core.train") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise KronosError(f"{path} is not a kronos_core.train checkpoint (format "

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.train.checkpointing import save_atomic
 from kronos_core.train.distributed import DistContext
 
@@ -77,8 +77,8 @@ def load_sharded_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, 
     try:
         dcp.load(state, checkpoint_id=str(where))
     except Exception as error:  # DCP wraps shape/key mismatches of any rank in its own exception types
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise KronosError(f"{where}: the sharded weights do not fit this config's model ({first[:200]}); "
+        first = one_line(error, typed=False)[:200]
+        raise KronosError(f"{where}: the sharded weights do not fit this config's model ({first}); "
                           f"resume with the same model_size and what") from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
@@ -95,7 +95,7 @@ def load_whole_into_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, 
         set_model_state_dict(model, checkpoint["model"], options=options)
     except (RuntimeError, KeyError, ValueError) as error:
         raise KronosError(f"{checkpoint['path']}: model weights do not fit this config's model "
-                          f"({str(error).splitlines()[0][:200]}); resume with the same model_size") from None
+                          f"({one_line(error, typed=False)[:200]}); resume with the same model_size") from None
     set_optimizer_state_dict(model, optimizer, _keyed_by_name(model, checkpoint["optimizer"]), options=options)
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.files import write_text_atomic
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.train.builders import (
@@ -406,7 +406,7 @@ class Trainer:
                 self.model.load_state_dict(state["model"])
             except RuntimeError as error:
                 raise KronosError(f"{where}: model weights do not fit this config's model "
-                                  f"({str(error).splitlines()[0]}); resume with the same model_size") from None
+                                  f"({one_line(error, typed=False)}); resume with the same model_size") from None
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])

@@ -9,7 +9,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from kronos_tune.autobatch.search import AutobatchResult, Probe, format_bytes
+from kronos_core.units import format_bytes
+from kronos_tune.autobatch.search import AutobatchResult, Probe
 
 PLOT_WIDTH = 56
 PLOT_HEIGHT = 10

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from kronos_core.errors import one_line
 from kronos_core.train.live_bytes import StorageTracker
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
@@ -27,11 +28,6 @@ def is_out_of_memory(error: BaseException) -> bool:
         text = str(error)
         return any(s in text for s in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"))
     return False
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _close(obj: Any) -> None:
@@ -119,7 +115,7 @@ class _CpuRunner(_Runner):
         except Exception as error:  # noqa: BLE001 - only out-of-memory is a measurement; the rest re-raises
             if not is_out_of_memory(error):
                 raise
-            probe.error = _first_line(error)
+            probe.error = one_line(error, typed=False)
         finally:
             meter.budget = None
             _close(step)
@@ -177,7 +173,7 @@ class _CudaRunner(_Runner):
         except Exception as error:  # noqa: BLE001
             if not is_out_of_memory(error):
                 raise
-            probe.error = _first_line(error)
+            probe.error = one_line(error, typed=False)
         finally:
             _close(step)
             step = evaluate = None
@@ -241,7 +237,7 @@ class _EstimateRunner(_Runner):
         except Exception as error:  # noqa: BLE001
             if not is_out_of_memory(error):
                 raise
-            probe.error = _first_line(error)
+            probe.error = one_line(error, typed=False)
         finally:
             _close(holder.get("step"))
             holder.clear()

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 
@@ -68,16 +69,6 @@ from kronos_tune.autobatch.records import (  # noqa: F401 - ProbeStep, SeriesFit
 from kronos_tune.autobatch.runners import (  # noqa: F401 - is_out_of_memory re-exported
     _CpuRunner, _CudaRunner, _EstimateRunner, _Runner, is_out_of_memory,
 )
-
-
-def format_bytes(nbytes: float | int | None) -> str:
-    if nbytes is None:
-        return "n/a"
-    value = float(nbytes)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(value) >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{int(value)} B"
 
 
 def split_effective_batch(max_batch_size: int, effective_batch: int) -> tuple[int, int, str]:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kronos_core.errors import one_line
 from kronos_core.predictor import default_device
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
                                          raise_top_k)
@@ -196,8 +197,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         run.mark("cancelled", **_timing(session))
         raise
     except BaseException as error:
-        run.mark("failed", error=str(error).splitlines()[0] if str(error) else type(error).__name__,
-                 **_timing(session))
+        run.mark("failed", error=one_line(error, typed=False), **_timing(session))
         raise
     run.mark("complete", **_timing(session))
     return result

@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 
+from kronos_core.units import format_bytes
 from kronos_tune.autobatch.maximize import check_rule, largest_fitting, scale_for_batch
 from kronos_tune.errors import KronosTuneError
 
@@ -109,8 +110,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     assumptions = [f"budget {budget_bytes} bytes from {budget_source}"]
     if simulated and not estimate:
         assumptions.append(f"no CUDA device here: probes run for real on the CPU against a simulated "
-                           f"{budget_bytes / 2**30:.2f} GiB {hw.device} device (live tensor bytes counted exactly, "
-                           "in 512-byte blocks like CUDA's allocator; going over raises OutOfMemoryError); "
+                           f"{format_bytes(budget_bytes, 'GiB')} {hw.device} device (live tensor bytes counted "
+                           "exactly, in 512-byte blocks like CUDA's allocator; going over raises OutOfMemoryError); "
                            "--estimate is faster")
     if estimate:
         assumptions.append("estimate: every probe runs on fake tensors (nothing allocated)")

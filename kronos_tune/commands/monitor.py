@@ -14,6 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.nvml import GpuSnapshot
 from kronos_tune.telemetry import MAX_INTERVAL_S, Sampler, Snapshot, validate_interval
@@ -21,10 +22,6 @@ from kronos_tune.telemetry import MAX_INTERVAL_S, Sampler, Snapshot, validate_in
 MONITOR_MAX_INTERVAL_S = 60.0
 BAR_WIDTH = 30
 CORE_BAR_WIDTH = 12
-
-
-def _gib(value: int | None) -> str:
-    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
 def _bar(fraction: float | None, width: int = BAR_WIDTH) -> Text:
@@ -55,7 +52,7 @@ def _gpu_table(gpu: GpuSnapshot) -> Table:
     table.add_row(
         "Memory",
         _bar(_ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)),
-        f"{_gib(gpu.memory_used_bytes)} / {_gib(gpu.memory_total_bytes)}",
+        f"{format_bytes(gpu.memory_used_bytes, 'GiB')} / {format_bytes(gpu.memory_total_bytes, 'GiB')}",
     )
     util = gpu.utilization_pct
     util_text = "n/a" if util is None else f"{util:.0f} %"
@@ -66,8 +63,8 @@ def _gpu_table(gpu: GpuSnapshot) -> Table:
     table.add_row("Power", _bar(_ratio(gpu.power_w, gpu.power_limit_w)), power)
     temperature = "n/a" if gpu.temperature_c is None else f"{gpu.temperature_c:.0f} °C"
     table.add_row("Temperature", Text(""), temperature)
-    table.add_row("Our processes", Text(""), _gib(gpu.our_memory_bytes))
-    table.add_row("Other processes", Text(""), _gib(gpu.others_memory_bytes))
+    table.add_row("Our processes", Text(""), format_bytes(gpu.our_memory_bytes, "GiB"))
+    table.add_row("Other processes", Text(""), format_bytes(gpu.others_memory_bytes, "GiB"))
     return table
 
 
@@ -77,18 +74,18 @@ def _host_table(snapshot: Snapshot, pid: int) -> Table:
     table.add_row(
         "RAM",
         _bar(_ratio(host.ram_used_bytes, host.ram_total_bytes)),
-        f"{_gib(host.ram_used_bytes)} / {_gib(host.ram_total_bytes)}",
+        f"{format_bytes(host.ram_used_bytes, 'GiB')} / {format_bytes(host.ram_total_bytes, 'GiB')}",
     )
     table.add_row(
         "Swap",
         _bar(_ratio(host.swap_used_bytes, host.swap_total_bytes)),
-        f"{_gib(host.swap_used_bytes)} / {_gib(host.swap_total_bytes)}",
+        f"{format_bytes(host.swap_used_bytes, 'GiB')} / {format_bytes(host.swap_total_bytes, 'GiB')}",
     )
     table.add_row("CPU total", _bar(host.cpu_percent_total / 100), f"{host.cpu_percent_total:.0f} %")
     table.add_row(
         f"Process tree RSS (pid {pid})",
         Text(""),
-        f"{_gib(host.process_tree_rss_bytes)} ({host.child_count} children)",
+        f"{format_bytes(host.process_tree_rss_bytes, 'GiB')} ({host.child_count} children)",
     )
     return table
 

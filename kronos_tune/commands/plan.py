@@ -10,9 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.2f}"
+from kronos_core.units import format_bytes
 
 
 def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
@@ -27,9 +25,10 @@ def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
             table.add_column(column, justify="left" if column in ("set-up", "source") else "right")
         for row in size.rows:
             fits = "yes" if row.fits else "no"
-            table.add_row(row.setup, _gib(row.weights_bytes), _gib(row.grads_bytes), _gib(row.optimizer_bytes),
-                          _gib(row.frozen_bytes), _gib(row.activations_bytes), _gib(row.host_bytes),
-                          _gib(row.preset_batch_peak_bytes),
+            gib = [format_bytes(value, "GiB", with_unit=False) for value in (
+                row.weights_bytes, row.grads_bytes, row.optimizer_bytes, row.frozen_bytes, row.activations_bytes,
+                row.host_bytes, row.preset_batch_peak_bytes)]
+            table.add_row(row.setup, *gib,
                           str(row.micro_batch) if row.micro_batch else "none fits",
                           f"{row.train_micro_batch} x {row.accumulation_steps}" if row.train_micro_batch else "-",
                           str(row.effective_batch or "-"), fits, row.source)
@@ -37,9 +36,9 @@ def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
         for row in size.rows:
             if row.note:
                 console.print(f"[dim]{row.setup}: {row.note}[/]")
-    console.print(f"budget per rank {_gib(plan.budget_bytes)} GiB, margin {plan.margin:.0%}; the bytes columns are "
-                  f"at the max micro-batch (at 1 when none fits) and add up to its peak; 'peak @ N' is at the "
-                  f"preset's micro-batch; micro x accum keeps the preset's effective batch")
+    console.print(f"budget per rank {format_bytes(plan.budget_bytes, 'GiB')}, margin {plan.margin:.0%}; the bytes "
+                  f"columns are at the max micro-batch (at 1 when none fits) and add up to its peak; 'peak @ N' is "
+                  f"at the preset's micro-batch; micro x accum keeps the preset's effective batch")
     for note in plan.assumptions:
         console.print(f"[dim]note: {note}[/]")
 

@@ -14,15 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.units import format_bytes
+
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predictor import PredictProgress
     from kronos_tune.predict_job import PredictResult
 
 TABLE_ROWS = 20
-
-
-def _mib(value: int | None) -> str:
-    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
 def _price(value: float) -> str:
@@ -191,8 +189,9 @@ def predict_command(
                       soft_wrap=True)
     console.print(
         f"{len(result.frames)} series in {result.seconds:.2f} s (predict {result.predict_seconds:.2f} s, "
-        f"{result.series_per_s:.2f} series/s) on {result.device}; peak RSS {_mib(result.peak_rss_bytes)}"
-        + (f"; peak GPU {_mib(result.peak_gpu_bytes)}" if result.peak_gpu_bytes is not None else ""),
+        f"{result.series_per_s:.2f} series/s) on {result.device}; "
+        f"peak RSS {format_bytes(result.peak_rss_bytes, 'MiB', 1)}"
+        + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),
         markup=False, highlight=False, soft_wrap=True,
     )
 

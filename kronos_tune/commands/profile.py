@@ -10,9 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-
-def _bytes(value: int | None) -> str:
-    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
+from kronos_core.units import format_bytes
 
 
 def register(app: typer.Typer) -> None:
@@ -57,14 +55,14 @@ def register(app: typer.Typer) -> None:
             ops.add_column(column, justify="right", no_wrap=True)
         for op in result.top_ops:
             ops.add_row(op.name, str(op.calls), f"{op.self_time_s:.4f}", f"{op.total_time_s:.4f}",
-                        _bytes(op.self_memory_bytes))
+                        format_bytes(op.self_memory_bytes, "MiB", 1))
         console.print(ops)
         if result.memory_at_peak_bytes:
-            memory = Table(title=f"memory at peak ({_bytes(result.memory_peak_bytes)}) by category")
+            memory = Table(title=f"memory at peak ({format_bytes(result.memory_peak_bytes, 'MiB', 1)}) by category")
             memory.add_column("category")
             memory.add_column("bytes", justify="right")
             for name, value in sorted(result.memory_at_peak_bytes.items(), key=lambda kv: -kv[1]):
-                memory.add_row(name, _bytes(value))
+                memory.add_row(name, format_bytes(value, "MiB", 1))
             console.print(memory)
         t = result.step_time_s
         console.print(f"step time median {t['median']:.3f} s (min {t['min']:.3f}, max {t['max']:.3f}, n {t['n']}); "

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE, oom_message
@@ -201,8 +202,7 @@ def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, 
         _finish(run, "cancelled", step=_saved_step(config))
         return EXIT_INTERRUPTED
     except BaseException as error:
-        _finish(run, "failed", reason=str(error).splitlines()[0] if str(error) else type(error).__name__,
-                step=_saved_step(config))
+        _finish(run, "failed", reason=one_line(error, typed=False), step=_saved_step(config))
         raise
     finally:
         if log is not None:

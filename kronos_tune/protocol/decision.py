@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kronos_core.units import format_bytes
 from kronos_tune.protocol.records import TrialResult
 from kronos_tune.protocol.stats import Comparison, compare
 
@@ -140,13 +141,10 @@ def memory_binding(results: list[TrialResult], context: DecisionContext) -> tupl
         if base.peak_memory_bytes > limit:
             return True, (f"the baseline peaks at {100 * used:.0f}% of the budget, above the "
                           f"{100 * (1 - context.margin):.0f}% the margin leaves")
-        return False, (f"the baseline peaks at {_gib(base.peak_memory_bytes)} of {_gib(context.budget_bytes)} "
+        return False, (f"the baseline peaks at {format_bytes(base.peak_memory_bytes, 'GiB')} of "
+                       f"{format_bytes(context.budget_bytes, 'GiB')} "
                        f"({100 * used:.0f}%): memory does not bind")
     return False, "memory does not bind (no budget figure)"
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
 
 
 def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_deviation: float | None,

@@ -23,6 +23,7 @@ from typing import Any, ContextManager
 
 import torch
 
+from kronos_core.errors import one_line
 from kronos_core.train import StepRecord, TrainConfig, Trainer
 from kronos_tune.flops import train_flops_per_token
 from kronos_tune.protocol.stats import relative_halfwidth
@@ -112,11 +113,6 @@ class TrainMeasurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainMeasurement:
         return cls(**data)
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 class _Stopped(Exception):
@@ -210,7 +206,7 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
     except _Stopped:
         return result
     except torch.OutOfMemoryError as error:
-        result.status, result.reason = "oom", first_line(error)
+        result.status, result.reason = "oom", one_line(error, typed=False)
         result.peak_memory_bytes = switch.peak_bytes() or None
         result.peak_bytes_by_phase = switch.peaks()
         return result

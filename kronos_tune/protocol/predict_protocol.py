@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.predict_arrays import prepare_lists
 from kronos_core.predict_sharded import ShardJob, read_merged, write_job
@@ -38,7 +39,6 @@ from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.synthetic import synthetic_series
 from kronos_core.units import format_bytes
 from kronos_tune.presets import Preset
-from kronos_tune.protocol.measure import first_line
 from kronos_tune.protocol.plan import autobatch_available, device_count, selection_reason
 from kronos_tune.protocol.records import PredictSettings, PredictStep, ProtocolOptions, TrialSpec
 
@@ -234,7 +234,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                 on_step(PredictStep(index + 2, repeats + 1, settings.measured_series, tokens, result.seconds[-1]))
         return result
     except torch.OutOfMemoryError as error:
-        result.status, result.reason = "oom", first_line(error)
+        result.status, result.reason = "oom", one_line(error, typed=False)
         return result
 
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kronos_core.errors import one_line
 from kronos_core.files import write_text_atomic
 from kronos_core.train import TrainConfig
+from kronos_core.units import format_bytes
 from kronos_tune.protocol.records import Delta, ProtocolReport, TrialResult
 
 RESULTS_FILE = "results.jsonl"
@@ -72,14 +74,6 @@ def fmt_seconds(value: float | None) -> str:
     if value < 172800:
         return f"{value / 3600:.1f} h"
     return f"{value / 86400:.1f} d"
-
-
-def fmt_bytes(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if value >= 2**30:
-        return f"{value / 2**30:.2f} GiB"
-    return f"{value / 2**20:.1f} MiB"
 
 
 def fmt_rate(value: float | None) -> str:
@@ -167,17 +161,18 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
         name = Cell(t.name if compact else f"{t.name} ({changes_text(t)})")
         status = _status_cell(t, compact)
         hardware = Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware)
+        peak = Cell(format_bytes(t.peak_memory_bytes, missing="–"))
         if report.task == "predict":
             speedup = Cell(f"{t.speedup:.2f}x", "good" if t.speedup > 1 else "") if t.speedup else Cell("")
             rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)), speedup,
-                         Cell(fmt_seconds(t.projected_predict_time_s)), Cell(fmt_bytes(t.peak_memory_bytes)),
+                         Cell(fmt_seconds(t.projected_predict_time_s)), peak,
                          delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
                          Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"), status])
             continue
         loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
         rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
                      time_delta_cell(t, compact), Cell(fmt_seconds(t.projected_train_time_s)),
-                     Cell(fmt_bytes(t.peak_memory_bytes)),
+                     peak,
                      delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
                      Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"), trajectory_cell(t),
                      Cell("–" if t.mfu is None else f"{100 * t.mfu:.1f}%"), status])
@@ -321,7 +316,7 @@ def _picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
     try:
         return write_picture(report, folder)
     except Exception as error:  # noqa: BLE001 - the reports matter more than their picture
-        return [], f"No picture: drawing it failed ({type(error).__name__}: {error})."
+        return [], f"No picture: drawing it failed ({one_line(error)})."
 
 
 def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: bool = True) -> list[Path]:

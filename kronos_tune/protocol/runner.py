@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, launch_command
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
@@ -237,7 +237,7 @@ class ProtocolRun:
             self.cancel.set()
             result = ended("cancelled", "interrupted (Ctrl-C)")
         except Exception as error:  # noqa: BLE001 - a crashing trial is a result; the protocol goes on
-            result = ended("failed", _one_line(error))
+            result = ended("failed", one_line(error))
         finally:
             train_trials.remove_tree(work)
             gc.collect()
@@ -285,14 +285,6 @@ class ProtocolRun:
             wall_time_s=time.perf_counter() - self.started)
         summarize(report, self.preset)
         return report
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else ""
-    if isinstance(error, KronosError):
-        return line
-    return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
 def run_protocol(preset: Preset | str, task: str = "train", options: ProtocolOptions = ProtocolOptions(),

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_tune.presets import Preset, list_presets, resolve_preset
 from kronos_tune.runs import default_run_dir
 from kronos_tune.telemetry import Sampler
@@ -326,7 +326,7 @@ class DashboardApp(ResultsView, App[int]):
 
             written = write_reports(report, folder)
         except Exception as error:
-            self.post_message(LogLine(f"export failed: {jobs.one_line(error)}", "error"))
+            self.post_message(LogLine(f"export failed: {one_line(error)}", "error"))
             return
         names = ", ".join(Path(p).name for p in written) if written else "reports"
         self.post_message(LogLine(f"exported {names} to {folder}", "ok"))

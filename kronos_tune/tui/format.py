@@ -7,18 +7,16 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-GIB = 2**30
-MIB = 2**20
+from kronos_core.units import UNITS, format_bytes
+
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 
 
 def gib(value: int | float | None, digits: int = 1) -> str:
-    """Bytes as GiB (MiB under 1 GiB); 'n/a' when unknown."""
-    if value is None:
-        return "n/a"
-    if abs(value) < GIB:
-        return f"{value / MIB:.0f} MiB"
-    return f"{value / GIB:.{digits}f} GiB"
+    """The dashboard's short size text: GiB with `digits` decimals, whole MiB under 1 GiB; 'n/a' when unknown."""
+    if value is not None and abs(value) < UNITS["GiB"]:
+        return format_bytes(value, "MiB", 0)
+    return format_bytes(value, "GiB", digits)
 
 
 def percent(value: float | None) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
+from kronos_core.errors import one_line
 from kronos_tune.presets import Preset
 from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEvent, TrainingStep
 
@@ -23,17 +24,6 @@ if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_tune.protocol import ProtocolOptions
 
 Post = Callable[[Message], object]
-
-
-def one_line(error: BaseException) -> str:
-    """An exception as one line: its first line, with the type when that is not a project error."""
-    from kronos_core.errors import KronosError
-
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    if isinstance(error, KronosError):
-        return text
-    name = type(error).__name__
-    return f"{name}: {text}" if text else name
 
 
 def _finish(post: Post, job: str, cancel: threading.Event, outcome: str, result: Any = None) -> None:
@@ -68,7 +58,8 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
     try:
         import torch
 
-        from kronos_tune.autobatch import format_bytes, render
+        from kronos_core.units import format_bytes
+        from kronos_tune.autobatch import render
         from kronos_tune.autobatch.train_task import TrainTask
         from kronos_tune.workloads import train_config_from_preset
 
@@ -133,18 +124,23 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
             run.mark("cancelled", step=0)
             post(JobFinished(job, "cancelled", "cancelled before the first step"))
             return
-        with Trainer(config, resume=folder if resume else None) as trainer:
+        from kronos_tune.run_logs import stage_log, tensorboard_available
+
+        with Trainer(config, resume=folder if resume else None) as trainer, \
+                stage_log(folder, tensorboard_available()) as log:  # metrics.jsonl (+ TensorBoard), as `train`
             target = trainer.total_steps
             post(JobNote(f"{trainer.total_steps} optimizer steps = {config.epochs} epoch(s) x "
                          f"{trainer.steps_per_epoch}, effective batch {trainer.global_batch_size}; from step "
                          f"{trainer.step}"))
 
             def on_step(record: StepRecord) -> None:
+                log.step(record.to_dict())
                 post(TrainingStep(record, target))
                 if cancel.is_set():
                     trainer.request_stop()
 
             trainer.callback = on_step
+            trainer.eval_callback = lambda record: log.eval(record.to_dict())
             summary = trainer.fit()
     except Exception as error:
         if run is not None:
