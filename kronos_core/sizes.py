@@ -55,10 +55,6 @@ SIZES: dict[str, SizeSpec] = {
 LARGE_PUBLISHED_PARAMS = 499_200_000
 
 
-def size_names(include_test: bool = False) -> list[str]:
-    return [name for name in SIZES if include_test or name != "tiny"]
-
-
 def size_spec(name: str) -> SizeSpec:
     if name not in SIZES:
         raise KronosError(f"unknown model size '{name}'; choose one of {', '.join(SIZES)}")
@@ -82,6 +78,3 @@ def build_tokenizer(name: str, seed: int | None = 0) -> KronosTokenizer:
         torch.manual_seed(seed)
     return KronosTokenizer(**TOKENIZERS[key])
 
-
-def count_parameters(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -161,10 +161,6 @@ class Preset:
         """Samples per optimizer step over all devices."""
         return self.workload.batch_size * self.workload.accumulation_steps * self.hardware.device_count
 
-    @property
-    def optimizer_steps_per_epoch(self) -> int:
-        return self.workload.samples_per_epoch // self.global_batch_size
-
 
 class _Table:
     """One TOML table under validation; every error names the file and the dotted key."""

@@ -12,7 +12,7 @@ from kronos_core.pretrained import CONFIG_NAME, WEIGHTS_NAME
 from kronos_core.errors import KronosError
 from kronos_core.model import Kronos
 from kronos_core.safetensors_io import load_safetensors, save_safetensors
-from kronos_core.sizes import LARGE_PUBLISHED_PARAMS, SIZES, TOKENIZERS, build_model, build_tokenizer, count_parameters
+from kronos_core.sizes import LARGE_PUBLISHED_PARAMS, SIZES, TOKENIZERS, build_model, build_tokenizer
 from kronos_core.tokenizer import KronosTokenizer
 
 
@@ -20,6 +20,10 @@ def _stamps(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     highs = (60, 24, 7, 32, 13)
     return torch.stack([torch.randint(0, h, (batch, length), generator=g) for h in highs], dim=-1).float()
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 @pytest.mark.parametrize("size", ["mini", "small", "base"])

@@ -109,8 +109,3 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load a whole-model state (every rank passes the same one) into the sharded model."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))

@@ -244,17 +244,6 @@ class StorageTracker(TorchDispatchMode):
         self._window_peak_bytes = self._current_bytes
         self._outer_peaks = [self._current_bytes for _ in self._outer_peaks]
 
-    def forget_all(self) -> None:
-        """Stop counting every storage registered so far (current becomes 0)."""
-        for ref in list(self._live.values()):
-            self._live.pop(ref.key, None)
-        self._current_bytes = 0
-        self.reset()
-
-    @property
-    def is_tracking(self) -> bool:
-        return self._mode_depth > 0
-
     def __enter__(self) -> StorageTracker:
         super().__enter__()
         self._mode_depth += 1

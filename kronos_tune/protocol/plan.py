@@ -232,11 +232,6 @@ def plan_trials(preset: Preset | str, task: str = "train",
     return plan_train(preset, options, device)
 
 
-def evaluation_step(specs: list[TrialSpec]) -> int:
-    """The optimizer step every training trial is evaluated at."""
-    return max((s.eval_step or 0 for s in specs), default=0)
-
-
 def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: TrialSpec,
             members: list[str]) -> TrialSpec:
     """The combined trial from the singles the decision rule chose (decision.decide(...).combination)."""
