@@ -187,7 +187,7 @@ def comparable(config: TrainConfig) -> dict[str, Any]:
 
 def checkpoint_step(folder: Path) -> int:
     """The optimizer step of the run's last checkpoint (0 when it has none)."""
-    from kronos_core.train.checkpointing import checkpoint_path, load_checkpoint
+    from kronos_core.train.train_state import checkpoint_path, load_checkpoint
 
     if not checkpoint_path(folder).is_file():
         return 0
@@ -205,7 +205,7 @@ def run_step(folder: Path) -> int:
 
 def check_resume_folder(folder: Path) -> None:
     """A one-line error naming what is wrong with a --resume folder (before anything is built)."""
-    from kronos_core.train.checkpointing import CHECKPOINT_DIR, LAST_NAME, checkpoint_path
+    from kronos_core.train.train_state import CHECKPOINT_DIR, LAST_NAME, checkpoint_path
 
     if not folder.exists():
         raise KronosTuneError(f"--resume {folder}: no such folder; give the output folder a training run printed "
@@ -281,7 +281,7 @@ def find_resumable(root: Path | str, label: str, config: TrainConfig, processes:
         except Exception:  # noqa: BLE001 - an unreadable config is simply not a match
             continue
         if comparable(theirs) == wanted:
-            from kronos_core.train.checkpointing import checkpoint_path
+            from kronos_core.train.train_state import checkpoint_path
 
             if checkpoint_path(folder).is_file():
                 return folder

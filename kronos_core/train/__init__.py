@@ -6,7 +6,7 @@
 Multi-process: ``torchrun --nproc-per-node N -m kronos_core.train --config run.toml``.
 """
 
-from kronos_core.train.checkpointing import checkpoint_path, load_checkpoint
+from kronos_core.train.train_state import checkpoint_path, load_checkpoint
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.records import PHASES, EvalRecord, PhaseMeter, StepRecord, TrainSummary
 from kronos_core.train.trainer import Trainer

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from kronos_core.errors import KronosError, one_line
-from kronos_core.train.checkpointing import save_atomic
+from kronos_core.train.train_state import save_atomic
 from kronos_core.train.distributed import DistContext
 
 SHARDED_KEY = "sharded_dir"

@@ -37,7 +37,7 @@ from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.train.builders import (
     autocast_context, build_models, build_optimizer, build_scheduler, check_amp_support,
 )
-from kronos_core.train.checkpointing import (
+from kronos_core.train.train_state import (
     CHECKPOINT_FORMAT, capture_rng, checkpoint_path, load_checkpoint, restore_rng, save_atomic,
 )
 from kronos_core.train.config import TrainConfig

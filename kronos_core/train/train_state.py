@@ -1,4 +1,5 @@
-"""Resumable training checkpoints: atomic writes, `weights_only=True` loads, RNG states as tensors.
+"""Resumable training state (checkpoints/last.pt: weights, optimizer, schedule, RNG): atomic writes,
+`weights_only=True` loads, RNG states as tensors.
 
 A checkpoint file holds only tensors, numbers, strings, lists and dicts, so it
 loads with ``torch.load(..., weights_only=True)`` (nothing is unpickled beyond
