@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.files import atomic_path
 
 # Bytes per element of the header's dtype names: only used to say which tensor the library rejected.
@@ -118,8 +118,8 @@ def load_safetensors(path: str | Path, device: str | torch.device = "cpu", dtype
             except SafetensorError as error:
                 raise KronosError(f"{path}: cannot read tensor '{name}' ({error}); {_REDO}") from None
             except RuntimeError as error:  # the device: no CUDA, out of memory
-                first = str(error).strip().splitlines()[0]
-                raise KronosError(f"cannot load tensor '{name}' of {path} onto {device}: {first}") from None
+                raise KronosError(f"cannot load tensor '{name}' of {path} onto {device}: "
+                                  f"{one_line(error, typed=False)}") from None
             target = _target_dtype(name, tensor, dtype)
             tensors[name] = tensor if tensor.dtype == target else tensor.to(target)
     return tensors
@@ -136,7 +136,7 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
     except OSError as error:
         raise KronosError(f"cannot write {path}: {error.strerror or error}; check free space and permissions") from None
     except (SafetensorError, ValueError, RuntimeError) as error:  # a failed write, shared or sparse tensors
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        first = one_line(error, typed=False)
         if "I/O error" in first:
             raise KronosError(f"cannot write {path} ({first}); check free space and permissions") from None
         raise KronosError(f"cannot save tensors to {path}: {first}") from None
