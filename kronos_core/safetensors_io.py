@@ -85,7 +85,8 @@ def _opened(path: Path, device: str | torch.device) -> Iterator:
     except SafetensorError as error:
         message = str(error)
         if "device" in message and "invalid" in message:
-            raise KronosError(f"cannot load {path} onto device '{device}': {message}; use cpu, cuda or cuda:N") from None
+            raise KronosError(f"cannot load {path} onto device '{device}': {message}; "
+                              f"use cpu, cuda or cuda:N") from None
         raise KronosError(_what_is_wrong(path, message)) from None
     with handle:
         yield handle
