@@ -209,6 +209,18 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
     stop_sent_at: float | None = None
     exited_at: float | None = None
     scanned_at = -math.inf
+    killed = False
+
+    def remember_tree() -> None:
+        seen = {p.pid for p in tree}
+        tree.extend(p for p in process_tree(process.pid) if p.pid not in seen)
+
+    def kill_all() -> None:
+        nonlocal killed
+        if process.poll() is None:
+            remember_tree()
+        kill_tree(process.pid, tree)
+        killed = True
     try:
         finished = False
         while not finished:
@@ -230,27 +242,26 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
                         on_line(line)
             if process.poll() is None and time.monotonic() - scanned_at > TREE_SCAN_S:
                 scanned_at = time.monotonic()
-                seen = {p.pid for p in tree}
-                tree += [p for p in process_tree(process.pid) if p.pid not in seen]
+                remember_tree()
             if timeout_s is not None and not result.timed_out and process.poll() is None and \
                     time.monotonic() - started > timeout_s:
                 result.timed_out = True
                 if before_kill is not None:
                     before_kill(process.pid)
-                kill_tree(process.pid, tree + [p for p in process_tree(process.pid) if p not in tree])
+                kill_all()
             wants_stop = bool(requested) or (stop_file is not None and stop_file.exists()) or \
                 (should_stop is not None and should_stop())
             if wants_stop and stop_sent_at is None and process.poll() is None and not result.timed_out:
                 result.stopped = True
                 stop_sent_at = time.monotonic()
                 _signal_group(process, signal.SIGTERM)
-            if stop_sent_at is not None and time.monotonic() - stop_sent_at > grace_s:
-                _signal_group(process, signal.SIGKILL)
+            if stop_sent_at is not None and time.monotonic() - stop_sent_at > grace_s and not killed:
+                kill_all()
             if process.poll() is not None and not finished:
                 # torchrun is gone but something still holds the pipe open: a stray worker.
                 exited_at = exited_at or time.monotonic()
-                if time.monotonic() - exited_at > grace_s:
-                    _signal_group(process, signal.SIGKILL)
+                if time.monotonic() - exited_at > grace_s and not killed:
+                    kill_all()
         result.returncode = process.wait()
     finally:
         for sig, previous in handlers.items():

@@ -92,6 +92,22 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     assert isinstance(events.events[-1], ProtocolFinished)
 
 
+def test_each_trial_leaves_its_curve_in_jsonl(full_run) -> None:
+    report, out, events = full_run
+    for trial in report.trials:
+        if trial.status != "ok":
+            continue
+        lines = [json.loads(line) for line in (out / "curves" / f"{trial.name}.jsonl").read_text().splitlines()]
+        train = [line for line in lines if line["kind"] == "train"]
+        steps = [e.record.step for e in events.events if isinstance(e, TrialStep) and e.trial_name == trial.name]
+        assert [line["step"] for line in train] == steps and len(train) == len(trial.train_losses), trial.name
+        assert [line["loss"] for line in train] == pytest.approx(trial.train_losses)
+        assert all(line["step_time_s"] > 0 for line in train)
+        assert [(line["step"], line["val_loss"]) for line in lines if line["kind"] == "eval"] == \
+            [(trial.val_loss_step, pytest.approx(trial.val_loss))]
+    assert not (out / "tensorboard").exists()  # TensorBoard curves only with --tensorboard
+
+
 def test_every_trial_sees_the_same_tokens_steps_and_is_compared_to_the_baseline(full_run) -> None:
     report, _, events = full_run
     ran = [t for t in report.trials if t.status == "ok"]
