@@ -145,6 +145,8 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert "step 4/4" in app.query_one(RunPanel).render().plain
         (trained,) = _folders(out / "train")
         assert (trained / "checkpoints" / "last.pt").is_file() and "training done: 4/4 steps, done" in log_text(app)
+        metrics = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+        assert [line["step"] for line in metrics if line["kind"] == "train"] == [1, 2, 3, 4]  # as `train` writes
 
         # t again: a new folder; cancelled after its first step; the next t continues that run in place
         await _key(pilot, "t")
