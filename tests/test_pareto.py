@@ -77,10 +77,11 @@ def test_different_batches_compare_time_per_sample() -> None:
 def test_a_failed_trial_without_memory_is_listed_not_drawn() -> None:
     trials = [TrialResult("baseline", "baseline", "ok", step_time_s=Spread.of([0.1, 0.1]), peak_memory_bytes=MIB),
               TrialResult("bigger-batch", "single", "timeout", reason="watchdog"),
-              TrialResult("fp16", "single", "skipped", reason="CUDA only")]
+              TrialResult("fp16", "single", "skipped", reason="CUDA only"),
+              TrialResult("ddp", "single", "skipped", reason="CUDA only")]
     scatter = scatter_of(trials, "train")
     assert names(scatter.points) == ["baseline"] and names(scatter.front) == ["baseline"]
-    assert scatter.caption() == "not drawn: bigger-batch (timeout); fp16 (skipped)"
+    assert scatter.caption() == "not drawn: bigger-batch (timeout); skipped: fp16, ddp"
 
 
 def test_report_writes_the_picture_and_embeds_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

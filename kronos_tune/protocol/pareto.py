@@ -43,10 +43,16 @@ class Scatter:
         return next((p for p in self.points if p.name == name), None)
 
     def caption(self) -> str:
-        """One line on what is not drawn (failed, OOM, timed out, skipped trials), or ''."""
+        """One line on what is not drawn (failed, OOM, timed out, skipped trials; several of one kind
+        together), or ''."""
         if not self.left_out:
             return ""
-        return "not drawn: " + "; ".join(f"{name} ({why})" for name, why in self.left_out)
+        groups: dict[str, list[str]] = {}
+        for name, why in self.left_out:
+            groups.setdefault(why, []).append(name)
+        parts = [f"{names[0]} ({why})" if len(names) == 1 else f"{why}: {', '.join(names)}"
+                 for why, names in groups.items()]
+        return "not drawn: " + "; ".join(parts)
 
 
 def pareto_front(points: Iterable[Point]) -> list[Point]:

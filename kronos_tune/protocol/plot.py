@@ -86,6 +86,8 @@ def draw(figure: object, scatter: Scatter, title: str) -> None:
         xs, ys = front_staircase(scatter.front)
         axes.plot([x / mem_div for x in xs], [y * t_mul for y in ys], color="tab:orange", linewidth=1.5,
                   zorder=2, label="Pareto front: no other trial is both faster and smaller")
+        axes.scatter(*xy(scatter.front), s=110, facecolors="none", edgecolors="tab:orange", linewidths=1.4,
+                     zorder=2)  # rings: a front of one point has no line to show
     chosen = scatter.point(scatter.recommended) if scatter.recommended else None
     if chosen is not None:
         axes.scatter(*xy([chosen]), s=260, marker="*", facecolors="none", edgecolors="tab:green",
