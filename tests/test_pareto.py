@@ -126,3 +126,13 @@ def test_the_budget_is_drawn_only_when_it_does_not_crowd_the_points() -> None:
     assert budget_in_view(scatter_of(points, "train", budget_bytes=4 * GIB))
     assert not budget_in_view(scatter_of(points, "train", budget_bytes=140 * GIB))  # an H200 for a small model
     assert not budget_in_view(scatter_of(points, "train", budget_bytes=0))  # no budget known
+
+
+def test_prediction_trials_compare_time_per_series() -> None:
+    trials = [TrialResult("recompute", "baseline", "ok", task="predict", series_per_s=Spread.of([4.0]),
+                          peak_memory_bytes=300 * MIB),
+              TrialResult("kv-cache", "single", "ok", task="predict", series_per_s=Spread.of([10.0]),
+                          peak_memory_bytes=320 * MIB)]
+    scatter = scatter_of(trials, "predict")
+    assert scatter.unit == "series" and [p.seconds for p in scatter.points] == [0.25, 0.1]
+    assert names(scatter.front) == ["recompute", "kv-cache"]  # smaller, or faster
