@@ -54,6 +54,13 @@ def tree_rss_bytes(pid: int | None = None) -> int:
 def peak_rss_bytes() -> int:
     """The highest resident set this process has had so far (never below the current one: Linux counts
     resident pages in per-CPU batches, so its high-water mark can trail the current reading by a few pages)."""
+    try:  # Linux: the mm's own high-water mark; getrusage's would carry a forking parent's peak into the child
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return max(int(line.split()[1]) * 1024, rss_bytes())
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:  # Windows
