@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 from kronos_core.launch import EVENT_PREFIX, LaunchSpec, launch_command, run_launch
-
-
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
+from machine import process_gone
 
 
 def test_past_the_deadline_the_hook_runs_then_every_process_dies_even_one_in_its_own_session(tmp_path: Path):
@@ -47,7 +34,7 @@ def test_past_the_deadline_the_hook_runs_then_every_process_dies_even_one_in_its
     assert result.timed_out and not result.stopped and not result.ok
     assert len(hooked) == 1 and result.events == [{"event": "step", "step": 1}]
     assert lines == ["rank None"] and (tmp_path / "err.txt").read_text() == "to stderr\n"
-    assert _gone(int(pid_file.read_text()))
+    assert process_gone(int(pid_file.read_text()))
 
 
 def test_one_process_needs_no_torchrun():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from kronos_core.synthetic import synthetic_series
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict_shards import run_sharded
+from machine import process_gone
 
 
 def test_blocks_cover_every_series_once():
@@ -61,21 +61,7 @@ def test_launcher_streams_events_and_a_stop_file_stops_the_whole_group(tmp_path:
                         grace_s=5)
     assert result.stopped and not result.ok and result.returncode != 0
     assert events == [{"event": "ready"}] and "plain line" in lines
-    assert _gone(int(pid_file.read_text()))  # the grandchild is gone too
-
-
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    """Dead within `within_s` (a zombie waiting for its reaper counts as dead: signals are asynchronous)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
+    assert process_gone(int(pid_file.read_text()))  # the grandchild is gone too
 
 
 def _predict(capsys, out: Path, *extra: object) -> None:
