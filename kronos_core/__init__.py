@@ -1,6 +1,7 @@
 """Kronos model family: tokenizer, predictor, data, training and fast prediction.
 
-Depends on torch, numpy and pandas only; never imports kronos_tune. The public
+Depends on torch, numpy, pandas, psutil, safetensors and tomli-w; never imports
+kronos_tune or a UI library. The public
 classes are imported lazily so `import kronos_core` (and the CLI) stays fast.
 """
 
