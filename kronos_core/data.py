@@ -348,6 +348,26 @@ def _read_table(path: Path) -> pd.DataFrame:
     raise KronosError(f"{path}: unsupported file type '{path.suffix}'; use .csv or .parquet")
 
 
+def lower_columns(frame: pd.DataFrame, source: object) -> list[str]:
+    """Strip and lower-case the frame's column names in place and return them; two names that differ only in
+    case or spaces are an error naming ``source``."""
+    names = [str(c).strip().lower() for c in frame.columns]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise KronosError(f"{source}: columns {dupes} appear more than once (names ignore case); keep one of each")
+    frame.columns = names
+    return names
+
+
+def time_column(names: Sequence[str], source: object) -> str:
+    """The first accepted spelling of the time column among ``names``."""
+    found = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
+    if found is None:
+        raise KronosError(f"{source}: no time column (found: {', '.join(names) or 'none'}); "
+                          f"name it one of {', '.join(TIME_COLUMN_ALIASES)}")
+    return found
+
+
 def read_kline(path: str | Path) -> pd.DataFrame:
     """Read one K-line file (.csv or .parquet) into a validated frame.
 
@@ -374,20 +394,8 @@ def read_kline(path: str | Path) -> pd.DataFrame:
         raw.index, pd.DatetimeIndex
     ):
         raw = raw.reset_index(names=TIME_COLUMN)
-    names = [str(c).strip().lower() for c in raw.columns]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise KronosError(
-            f"{path}: columns {dupes} appear more than once (names ignore case); keep one of each"
-        )
-    raw.columns = names
-
-    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
-    if time_col is None:
-        raise KronosError(
-            f"{path}: no time column (found: {', '.join(names) or 'none'}); "
-            f"name it one of {', '.join(TIME_COLUMN_ALIASES)}"
-        )
+    names = lower_columns(raw, path)
+    time_col = time_column(names, path)
     keep = [time_col] + [c for c in FEATURE_COLUMNS if c in names]
     df = raw[keep].rename(columns={time_col: TIME_COLUMN})
     if time_col == "date" and "time" in names:

@@ -26,10 +26,11 @@ from kronos_core.data import (
     NAT_NS,
     PRICE_COLUMNS,
     TIME_COLUMN,
-    TIME_COLUMN_ALIASES,
     _parse_timestamps,
     _read_table,
     calendar_features_ns,
+    lower_columns,
+    time_column,
     wall_clock_ns,
 )
 from kronos_core.errors import KronosError
@@ -215,16 +216,12 @@ def read_panel(path: str | Path, symbol_col: str = "symbol") -> pd.DataFrame:
     if not path.is_file():
         raise KronosError(f"{path}: file not found; check the path")
     raw = _read_table(path)
-    raw.columns = [str(c).strip().lower() for c in raw.columns]
-    names = list(raw.columns)
+    names = lower_columns(raw, path)
     key = symbol_col.strip().lower()
     if key not in names:
         raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {', '.join(names) or 'none'}); "
                           f"pass the column that names each series with --symbol-column")
-    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
-    if time_col is None:
-        raise KronosError(f"{path}: no time column (found: {', '.join(names)}); "
-                          f"name it one of {', '.join(TIME_COLUMN_ALIASES)}")
+    time_col = time_column(names, path)
     for column in PRICE_COLUMNS:
         if column not in names:
             raise KronosError(f"{path}: missing price column '{column}' (found: {', '.join(names)}); add or rename it")

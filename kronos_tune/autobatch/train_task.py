@@ -18,16 +18,14 @@ that its peak matches the Trainer's.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
-from kronos_core.errors import KronosError
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.builders import autocast_context, build_models, build_optimizer
 from kronos_core.train.fsdp import apply_fsdp
@@ -35,29 +33,10 @@ from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
+from kronos_tune.memory.meters import MeterSwitch
 
 MIN_VAL_WINDOWS_PER_SERIES = 64
 OPTIMIZER_EMULATION = {"auto": "fused", "fused": "fused", "foreach": "foreach", "for-loop": "as_built"}
-
-
-class MeterSlot:
-    """A PhaseMeter for the Trainer that forwards to whichever meter the current probe passes in."""
-
-    def __init__(self) -> None:
-        self.target: Any = None
-
-    def phase(self, name: str) -> ContextManager[None]:
-        return self.target.phase(name) if self.target is not None else contextlib.nullcontext()
-
-    def peaks(self) -> dict[str, int]:
-        return dict(self.target.peaks()) if self.target is not None else {}
-
-    def peak_bytes(self) -> int:
-        return int(self.target.peak_bytes()) if self.target is not None else 0
-
-    def reset(self) -> None:
-        if self.target is not None:
-            self.target.reset()
 
 
 class TrainTask:
@@ -124,17 +103,17 @@ class TrainTask:
         if self.config.parallelism == "fsdp":
             raise KronosTuneError("a parallelism = \"fsdp\" config shards over several processes, which one "
                                   "probe process cannot run: use the estimate (fake tensors, rank 0 of N simulated)")
-        slot = MeterSlot()
+        slot = MeterSwitch(None, always=True)
         trainer = Trainer(self.probe_config(batch_size), meter=slot)
         self._current = (batch_size, (trainer, slot))
 
         def run(meter: Any = None) -> None:
-            slot.target = meter
+            slot.meter = meter
             trainer.train_step()
 
         def close() -> None:
             trainer.close()
-            slot.target = None
+            slot.meter = None
             self._current = None
 
         return ProbeStep(run, trainer.model, trainer.optimizer, on_close=close)
@@ -143,7 +122,7 @@ class TrainTask:
         trainer, slot = self._open(batch_size)
 
         def evaluate(meter: Any = None) -> None:
-            slot.target = meter
+            slot.meter = meter
             trainer.eval_batch()
 
         return evaluate
@@ -167,7 +146,7 @@ class TrainTask:
         steps: PredictorSteps | TokenizerSteps
         steps = PredictorSteps(tokenizer, config.teacher_forcing) if tokenizer is not None else TokenizerSteps()
         optimizer = build_optimizer(model, config, cpu)
-        slot = MeterSlot()
+        slot = MeterSwitch(None, always=True)
         length = config.window_length
         clip = config.effective_grad_clip
 
@@ -175,7 +154,7 @@ class TrainTask:
             return steps.prepare(torch.randn(batch_size, length, 6), torch.zeros(batch_size, length, 5))
 
         def run(meter: Any = None) -> None:
-            slot.target = meter
+            slot.meter = meter
             model.train()
             with slot.phase("data"):
                 micro = batch()
@@ -191,7 +170,7 @@ class TrainTask:
             del loss_sum
 
         def evaluate(meter: Any = None) -> None:
-            slot.target = meter
+            slot.meter = meter
             model.eval()
             try:
                 with slot.phase("eval"):
@@ -202,7 +181,7 @@ class TrainTask:
                 model.train()
 
         def close() -> None:
-            slot.target = None
+            slot.meter = None
             self._current = None
 
         self._current = (batch_size, evaluate)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import (FEATURE_COLUMNS, TIME_COLUMN, TIME_COLUMN_ALIASES, fill_volume_amount,
-                              find_data_files, read_kline, validate_kline)
+from kronos_core.data import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
+                              read_kline, time_column, validate_kline)
 from kronos_core.errors import KronosError
 from kronos_core.synthetic import SYMBOL_COLUMN, synthetic_universe
 from kronos_tune.errors import KronosTuneError
@@ -68,16 +68,12 @@ def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
                         on_note: NoteCallback | None = None) -> Universe:
     """Split a long panel (symbol column, time column, features) into one series per symbol."""
     panel = panel.copy()
-    panel.columns = [str(c).strip().lower() for c in panel.columns]
-    names = list(panel.columns)
+    names = lower_columns(panel, source)
     symbol_col = next((a for a in SYMBOL_ALIASES if a in names), None)
     if symbol_col is None:
         raise KronosTuneError(f"{source}: no symbol column (found: {', '.join(names)}); name it one of "
                               f"{', '.join(SYMBOL_ALIASES)}, or give a folder with one file per symbol")
-    time_col = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
-    if time_col is None:
-        raise KronosTuneError(f"{source}: no time column (found: {', '.join(names)}); name it one of "
-                              f"{', '.join(TIME_COLUMN_ALIASES)}")
+    time_col = time_column(names, source)
     if panel[symbol_col].isna().any():
         row = int(np.argmax(panel[symbol_col].isna().to_numpy()))
         raise KronosTuneError(f"{source}: empty {symbol_col} at row {row}; fill or drop that row")

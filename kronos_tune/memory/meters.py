@@ -14,28 +14,59 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ContextManager, Protocol, runtime_checkable
+from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
 
 from kronos_core.train.live_bytes import StorageTracker
+from kronos_core.train.records import PhaseMeter as TrainerMeter
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
 
 
 @runtime_checkable
-class PhaseMeter(Protocol):
-    """Interface the training loop relies on."""
-
-    def phase(self, name: str) -> ContextManager[None]: ...
-
-    def peaks(self) -> dict[str, int]: ...
-
-    def peak_bytes(self) -> int: ...
-
-    def reset(self) -> None: ...
+class PhaseMeter(TrainerMeter, Protocol):
+    """kronos_core's trainer interface, plus the live bytes now."""
 
     def current_bytes(self) -> int: ...
+
+
+class MeterSwitch:
+    """A PhaseMeter for the Trainer that forwards to `meter` while `enabled` (always, with ``always``).
+
+    The benchmark protocol switches it on for the metered step only; autobatch keeps it on and swaps `meter`
+    for each probe, so one Trainer serves every probe."""
+
+    def __init__(self, meter: Any | None, always: bool = False) -> None:
+        self.meter = meter
+        self.always = always
+        self.enabled = always
+
+    def phase(self, name: str) -> ContextManager[None]:
+        if self.enabled and self.meter is not None:
+            return self.meter.phase(name)
+        return contextlib.nullcontext()
+
+    def peaks(self) -> dict[str, int]:
+        return dict(self.meter.peaks()) if self.meter is not None else {}
+
+    def peak_bytes(self) -> int:
+        return int(self.meter.peak_bytes()) if self.meter is not None else 0
+
+    def reset(self) -> None:
+        if self.meter is not None:
+            self.meter.reset()
+
+    def start(self, trainer: Any) -> None:
+        """Count what exists (weights, optimizer state, tokenizer) and meter from now on."""
+        if self.meter is None:
+            return
+        if hasattr(self.meter, "track_existing"):
+            self.meter.track_existing(trainer.model, trainer.tokenizer, trainer.optimizer)
+        self.enabled = True
+
+    def stop(self) -> None:
+        self.enabled = self.always
 
 
 class CpuExactMeter(StorageTracker):

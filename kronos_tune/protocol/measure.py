@@ -15,55 +15,20 @@ synchronized at the phase boundaries).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
 from kronos_core.errors import one_line
 from kronos_core.train import StepRecord, TrainConfig, Trainer
 from kronos_tune.flops import train_flops_per_token
+from kronos_tune.memory.meters import MeterSwitch
 from kronos_tune.protocol.stats import relative_halfwidth
 
 StepCallback = Callable[[StepRecord], None]
-
-
-class MeterSwitch:
-    """A PhaseMeter for the Trainer that forwards to `meter` only while `enabled`."""
-
-    def __init__(self, meter: Any | None, always: bool = False) -> None:
-        self.meter = meter
-        self.always = always
-        self.enabled = always
-
-    def phase(self, name: str) -> ContextManager[None]:
-        if self.enabled and self.meter is not None:
-            return self.meter.phase(name)
-        return contextlib.nullcontext()
-
-    def peaks(self) -> dict[str, int]:
-        return dict(self.meter.peaks()) if self.meter is not None else {}
-
-    def peak_bytes(self) -> int:
-        return int(self.meter.peak_bytes()) if self.meter is not None else 0
-
-    def reset(self) -> None:
-        if self.meter is not None:
-            self.meter.reset()
-
-    def start(self, trainer: Trainer) -> None:
-        """Count what exists (weights, optimizer state, tokenizer) and meter from now on."""
-        if self.meter is None:
-            return
-        if hasattr(self.meter, "track_existing"):
-            self.meter.track_existing(trainer.model, trainer.tokenizer, trainer.optimizer)
-        self.enabled = True
-
-    def stop(self) -> None:
-        self.enabled = self.always
 
 
 @dataclass(frozen=True)
