@@ -20,7 +20,6 @@ import pandas as pd
 import torch
 
 from kronos_core.data import FEATURE_COLUMNS
-from kronos_core.errors import KronosError
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.launch import LaunchSpec
 from kronos_core.model import Kronos
@@ -40,6 +39,7 @@ from kronos_tune.predict_output import (
     predictions_json,
     write_table,
 )
+from kronos_tune.job_inputs import JobInputs, check_job_inputs
 from kronos_tune.predict_shards import check_shards, run_sharded
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -49,16 +49,9 @@ RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing o
 
 
 @dataclass(frozen=True)
-class PredictConfig:
+class PredictConfig(JobInputs):
     """Everything `kronos-tune predict` was asked to do; see the command's --help for each field."""
 
-    lookback: int
-    pred_len: int
-    size: str | None = None
-    checkpoint: Path | None = None
-    tokenizer: Path | None = None
-    data: tuple[Path, ...] = ()
-    synthetic: int | None = None
     sample_count: int = 1
     temperature: float = 1.0
     top_k: int = 0
@@ -153,24 +146,11 @@ class PredictResult:
 
 def check_config(config: PredictConfig) -> None:
     """Every flag that can be judged without reading data or weights."""
-    if (config.size is None) == (config.checkpoint is None):
-        raise KronosTuneError("give exactly one of --checkpoint DIR (with --tokenizer DIR) or --size NAME")
-    if config.checkpoint is not None and config.tokenizer is None:
-        raise KronosTuneError(f"--checkpoint {config.checkpoint} needs --tokenizer DIR too: the tokenizer is a "
-                              "separate checkpoint folder")
-    if config.size is not None:
-        try:
-            size_spec(config.size)
-        except KronosError as error:
-            raise KronosTuneError(f"--size: {error}") from None
-    if config.data and config.synthetic is not None:
-        raise KronosTuneError("give either --data or --synthetic N, not both")
+    check_job_inputs(config)
     if config.synthetic is not None and config.synthetic < 1:
         raise KronosTuneError(f"--synthetic {config.synthetic}: ask for at least 1 series")
-    for flag, value in (("--lookback", config.lookback), ("--pred-len", config.pred_len),
-                        ("--sample-count", config.sample_count)):
-        if value < 1:
-            raise KronosTuneError(f"{flag} {value}: must be at least 1")
+    if config.sample_count < 1:
+        raise KronosTuneError(f"--sample-count {config.sample_count}: must be at least 1")
     if config.max_batch_size is not None and config.max_batch_size < 1:
         raise KronosTuneError(f"--max-batch-size {config.max_batch_size}: must be at least 1")
     if config.max_context is not None and config.max_context < 1:

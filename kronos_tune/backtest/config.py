@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kronos_core.errors import KronosError
 from kronos_core.generation import WINDOW_MODES
 from kronos_core.sizes import size_spec
 from kronos_tune.calendars import exchange_calendar
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.job_inputs import JobInputs, check_job_inputs
 
 DEVICES = ("auto", "cpu", "cuda")
 AMP_CHOICES = ("none", "bf16", "fp16")
@@ -107,16 +107,9 @@ def check_setting(setting: PredictionSetting, device: str, flag: str) -> None:
 
 
 @dataclass(frozen=True)
-class BacktestConfig:
+class BacktestConfig(JobInputs):
     """Everything `kronos-tune backtest` was asked to do; see the command's --help for each field."""
 
-    lookback: int
-    pred_len: int
-    size: str | None = None
-    checkpoint: Path | None = None
-    tokenizer: Path | None = None
-    data: tuple[Path, ...] = ()
-    synthetic: int | None = None
     origins: int | None = None
     every: int | str | None = None  # bars, "day", or None = pred_len
     top_k: int = 10
@@ -160,24 +153,13 @@ class BacktestConfig:
 
 def check_config(config: BacktestConfig, device: str) -> None:
     """Every flag that can be judged without reading data or weights (`device` already resolved)."""
-    if (config.size is None) == (config.checkpoint is None):
-        raise KronosTuneError("give exactly one of --checkpoint DIR (with --tokenizer DIR) or --size NAME")
-    if config.checkpoint is not None and config.tokenizer is None:
-        raise KronosTuneError(f"--checkpoint {config.checkpoint} needs --tokenizer DIR too")
-    if config.size is not None:
-        try:
-            size_spec(config.size)
-        except KronosError as error:
-            raise KronosTuneError(f"--size: {error}") from None
-    if config.data and config.synthetic is not None:
-        raise KronosTuneError("give either --data or --synthetic N, not both")
+    check_job_inputs(config)
     if not config.data and config.synthetic is None:
         raise KronosTuneError("no universe: give --data (a folder of per-symbol files or one panel file with a "
                               "symbol column) or --synthetic N")
     if config.synthetic is not None and config.synthetic < 2:
         raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
-    for flag, value in (("--lookback", config.lookback), ("--pred-len", config.pred_len),
-                        ("--batch-size", config.batch_size), ("--top-k", config.top_k)):
+    for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k)):
         if value < 1:
             raise KronosTuneError(f"{flag} {value}: must be at least 1")
     if config.origins is not None and config.origins < 1:
