@@ -13,6 +13,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, LiveProgress,
+                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
+                                         WindowModeOption)
+
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
     from kronos_tune.backtest.scoring import BacktestResult
@@ -66,7 +70,7 @@ def agreement_line(result: BacktestResult) -> str | None:
             f"cumulative return diff {_pct(b.curve.cumulative_return - a.curve.cumulative_return)}")
 
 
-class ProgressView:
+class ProgressView(LiveProgress):
     """A Rich bar over symbol-origins with symbols/s; one task per prediction setting."""
 
     def __init__(self, console: Console):
@@ -80,13 +84,6 @@ class ProgressView:
                                  TimeRemainingColumn(), console=console, transient=False)
         self.tasks: dict[str, int] = {}
 
-    def __enter__(self) -> ProgressView:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
     def update(self, state: Progress) -> None:
         if state.setting not in self.tasks:
             self.tasks[state.setting] = self.progress.add_task(state.setting, total=state.total, origins="", rate="")
@@ -98,10 +95,8 @@ class ProgressView:
 def backtest_command(
     lookback: Annotated[int, typer.Option("--lookback", help="History bars each prediction sees.")],
     pred_len: Annotated[int, typer.Option("--pred-len", help="Bars predicted at each origin (the horizon).")],
-    checkpoint: Annotated[Optional[Path], typer.Option(
-        "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")] = None,
-    size: Annotated[Optional[str], typer.Option(
-        "--size", help="Random-init model of a named size (agreement/timing only), e.g. tiny, mini, small.")] = None,
+    checkpoint: CheckpointOption = None,
+    size: SizeOption = None,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Tokenizer folder.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A folder of per-symbol .csv/.parquet files, or one panel file with a symbol column.")] = None,
@@ -118,16 +113,15 @@ def backtest_command(
     long_only: Annotated[bool, typer.Option(
         "--long-only", help="Long the top-k only, against the equal-weight universe (default: long-short).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Series per predict call.")] = 256,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    amp: Annotated[str, typer.Option("--amp", help="none, bf16 or fp16 (CUDA only).")] = "none",
-    window_mode: Annotated[str, typer.Option(
-        "--window-mode", help="refill (exact) or shift (faster, approximate once the window slides).")] = "refill",
+    device: DeviceOption = "auto",
+    amp: AmpOption = "none",
+    window_mode: WindowModeOption = "refill",
     max_context: Annotated[Optional[int], typer.Option(
         "--max-context", help="Tokens the predictor sees; default the size's context (512 for checkpoints).")
     ] = None,
-    sample_count: Annotated[int, typer.Option("--sample-count", help="Sample paths averaged per series.")] = 1,
-    temperature: Annotated[float, typer.Option("--T", help="Sampling temperature.")] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.9,
+    sample_count: SampleCountOption = 1,
+    temperature: TemperatureOption = 1.0,
+    top_p: TopPOption = 0.9,
     sample_top_k: Annotated[int, typer.Option(
         "--sample-top-k", help="Top-k sampling of tokens (0 off, 1 greedy); --top-k is the portfolio's.")] = 0,
     compare: Annotated[Optional[str], typer.Option(
@@ -136,16 +130,13 @@ def backtest_command(
     periods_per_year: Annotated[Optional[float], typer.Option(
         "--periods-per-year", help="Rebalances per year for annualizing (default: 252 trading days x bars/day "
                                    "/ --every).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")] = 0,
+    seed: SeedOption = 0,
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Run folder (default runs/backtest/<model>-<data>-<time>/).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out; finished origins are kept.")
                       ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
-    calendar: Annotated[Optional[str], typer.Option(
-        "--calendar", help="Exchange calendar (e.g. XSHG, XNYS) for the future timestamps the model is given at "
-                           "each origin; needs the [calendars] extra. Default: each symbol's own next bars.")
-    ] = None,
+    calendar: CalendarOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print backtest.json.")] = False,
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""

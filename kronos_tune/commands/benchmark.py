@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kronos_tune.commands.common import LiveProgress
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.protocol import (
@@ -59,7 +60,7 @@ def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-class ProtocolProgress:
+class ProtocolProgress(LiveProgress):
     """Two Rich bars fed by the protocol's events: trials done, and the steps of the trial in flight."""
 
     def __init__(self, console: Console) -> None:
@@ -67,13 +68,6 @@ class ProtocolProgress:
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
         self.trials = self.progress.add_task("trials", total=None, info="")
         self.steps = self.progress.add_task("-", total=None, info="", visible=False)
-
-    def __enter__(self) -> ProtocolProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
 
     def on_event(self, event: Any) -> None:
         p = self.progress
@@ -176,7 +170,7 @@ def register(app: typer.Typer) -> None:
         budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", metavar="GIB", help="Per-device memory budget in GiB (default: the preset's).")] = None,
         preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", metavar="DIR", help="Extra folder of preset TOML files.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (progress goes to stderr).")] = False,
-        tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the [tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
+        tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the \\[tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
         helpful ones together; writes the reports and a recommended config into the run folder."""

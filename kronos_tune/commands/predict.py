@@ -15,6 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, SampleCountOption,
+                                         SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption)
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predictor import PredictProgress
@@ -97,37 +99,34 @@ class _PredictBar:
 def predict_command(
     lookback: Annotated[int, typer.Option("--lookback", help="History rows per series (the last N rows).")],
     pred_len: Annotated[int, typer.Option("--pred-len", help="Future steps to predict.")],
-    checkpoint: Annotated[Optional[Path], typer.Option(
-        "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")] = None,
-    size: Annotated[Optional[str], typer.Option(
-        "--size", help="Random-init model of a named size (timing only), e.g. tiny, mini, small, base.")] = None,
+    checkpoint: CheckpointOption = None,
+    size: SizeOption = None,
     tokenizer: Annotated[Optional[Path], typer.Option(
         "--tokenizer", help="Tokenizer folder; default with --size: that size's random tokenizer.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A .csv/.parquet file (one series each; repeatable) or a folder of them.")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="Predict N synthetic A-share series instead of files (default without --data: 4).")] = None,
-    sample_count: Annotated[int, typer.Option("--sample-count", help="Sample paths averaged per series.")] = 1,
-    temperature: Annotated[float, typer.Option("--T", help="Sampling temperature.")] = 1.0,
+    sample_count: SampleCountOption = 1,
+    temperature: TemperatureOption = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0 off, 1 greedy).")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.9,
+    top_p: TopPOption = 0.9,
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Write every prediction, long format, to FILE.csv or FILE.parquet.")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    amp: Annotated[str, typer.Option("--amp", help="none, bf16 or fp16 (CUDA only).")] = "none",
+    device: DeviceOption = "auto",
+    amp: AmpOption = "none",
     max_batch_size: Annotated[Optional[int], typer.Option(
         "--max-batch-size", help="Sequences (series x samples) at once; default from free memory.")] = None,
     max_context: Annotated[Optional[int], typer.Option(
         "--max-context", help="Tokens the predictor sees; default 512 (2048 with --size mini).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")] = 0,
+    seed: SeedOption = 0,
     holdout: Annotated[bool, typer.Option(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
     symbol_column: Annotated[Optional[str], typer.Option(
         "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
     skip_short: Annotated[bool, typer.Option(
         "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
-    window_mode: Annotated[str, typer.Option(
-        "--window-mode", help="After the window slides: refill (exact) or shift (approximate, faster).")] = "refill",
+    window_mode: WindowModeOption = "refill",
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Processes on this node (one per GPU); >1 shards the series with torchrun.")] = 1,
     nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
@@ -137,10 +136,7 @@ def predict_command(
     rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, same on all nodes.")] = None,
     rdzv_backend: Annotated[Optional[str], typer.Option(
         "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
-    calendar: Annotated[Optional[str], typer.Option(
-        "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. "
-                           "XSHG, XSHE, XHKG, XNYS; needs the [calendars] extra. Default: each series' own grid.")
-    ] = None,
+    calendar: CalendarOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own

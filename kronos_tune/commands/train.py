@@ -34,6 +34,7 @@ from kronos_core.train.config import WHAT
 from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_core.units import format_bytes
+from kronos_tune.commands.common import LiveProgress
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log, want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
@@ -91,7 +92,7 @@ def stages(base: TrainConfig, what: str | None) -> list[TrainConfig]:
     return [tokenizer, predictor]
 
 
-class ProgressView:
+class ProgressView(LiveProgress):
     """A Rich progress bar fed with step and evaluation dicts (in process, or rank 0's events): step/total,
     loss, lr, tokens/s, the last validation loss, memory, elapsed time and ETA."""
 
@@ -104,13 +105,6 @@ class ProgressView:
             console=console, transient=False)
         self.task = self.progress.add_task(label, total=total, completed=start, loss="-", lr="-", speed="-",
                                            val="-", memory="-")
-
-    def __enter__(self) -> ProgressView:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
 
     def restart(self, start: int, total: int | None) -> None:
         """Where the run really starts (a resumed run's step) and ends; the ETA counts from here."""

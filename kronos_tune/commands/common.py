@@ -1,0 +1,39 @@
+"""What several commands share: the options of the prediction commands, and a Rich bar that `with` shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+CheckpointOption = Annotated[Optional[Path], typer.Option(
+    "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")]
+SizeOption = Annotated[Optional[str], typer.Option(
+    "--size", help="Random-init model of a named size (agreement/timing only), e.g. tiny, mini, small, base.")]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+AmpOption = Annotated[str, typer.Option("--amp", help="none, bf16 or fp16 (CUDA only).")]
+SampleCountOption = Annotated[int, typer.Option("--sample-count", help="Sample paths averaged per series.")]
+TemperatureOption = Annotated[float, typer.Option("--T", help="Sampling temperature.")]
+TopPOption = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed for random weights, synthetic data and sampling.")]
+WindowModeOption = Annotated[str, typer.Option(
+    "--window-mode", help="After the window slides: refill (exact) or shift (approximate, faster).")]
+
+
+CalendarOption = Annotated[Optional[str], typer.Option(
+    "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. XSHG, "
+                       "XSHE, XHKG, XNYS; needs the \\[calendars] extra. Default: each series' own bar grid.")]
+
+
+class LiveProgress:
+    """A view over a Rich ``Progress`` (``self.progress``): ``with view:`` shows it while the work runs."""
+
+    progress: Any
+
+    def __enter__(self) -> Any:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
