@@ -104,6 +104,9 @@ class _Mismatch(Exception):
     """Raised inside `_convert` when a value does not fit; carries nothing (the caller writes the message)."""
 
 
+_SCALARS: dict[Any, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
 def _convert(value: Any, annotation: Any) -> Any:
     """`value` as `annotation` wants it (int -> float, list -> tuple), or _Mismatch."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -120,21 +123,10 @@ def _convert(value: Any, annotation: Any) -> Any:
             except _Mismatch:
                 continue
         raise _Mismatch
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _Mismatch
-    if annotation is str:
-        if isinstance(value, str):
-            return value
+    if annotation in _SCALARS:
+        # bool is an int subclass, but True is not a batch size: only a bool annotation takes a bool.
+        if isinstance(value, _SCALARS[annotation]) and (annotation is bool or not isinstance(value, bool)):
+            return float(value) if annotation is float else value
         raise _Mismatch
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
