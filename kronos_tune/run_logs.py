@@ -8,14 +8,18 @@
   loss, lr, grad_norm, tokens_per_s, samples_per_s, step_time_s, ...) or
   "eval" (step, epoch, val_loss and the other metrics), each with ``time``
   (Unix seconds). Appended and flushed line by line, so it can be read while
-  the run goes on; a resumed run appends to it (steps after the last
-  checkpoint may appear twice: the later line is the one the run kept).
+  the run goes on. A resumed run appends a ``"kind": "resume"`` line with the
+  step it starts from, then its own steps: steps an interrupted run logged
+  after its last checkpoint are run again, and ``read_metrics`` keeps only the
+  later lines (the file itself keeps both).
 - TensorBoard (optional extra ``[tensorboard]``): scalars ``train/loss``,
   ``train/lr``, ``train/tokens_per_s``, ``train/samples_per_s``,
   ``train/grad_norm``, ``train/step_time_s``, ``val/loss`` and ``val/<metric>``
   through ``torch.utils.tensorboard.SummaryWriter``, imported only here and
   only when asked for. Each writer adds an event file of its own (host, pid
-  and time in its name), so a resumed run never overwrites the earlier one.
+  and time in its name), so a resumed run never overwrites the earlier one;
+  it opens with ``purge_step`` at its first step, so TensorBoard hides the
+  earlier run's events from that step on, as ``read_metrics`` does.
 
 The benchmark writes the same per trial: ``curves/<trial>.jsonl`` and, with
 ``--tensorboard``, ``tensorboard/<trial>/`` (TrialCurves).
@@ -91,7 +95,8 @@ def _number(value: Any) -> Any:
 class RunLog:
     """metrics.jsonl (always) and TensorBoard scalars (when `tensorboard` names a folder) for one run or trial."""
 
-    def __init__(self, metrics: Path, tensorboard: Path | None = None, mode: str = "a") -> None:
+    def __init__(self, metrics: Path, tensorboard: Path | None = None, mode: str = "a", resumed_at: int = 0) -> None:
+        """``resumed_at``: the optimizer step a resumed run starts after (0: a new run)."""
         check_log_paths(metrics, tensorboard)
         self.metrics_path = metrics
         self.writer: Any = None
@@ -105,11 +110,14 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             try:
-                self.writer = SummaryWriter(log_dir=str(tensorboard), flush_secs=5)
+                self.writer = SummaryWriter(log_dir=str(tensorboard), flush_secs=5,
+                                            purge_step=resumed_at + 1 if resumed_at > 0 else None)
             except OSError as error:
                 self.close()
                 raise KronosTuneError(f"--tensorboard: cannot write in {tensorboard} ({error.strerror or error}); "
                                       f"make it writable or add --no-tensorboard") from None
+        if resumed_at > 0:
+            self._write({"kind": "resume", "step": resumed_at})
 
     def __enter__(self) -> RunLog:
         return self
@@ -208,10 +216,28 @@ class TrialCurves:
             self._close(name)
 
 
-def stage_log(folder: Path, tensorboard: bool) -> RunLog:
-    """The RunLog of one training stage's folder: folder/metrics.jsonl and folder/tensorboard/."""
-    return RunLog(folder / METRICS_FILE, folder / TENSORBOARD_DIR if tensorboard else None)
+def stage_log(folder: Path, tensorboard: bool, resumed_at: int = 0) -> RunLog:
+    """The RunLog of one training stage's folder: folder/metrics.jsonl and folder/tensorboard/; ``resumed_at``:
+    the step a resumed run continues from (its trainer's step before the first new one)."""
+    return RunLog(folder / METRICS_FILE, folder / TENSORBOARD_DIR if tensorboard else None, resumed_at=resumed_at)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The lines of a metrics.jsonl as the run kept them: at each ``resume`` line, the lines of steps after the
+    step it resumed from are dropped (they were run again), and the resume lines themselves are left out.
+    A last line cut short by a crash is skipped."""
+    kept: list[dict[str, Any]] = []
+    for text in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if line.get("kind") == "resume":
+            kept = [old for old in kept if old.get("step", 0) <= line["step"]]
+        else:
+            kept.append(line)
+    return kept
 
 
 __all__ = ["CURVES_DIR", "INSTALL_HINT", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "TrialCurves",
-           "check_log_paths", "stage_log", "tensorboard_available", "want_tensorboard"]
+           "check_log_paths", "read_metrics", "stage_log", "tensorboard_available", "want_tensorboard"]

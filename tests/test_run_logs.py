@@ -13,7 +13,7 @@ import pytest
 
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_tune.cli import main
-from kronos_tune.run_logs import INSTALL_HINT, METRICS_FILE, TENSORBOARD_DIR, TrialCurves
+from kronos_tune.run_logs import INSTALL_HINT, METRICS_FILE, TENSORBOARD_DIR, TrialCurves, read_metrics
 
 TINY = """\
 model_size = "tiny"
@@ -79,13 +79,37 @@ def test_a_run_writes_metrics_lines_and_tensorboard_scalars(tmp_path: Path) -> N
     assert [(step, pytest.approx(value)) for step, value in board["val/loss"]] == \
         [(line["step"], line["val_loss"]) for line in evals]
 
-    # a resumed run appends: earlier lines stay, new steps follow, and a second event file joins the first
+    # An interrupted run that logged step 6 after its last checkpoint (step 5), in both logs.
+    stale = {"kind": "train", "step": 6, "loss": 999.0, "time": lines[-1]["time"]}
+    with (out / METRICS_FILE).open("a") as file:
+        file.write(json.dumps(stale) + "\n")
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(out / TENSORBOARD_DIR)) as writer:
+        writer.add_scalar("train/loss", 999.0, 6)
+    before = (out / METRICS_FILE).read_text().splitlines()
+
+    # The resumed run appends (nothing earlier is rewritten): a resume line at step 5, then steps 6 and 7 again;
+    # read_metrics and TensorBoard (purge_step) both keep the resumed run's step 6, not the stale one.
     assert run_cli(["train", "--resume", str(out), "--steps", "7", "--tensorboard"]) == 0
-    again = metrics(out)
-    assert again[:len(lines)] == lines
-    assert [line["step"] for line in again[len(lines):] if line["kind"] == "train"] == [6, 7]
-    assert len(list((out / TENSORBOARD_DIR).glob("events.out.tfevents.*"))) == 2
-    assert [step for step, _ in scalars(out / TENSORBOARD_DIR)["train/loss"]] == [1, 2, 3, 4, 5, 6, 7]
+    after = (out / METRICS_FILE).read_text().splitlines()
+    assert after[:len(before)] == before
+    appended = [json.loads(line) for line in after[len(before):]]
+    assert appended[0]["kind"] == "resume" and appended[0]["step"] == 5
+    assert [line["step"] for line in appended if line["kind"] == "train"] == [6, 7]
+    kept = read_metrics(out / METRICS_FILE)
+    assert kept[:len(lines)] == lines
+    assert [line["step"] for line in kept if line["kind"] == "train"] == [1, 2, 3, 4, 5, 6, 7]
+    assert all(line["loss"] != 999.0 for line in kept if line["kind"] == "train")
+    assert len(list((out / TENSORBOARD_DIR).glob("events.out.tfevents.*"))) == 3
+    losses = scalars(out / TENSORBOARD_DIR)["train/loss"]
+    assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6, 7]
+    assert 999.0 not in [value for _, value in losses]
+
+
+def test_read_metrics_skips_a_line_cut_short_by_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / METRICS_FILE
+    path.write_text('{"kind": "train", "step": 1, "loss": 2.5}\n{"kind": "train", "step": 2, "lo')
+    assert read_metrics(path) == [{"kind": "train", "step": 1, "loss": 2.5}]
 
 
 def test_no_tensorboard_still_writes_the_metrics_file(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, 
             trainer = Trainer(config, meter=meter, resume=resume)
             stopper.attach(trainer)
             target = trainer.total_steps if steps is None else min(steps, trainer.total_steps)
-            log = stage_log(Path(config.output_dir), tensorboard)
+            log = stage_log(Path(config.output_dir), tensorboard, resumed_at=trainer.step)
             with ProgressView(console, config.what, target, start=trainer.step) as view:
                 def on_step(record: Any) -> None:
                     values = record.to_dict()
@@ -258,7 +258,8 @@ class LaunchedRun:
             self.errors.append(event)
             return
         if self.log is None and kind in ("start", "step", "eval"):
-            self.log = stage_log(Path(self.config.output_dir), self.tensorboard)
+            resumed_at = int(event.get("step", 0)) if kind == "start" else 0
+            self.log = stage_log(Path(self.config.output_dir), self.tensorboard, resumed_at=resumed_at)
         if kind == "start":
             total = self.view.progress.tasks[0].total
             self.view.restart(int(event["step"]), total if total is not None else event.get("total_steps"))

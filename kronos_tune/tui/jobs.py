@@ -127,7 +127,7 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
         from kronos_tune.run_logs import stage_log, tensorboard_available
 
         with Trainer(config, resume=folder if resume else None) as trainer, \
-                stage_log(folder, tensorboard_available()) as log:  # metrics.jsonl (+ TensorBoard), as `train`
+                stage_log(folder, tensorboard_available(), resumed_at=trainer.step) as log:  # as `train` writes
             target = trainer.total_steps
             post(JobNote(f"{trainer.total_steps} optimizer steps = {config.epochs} epoch(s) x "
                          f"{trainer.steps_per_epoch}, effective batch {trainer.global_batch_size}; from step "
