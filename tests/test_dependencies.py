@@ -1,0 +1,159 @@
+"""What a fresh environment needs is what pyproject.toml declares.
+
+The suite runs in an environment that has every extra installed, so an import of a package that only arrives
+transitively, or of an optional extra at a module's top level, passes here and fails for a user who ran the
+README's install command. These checks read the imports themselves (ast) and the declared requirements.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN = {"kronos_core", "kronos_tune"}
+CORE_ALLOWED = {"torch", "numpy", "pandas", "psutil", "safetensors", "tomli-w", "tomli", "pyarrow"}
+UI_MODULES = {"kronos_tune", "rich", "textual", "typer", "click", "textual_plotext", "plotext"}
+
+
+@dataclass(frozen=True)
+class Import:
+    file: Path
+    line: int
+    module: str  # top-level name
+    at_import_time: bool  # runs when the module is imported (not in a function, try block or TYPE_CHECKING)
+
+
+def _imported(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name.split(".")[0] for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module.split(".")[0]]
+    return []
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(file: Path) -> list[Import]:
+    """Every absolute import in `file`, marked by whether it runs when the module is imported."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, eager: bool) -> None:
+        for name in _imported(node):
+            found.append(Import(file, node.lineno, name, eager))
+        for child in ast.iter_child_nodes(node):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Try)):
+                visit(child, False)
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                visit(child, False)
+            else:
+                visit(child, eager)
+
+    visit(ast.parse(file.read_text(encoding="utf-8")), True)
+    return found
+
+
+def third_party(imports: list[Import]) -> list[Import]:
+    return [i for i in imports if i.module not in sys.stdlib_module_names and i.module not in OWN]
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\s;<>=!~\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def declared(pyproject: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """The names of the required distributions, and of each extra's."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    required = {_requirement_name(r) for r in project["dependencies"]}
+    extras = {extra: {_requirement_name(r) for r in reqs}
+              for extra, reqs in project.get("optional-dependencies", {}).items()}
+    return required, extras
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def distributions_of(module: str) -> set[str]:
+    """The distributions that install `module`; for one not installed here (e.g. tomli, needed only before
+    Python 3.11), the distribution of the same name."""
+    names = _installed().get(module) or [module]
+    return {name.lower().replace("_", "-") for name in names}
+
+
+def undeclared(files: list[Path], pyproject: Path) -> list[str]:
+    """One line per third-party import that a fresh install of the declared requirements would not satisfy:
+    not declared at all, or declared only as an extra but imported when the module loads."""
+    required, extras = declared(pyproject)
+    optional = set().union(*extras.values()) - {"pytest", "pytest-asyncio", "pytest-textual-snapshot",
+                                                "pytest-xdist"}
+    problems = []
+    for item in (i for file in files for i in third_party(imports_of(file))):
+        where = f"{item.file.relative_to(pyproject.parent)}:{item.line} imports {item.module}"
+        dists = distributions_of(item.module)
+        if dists & required:
+            continue
+        elif dists & optional:
+            if item.at_import_time:
+                problems.append(f"{where}: only an extra provides it, but it is imported when the module loads")
+        else:
+            problems.append(f"{where}: {', '.join(sorted(dists))} is not in pyproject.toml")
+    return problems
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_every_third_party_import_is_declared_and_extras_load_lazily() -> None:
+    assert undeclared(sources("kronos_core") + sources("kronos_tune"), ROOT / "pyproject.toml") == []
+
+
+def test_kronos_core_imports_no_ui_and_only_its_own_dependencies() -> None:
+    imports = [i for file in sources("kronos_core") for i in imports_of(file)]
+    assert [f"{i.file.name}:{i.line} {i.module}" for i in imports if i.module in UI_MODULES] == []
+    outside = {i.module for i in third_party(imports)
+               if not distributions_of(i.module) & CORE_ALLOWED and i.module != "tomli"}
+    assert outside == set()
+
+
+def test_the_check_catches_an_undeclared_import_and_an_eager_extra(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\ndependencies = ["numpy>=1"]\n\n'
+        '[project.optional-dependencies]\nplot = ["matplotlib>=3.7"]\n', encoding="utf-8")
+    module = tmp_path / "mod.py"
+    module.write_text(
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "import numpy\n"                 # declared
+        "import pandas\n"                # installed here, not declared: reported
+        "import matplotlib.pyplot\n"     # an extra at import time: reported
+        "if TYPE_CHECKING:\n"
+        "    import torch\n"             # for type checkers only: lazy, yet it must still be declared
+        "try:\n"
+        "    import matplotlib\n"        # guarded: fine
+        "except ImportError:\n"
+        "    pass\n"
+        "def later():\n"
+        "    import matplotlib\n",       # lazy: fine
+        encoding="utf-8")
+    problems = undeclared([module], tmp_path / "pyproject.toml")
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("mod.py:4 imports pandas") and "not in pyproject.toml" in problems[0]
+    assert problems[1].startswith("mod.py:5 imports matplotlib") and "imported when the module loads" in problems[1]
+    assert problems[2].startswith("mod.py:7 imports torch") and "not in pyproject.toml" in problems[2]
