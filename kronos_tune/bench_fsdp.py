@@ -20,15 +20,13 @@ of N (fake tensors, fake process group), next to rank 0's measured peak.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-RESULT_PREFIX = "KRONOS_FSDP_BENCH "
+from kronos_core.launch import LaunchSpec, emit_event, run_launch, torchrun_command
+
 
 
 def bench_config(size: str, batch_size: int, parallelism: str, out: Path) -> Any:
@@ -85,23 +83,22 @@ def _run_rank(size: str, steps: int, batch_size: int, out: Path) -> None:
                 if trainer.ddp is not None else 0
             report[parallelism] = {"losses": [r.loss for r in records], "persistent_bytes": meter.persistent_bytes,
                                    "peak_bytes": meter.peak_bytes(), "ddp_bucket_bytes": buckets}
-    print(RESULT_PREFIX + json.dumps(report), flush=True)
+    emit_event("result", **report)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def _launch(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The ranks through the shared launcher (kronos_core.launch); each reports one "result" event."""
     with tempfile.TemporaryDirectory(prefix="kronos-fsdp-bench-") as tmp:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.pop("WORLD_SIZE", None)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-                   "-m", "kronos_tune.bench_fsdp", "--rank-worker", "--size", args.size, "--steps", str(args.steps),
-                   "--batch-size", str(args.batch_size), "--out", tmp]
-        run = subprocess.run(command, env=env, capture_output=True, text=True)
-        if run.returncode != 0:
-            raise SystemExit(f"torchrun failed ({run.returncode}):\n{run.stderr[-3000:]}")
-    reports = [json.loads(line[len(RESULT_PREFIX):]) for line in run.stdout.splitlines()
-               if line.startswith(RESULT_PREFIX)]
+        command = torchrun_command(LaunchSpec(nproc=args.nproc), "kronos_tune.bench_fsdp",
+                                   ["--rank-worker", "--size", args.size, "--steps", str(args.steps),
+                                    "--batch-size", str(args.batch_size), "--out", tmp])
+        run = run_launch(command, env={"OMP_NUM_THREADS": "1"})
+        if not run.ok:
+            tail = "\n".join(run.tail)
+            raise SystemExit(f"torchrun failed ({run.returncode}):\n{tail}")
+    reports = [{k: v for k, v in e.items() if k != "event"} for e in run.events if e.get("event") == "result"]
     return sorted(reports, key=lambda r: r["rank"])
 
 
