@@ -13,7 +13,11 @@ need ``set_epoch`` to reach them, and it starts at any step for an exact resume.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import threading
 from collections.abc import Iterator, Sequence
+from multiprocessing.connection import wait as wait_ready
 
 import pandas as pd
 import torch
@@ -112,13 +116,79 @@ def worker_context(config: TrainConfig) -> str | None:
     return None
 
 
+FORKSERVER_PRELOAD = "kronos_core.train.forkserver_preload"
+
+
+def _start_context(config: TrainConfig) -> str | None:
+    """`worker_context`, with the forkserver (when it is the one) made deaf to SIGINT and SIGTERM before it
+    starts: its workers are its children and exit with it (see kronos_core.train.forkserver_preload). The
+    module joins the server's preload list (``__main__`` by default), so only that process imports it. It is
+    process-wide: every forkserver child of this process starts ignoring both (only the loaders use one
+    here); a forkserver already running is left as it is."""
+    context = worker_context(config)
+    if context == "forkserver":
+        from multiprocessing import forkserver
+
+        preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+        if FORKSERVER_PRELOAD not in preload:
+            forkserver.set_forkserver_preload([*preload, FORKSERVER_PRELOAD])
+    return context
+
+
+def init_worker(worker_id: int) -> None:
+    """Every loader's ``worker_init_fn``: the worker ignores SIGINT and SIGTERM (the main process alone
+    decides) and exits when the main process is gone.
+
+    A terminal's Ctrl-C reaches the whole foreground process group, and launchers (``kill -- -PGID``, a
+    batch scheduler's signal to every process of the job) reach the workers too. torch's handler kills a
+    worker on a SIGTERM from anyone but its parent, and a worker with Python's default SIGINT handler (one
+    started from the forkserver) ends its loop quietly on KeyboardInterrupt; either way the main process's
+    next batch raises "DataLoader worker ... killed by signal" / "exited unexpectedly" before the step
+    boundary where ``stop_on_signals`` would save. Ignoring both, workers serve batches until the main
+    process shuts them down (`close_loader`). torch's last-resort ``terminate()`` is a SIGTERM and now does
+    nothing, so `close_loader` kills a worker that outlives its shutdown.
+
+    If the main process dies instead, torch's worker loop only notices its own parent changing (between
+    batches, at least every 5 s): enough for forked workers, never for a forkserver's, whose parent is the
+    server, which in turn waits for them (they hold its "alive" pipe). So a thread watches the worker's
+    parent sentinel (a pipe whose write end the main process holds; forked siblings started later hold
+    copies and go first) and ends the worker when it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = mp.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="exit-with-main", daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    wait_ready([sentinel])
+    os._exit(0)
+
+
+def close_loader(loader: DataLoader) -> None:
+    """Shut down the loader's persistent workers now, not at garbage collection or interpreter exit: torch's
+    own shutdown (done event, ``None`` to every worker, a join of a few seconds each), then SIGKILL for a
+    worker still alive (stuck in a read: it ignores torch's SIGTERM, see `init_worker`). Nothing to
+    do without workers or before the first ``iter()``; a later ``iter()`` starts new workers."""
+    iterator = getattr(loader, "_iterator", None)
+    loader._iterator = None
+    if iterator is None or not hasattr(iterator, "_shutdown_workers"):
+        return
+    iterator._shutdown_workers()
+    for worker in getattr(iterator, "_workers", ()):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5.0)
+
+
 def train_loader(dataset: KlineWindowDataset, config: TrainConfig, sampler: GlobalBatchSampler) -> DataLoader:
     workers = config.num_workers
     return DataLoader(
         EpochItems(dataset), batch_sampler=sampler, num_workers=workers, collate_fn=_stack,
         pin_memory=config.pin_memory, persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
         # Our own generator: creating an iterator must not draw from the global RNG (exact resume).
-        generator=torch.Generator().manual_seed(config.seed), multiprocessing_context=worker_context(config),
+        generator=torch.Generator().manual_seed(config.seed), multiprocessing_context=_start_context(config),
+        worker_init_fn=init_worker if workers else None,
     )
 
 
@@ -130,4 +200,5 @@ def eval_loader(dataset: KlineEvalDataset, config: TrainConfig, world_size: int,
     return DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=_stack,
                       pin_memory=config.pin_memory, persistent_workers=workers > 0,
                       generator=torch.Generator().manual_seed(config.seed),
-                      multiprocessing_context=worker_context(config))
+                      multiprocessing_context=_start_context(config),
+                      worker_init_fn=init_worker if workers else None)

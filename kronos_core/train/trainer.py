@@ -43,7 +43,7 @@ from kronos_core.train.train_state import (
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
 from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
-from kronos_core.train.loading import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+from kronos_core.train.loading import GlobalBatchSampler, build_datasets, close_loader, eval_loader, train_loader
 from kronos_core.train.records import EvalRecord, PhaseClock, PhaseMeter, StepRecord, TrainSummary
 from kronos_core.train.sharded_checkpoint import (
     SHARDED_KEY, load_sharded_checkpoint, load_whole_into_sharded, save_sharded_checkpoint,
@@ -233,8 +233,14 @@ class Trainer:
         return self.steps.eval_metrics(sums.cpu())
 
     def close(self) -> None:
-        """Leave the process group (if this trainer joined it)."""
-        self.dist.close()
+        """Shut down the data loaders' worker processes (persistent ones would otherwise live until garbage
+        collection or interpreter exit) and leave the process group (if this trainer joined it)."""
+        self._iter = self._iter_step = None
+        try:
+            close_loader(self.loader)
+            close_loader(self.val_loader)
+        finally:
+            self.dist.close()
 
     def __enter__(self) -> Trainer:
         return self
