@@ -103,7 +103,7 @@ def launch_command(spec: LaunchSpec, module: str, args: Sequence[str], python: s
     return [python, "-m", module, *args]
 
 
-def emit_event(kind: str, **fields: Any) -> None:
+def emit_event(kind: str, /, **fields: Any) -> None:
     """Print one event line for the launcher (one write, so ranks' lines do not interleave mid-line)."""
     sys.stdout.write(EVENT_PREFIX + json.dumps({"event": kind, **fields}, default=str) + "\n")
     sys.stdout.flush()

@@ -43,3 +43,16 @@ def test_one_process_needs_no_torchrun():
     ranks = launch_command(LaunchSpec(nproc=2), "kronos_core.train", ["--events"])
     assert ranks[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in ranks and "--max-restarts" in ranks
     assert ranks[-3:] == ["-m", "kronos_core.train", "--events"]
+
+
+def test_a_worker_error_reaches_the_launcher_as_an_error_event_with_its_kind(tmp_path: Path):
+    # The error event carries a field named "kind" (usage | oom): it must not collide with emit_event's own
+    # first parameter, or every error under the launcher becomes a TypeError traceback.
+    missing = tmp_path / "no-such-run.toml"
+    result = run_launch(launch_command(LaunchSpec(), "kronos_core.train", ["--events", "--config", str(missing)]),
+                        timeout_s=120)
+    assert result.returncode == 2, result.tail
+    errors = result.error_events()
+    assert [(e["kind"], e["rank"]) for e in errors] == [("usage", 0)], result.tail
+    assert str(missing) in errors[0]["message"]
+    assert not any("Traceback" in line for line in result.tail)
