@@ -14,19 +14,8 @@ import pytest
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_tune.cli import main
 from kronos_tune.run_logs import INSTALL_HINT, METRICS_FILE, TENSORBOARD_DIR, TrialCurves, read_metrics
+from tiny_preset import tiny_train_toml
 
-TINY = """\
-model_size = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 8
-samples_per_epoch = 64
-epochs = 1
-eval_samples = 16
-eval_every = 2
-synthetic_series = 2
-synthetic_rows = 200
-"""
 STEP_KEYS = {"kind", "step", "epoch", "loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "step_time_s",
              "time"}
 
@@ -41,7 +30,7 @@ def run_cli(args: list[str]) -> int:
 
 def write_config(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
+    path.write_text(tiny_train_toml(eval_every=2))
     return path
 
 

@@ -20,26 +20,14 @@ from kronos_core.tokenizer import KronosTokenizer
 from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.commands.train import run_in_process
-
-TINY = """\
-model_size = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 8
-samples_per_epoch = 64
-epochs = 1
-eval_samples = 16
-synthetic_series = 2
-synthetic_rows = 200
-"""
-
+from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_config(tmp_path: Path, extra: str = "", epochs: int = 1) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY.replace("epochs = 1", f"epochs = {epochs}") + extra)
+    path.write_text(tiny_train_toml(epochs=epochs) + extra)
     return path
 
 

@@ -17,25 +17,14 @@ from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.train_runs import keep_effective_batch, plan_training
-
-TINY = """\
-model_size = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 8
-samples_per_epoch = 64
-epochs = 1
-eval_samples = 16
-synthetic_series = 2
-synthetic_rows = 200
-"""
+from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_config(folder: Path, name: str = "tiny.toml", head: str = "", epochs: int = 1) -> Path:
     path = folder / name
-    path.write_text(head + TINY.replace("epochs = 1", f"epochs = {epochs}"))
+    path.write_text(head + tiny_train_toml(epochs=epochs))
     return path
 
 
@@ -103,7 +92,7 @@ def test_resume_errors_name_the_real_problem(tmp_path: Path, monkeypatch, capsys
     benchmark.mkdir()
     (benchmark / "run.json").write_text(json.dumps({"tool": "kronos-tune-run", "command": "benchmark",
                                                     "identity": {"preset": "cpu", "task": "train"}}))
-    (benchmark / "config.toml").write_text(TINY)
+    (benchmark / "config.toml").write_text(tiny_train_toml())
     cases.append((["--resume", str(benchmark)], "holds a 'benchmark' run, not a training run"))
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -19,23 +19,11 @@ import pytest
 
 from kronos_core.train import TrainConfig, Trainer, load_checkpoint
 from machine import process_gone
+from tiny_preset import tiny_train_toml
 
 # Eight micro-batches per step: after the signal the main process needs more batches than the workers
 # prefetched (2 workers x 2), so a dead worker shows. Evaluation every 2 steps starts the eval loader's workers.
-CONFIG = """\
-model_size = "tiny"
-lookback_window = 16
-predict_window = 4
-batch_size = 2
-accumulation_steps = 8
-samples_per_epoch = 64
-epochs = 500
-eval_every = 2
-eval_samples = 16
-synthetic_series = 2
-synthetic_rows = 200
-num_workers = 2
-"""
+CONFIG = tiny_train_toml(batch_size=2, accumulation_steps=8, epochs=500, eval_every=2, num_workers=2)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -1,8 +1,21 @@
-"""Preset TOML for the test-only tiny model, for tests that need a preset file."""
+"""TOML for the test-only tiny model: a preset file, and a training config of a few steps."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from kronos_core.files import dumps_toml
+
+TINY_TRAIN: dict[str, Any] = dict(model_size="tiny", lookback_window=16, predict_window=4, batch_size=8,
+                                 samples_per_epoch=64, epochs=1, eval_samples=16, synthetic_series=2,
+                                 synthetic_rows=200)
+
+
+def tiny_train_toml(**changes: Any) -> str:
+    """A TrainConfig TOML for Kronos-tiny on two small synthetic series (8 steps an epoch); `changes` replace
+    or add keys."""
+    return dumps_toml({**TINY_TRAIN, **changes})
 
 
 def tiny_preset_toml(name: str = "tiny-cpu", *, memory_gb: float = 1.0, bf16_supported: bool = False,
