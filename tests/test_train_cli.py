@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from rich.console import Console
 
 from kronos_core.model import Kronos
@@ -20,6 +14,7 @@ from kronos_core.tokenizer import KronosTokenizer
 from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.commands.train import run_in_process
+from machine import interrupt_when
 from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -101,20 +96,10 @@ def test_out_of_memory_is_one_message_and_keeps_the_checkpoint(tmp_path: Path) -
 def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_130(tmp_path: Path) -> None:
     config = write_config(tmp_path, epochs=500)  # far more steps than the test will wait for
     out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "kronos_tune.cli", "train", "--config", str(config),
-                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # a background job's shell ignores SIGINT; the child must get the default back
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        while not (out / "config.toml").exists() and proc.poll() is None:  # written right before training
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stdout + stderr
+    # config.toml is written right before training starts
+    code, stdout, stderr = interrupt_when(["train", "--config", str(config), "--out", str(out)],
+                                          ready=(out / "config.toml").exists)
+    assert code == 130, stdout + stderr
     assert "resume with: kronos-tune train --resume" in stdout
     state = load_checkpoint(out)
     assert 1 <= state["step"] < state["config"]["epochs"] * 8

@@ -4,11 +4,8 @@ problem, the announced plan (steps, epochs, effective batch). Real runs of the t
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.train_runs import keep_effective_batch, plan_training
+from machine import interrupt_when
 from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -162,20 +160,9 @@ def test_plan_for_several_processes_and_keeping_the_effective_batch() -> None:
 @pytest.mark.slow
 def test_cancelled_run_is_continued_by_the_next_start(tmp_path: Path, monkeypatch) -> None:
     config = write_config(tmp_path, epochs=500)  # far more steps than the test waits for
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "kronos_tune.cli", "train", "--config", str(config)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        while not list(tmp_path.glob("runs/train/*/config.toml")) and proc.poll() is None:
-            time.sleep(0.1)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stdout + stderr
+    code, stdout, stderr = interrupt_when(["train", "--config", str(config)], cwd=tmp_path, then_wait_s=0.5,
+                                          ready=lambda: bool(list(tmp_path.glob("runs/train/*/config.toml"))))
+    assert code == 130, stdout + stderr
     (folder,) = run_folders(tmp_path)
     stopped = load_checkpoint(folder)["step"]
     assert status(folder)["status"] == "cancelled" and status(folder)["step"] == stopped
