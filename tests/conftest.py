@@ -13,3 +13,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Test files that run real protocols, trainings and launches (trial processes of their own, each importing torch),
+# slowest first as measured with --durations. With --dist loadfile and --no-loadscope-reorder (pyproject.toml) the
+# workers take files in collection order, so these start first and the many quick files fill in around them; by
+# default xdist would queue files by their number of tests, which puts these few-test, long files last.
+SLOW_FILES_FIRST = (
+    "test_protocol_stops.py", "test_tui_jobs.py", "test_protocol_run.py", "test_protocol_small_runs.py",
+    "test_maximize.py", "test_train_ddp.py", "test_profile.py", "test_autobatch_cli.py", "test_predictor.py",
+    "test_presets.py", "test_autobatch.py", "test_predict_sharded.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow files first (a stable sort: every other file, and the order inside each file, stay as they were)."""
+    rank = {name: index for index, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES_FIRST)))

@@ -99,7 +99,8 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
     has its own folder, nothing is lost, and the partial benchmark never replaces the complete answer."""
     preset, folder = tiny
     out = tmp_path / "out"
-    options = ProtocolOptions(**FAST, only=("checkpointing",))
+    # baseline, noise probe, checkpointing: three ok rows; the baseline-repeat would add only a fourth trial process
+    options = ProtocolOptions(**FAST, only=("checkpointing",), skip=("baseline-repeat",))
     specs = plan_trials(preset, "train", options)
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
@@ -216,7 +217,9 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
 async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_path: Path) -> None:
     folder = write_tiny_preset(tmp_path / "presets", name="tiny-2mib", memory_gb=0.002)
     preset = resolve_preset("tiny-2mib", [folder])
-    options = ProtocolOptions(**FAST, only=("checkpointing",))
+    # the baseline's out-of-memory row is what is checked: the noise probe and the baseline-repeat (two more trial
+    # processes, out of memory alike) are left out
+    options = ProtocolOptions(**FAST, only=("checkpointing",), skip=("noise-probe", "baseline-repeat"))
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
