@@ -3,7 +3,8 @@
 One process group serves several Trainers (each sees it already joined), so one
 torchrun start checks: DDP vs FSDP losses, a sharded save + resume against the
 uninterrupted run, the full-model export, and the per-rank peak of an FSDP step
-under the exact CPU meter. Rank 0 writes everything to OUT/results.json.
+under the exact CPU meter, and the benchmark's measurement agreeing its stops across
+ranks. Rank 0 writes everything to OUT/results.json.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from kronos_core.model import Kronos
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.memory import CpuExactMeter
+from kronos_tune.protocol.measure import StepPlan, measure_training
 
 STEPS = 4
 
@@ -90,6 +92,17 @@ def main(out: Path) -> None:
         peaks = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, meter.peak_bytes())
         results["metered_peaks"] = peaks
+
+    # The benchmark's measurement when the ranks' own clocks would decide differently (rank 0 settles and has
+    # a tight interval at once, rank 1 never): agreed, both leave warm-up and measurement at the same step;
+    # each on its own, rank 0 would leave while rank 1 waits in a collective for good.
+    eager = rank == 0
+    plan = StepPlan(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2, max_steps=5,
+                    target_ci=1e9 if eager else 0.0, budget_s=1e9)
+    measured = measure_training(config(out, "measured"), None, plan, agree_across_ranks=True)
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, [len(measured.warmup_times_s), len(measured.timed), measured.timing["stop"]])
+    results["measured"] = counts
 
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results), encoding="utf-8")

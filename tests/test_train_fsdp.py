@@ -69,6 +69,12 @@ def test_sharded_resume_continues_like_the_uninterrupted_run(worker_results: dic
 
 
 @pytest.mark.slow
+def test_the_benchmark_measurement_stops_every_rank_at_the_same_step(worker_results: dict) -> None:
+    # [warm-up steps, measured steps, why it stopped] per rank: rank 0's choice, made by both
+    assert worker_results["measured"] == [[2, 2, "interval"], [2, 2, "interval"]]
+
+
+@pytest.mark.slow
 def test_export_from_sharded_run_loads_in_one_process_and_predicts_the_same(worker_results: dict) -> None:
     assert worker_results["export_max_abs_diff"] < 1e-5
 

@@ -80,6 +80,9 @@ class TrainMeasurement:
         return cls(**data)
 
 
+STOP_REASONS = ("", "interval", "budget", "max-steps")  # why measuring stopped; agreed as an index (the largest)
+
+
 class _Stopped(Exception):
     pass
 
@@ -94,7 +97,9 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
     slow, so it is never timed); then measured steps until the median's 95 % interval is within
     ``target_ci`` of the median, ``budget_s`` of measuring is spent or ``max_steps`` ran, and at least
     ``min_steps`` ran and the evaluation step was reached. The step right after the evaluation is not timed.
-    `should_stop` is polled after every step (with `agree_across_ranks`, all DDP ranks stop together).
+    `should_stop` is polled after every step. With `agree_across_ranks` (DDP) every decision is agreed by an
+    all-reduce: the ranks time their steps on their own clocks, and one rank leaving the warm-up or the
+    measurement a step before the others would leave them waiting in a collective forever.
     """
     switch = MeterSwitch(meter, always=meter_always)
     result = TrainMeasurement(status="ok")
@@ -105,14 +110,18 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
         if on_record is not None:
             on_record(step)
 
+    def agreed(choice: int) -> int:
+        """`choice` (0: go on, > 0: a reason to stop) as every rank sees it: the largest any rank made."""
+        if not agree_across_ranks:
+            return choice
+        assert trainer is not None
+        tensor = torch.tensor([float(choice)], device=trainer.device)
+        return int(trainer.dist.all_reduce_max(tensor).item())
+
     def step() -> StepRecord:
         assert trainer is not None
         done = trainer.train_step()
-        flag = bool(should_stop())
-        if agree_across_ranks:
-            tensor = torch.tensor([1.0 if flag else 0.0], device=trainer.device)
-            flag = bool(trainer.dist.all_reduce_max(tensor).item() > 0)
-        if flag:
+        if agreed(int(bool(should_stop()))):
             result.status, result.reason = "cancelled", f"cancelled after {len(result.losses)} steps"
             raise _Stopped
         if plan.eval_step is not None and trainer.step == plan.eval_step:
@@ -131,8 +140,8 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
         while len(result.warmup_times_s) < max(plan.max_warmup, 1):
             result.warmup_times_s.append(step().step_time_s)
             times = result.warmup_times_s
-            if len(times) >= max(plan.min_warmup, 1) and len(times) >= 2 \
-                    and abs(times[-1] / times[-2] - 1) <= plan.settle_tolerance:
+            if agreed(int(len(times) >= max(plan.min_warmup, 1) and len(times) >= 2
+                          and abs(times[-1] / times[-2] - 1) <= plan.settle_tolerance)):
                 settled = True
                 break
         result.warmup_time_s = time.perf_counter() - started
@@ -145,16 +154,19 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
         while True:
             times = [r["step_time_s"] for r in result.timed]
             evaluated = plan.eval_step is None or trainer.step >= plan.eval_step
+            reason = 0
             if len(times) >= plan.min_steps and evaluated:
                 halfwidth = relative_halfwidth(times)
                 if halfwidth <= plan.target_ci:
-                    stop_reason = "interval"
+                    reason = STOP_REASONS.index("interval")
                 elif time.perf_counter() - measuring >= plan.budget_s:
-                    stop_reason = "budget"
+                    reason = STOP_REASONS.index("budget")
                 elif len(times) >= plan.max_steps:
-                    stop_reason = "max-steps"
-                if stop_reason:
-                    break
+                    reason = STOP_REASONS.index("max-steps")
+            reason = agreed(reason)
+            if reason:
+                stop_reason = STOP_REASONS[reason]
+                break
             was_eval_step = result.val_loss_step is not None and result.val_loss_step == trainer.step
             done = step()
             if was_eval_step and not after_eval:
