@@ -9,8 +9,6 @@ that the planner's estimate for the same workload must match.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kronos_core.errors import KronosError
+from kronos_core.launch import run_launch
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.cli import app, main
 from tests.tiny_preset import tiny_preset_toml
@@ -44,11 +43,11 @@ def two_rank_preset(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("fsdp")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(WORKER.parent.parent))
-    env.pop("WORLD_SIZE", None)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    # The shared launcher: past the timeout (a hang in a collective) it kills both ranks, not only torchrun.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
+               str(out)]
+    run = run_launch(command, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent)}, timeout_s=300)
+    assert run.ok, ("timed out: " if run.timed_out else "") + "\n".join(run.tail)
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
