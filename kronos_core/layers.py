@@ -94,8 +94,10 @@ class LayerCache:
     def __init__(self, batch: int, n_heads: int, head_dim: int, capacity: int,
                  device: torch.device, dtype: torch.dtype):
         shape = (batch, n_heads, capacity, head_dim)
-        self.keys = torch.empty(shape, device=device, dtype=dtype)
-        self.values = torch.empty(shape, device=device, dtype=dtype)
+        # Zeros, not empty: the fixed-shape step attends over every slot behind a mask, and a masked weight of
+        # 0 times a NaN/inf left in memory by earlier work is NaN.
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
         self.start = 0    # storage slot of the oldest position
         self.dropped = 0  # positions dropped from the front (approximate sliding mode)

@@ -263,6 +263,19 @@ def test_static_step_logits_match_and_masked_slots_do_not_matter(tiny):
     assert fixed.length == growing.length == 12
 
 
+def test_a_new_cache_holds_zeros_not_what_the_allocator_left(tiny):
+    # The static step attends over every slot with a mask: a masked weight is 0, but 0 x NaN is NaN, so a NaN
+    # or inf left in an empty slot by earlier work (a freed -inf mask, say) would poison every step.
+    model = tiny[0].eval()
+    layer = model.new_cache(2, 20, torch.device("cpu"), torch.float32).layers[0]
+    for _ in range(5):
+        poison = torch.full(layer.keys.shape, float("nan"))
+        del poison  # the allocator may hand this block to the next allocation of the same size
+        cache = model.new_cache(2, 20, torch.device("cpu"), torch.float32)
+        for part in (*cache.layers, cache.dep):
+            assert torch.count_nonzero(part.keys) == 0 and torch.count_nonzero(part.values) == 0
+
+
 def test_predictor_with_static_cache_equals_default(tiny):
     frames = synthetic_series(2, 90, seed=15)
     args = _batch(frames, 60, 12)
