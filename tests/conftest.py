@@ -22,7 +22,7 @@ def one_thread():
 SLOW_FILES_FIRST = (
     "test_protocol_stops.py", "test_tui_jobs.py", "test_protocol_run.py", "test_protocol_small_runs.py",
     "test_maximize.py", "test_train_ddp.py", "test_profile.py", "test_autobatch_cli.py", "test_predictor.py",
-    "test_presets.py", "test_autobatch.py", "test_predict_sharded.py",
+    "test_presets.py", "test_autobatch.py", "test_predict_sharded.py", "test_train_signals.py",
 )
 
 

@@ -1,4 +1,5 @@
-"""What this test machine has (for skip conditions), found without the project's own readers."""
+"""What this test machine has (for skip conditions) and how its processes are probed and signalled, found
+without the project's own readers."""
 
 from __future__ import annotations
 
