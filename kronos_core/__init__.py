@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Kronos": "kronos_core.model",
     "KronosTokenizer": "kronos_core.tokenizer",
-    "KronosPredictor": "kronos_core.predictor",
+    "KronosPredictor": "kronos_core.predict.predictor",
     "KronosError": "kronos_core.errors",
     "build_model": "kronos_core.sizes",
     "build_tokenizer": "kronos_core.sizes",

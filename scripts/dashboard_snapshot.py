@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.telemetry import Sampler
+from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 
 

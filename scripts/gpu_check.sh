@@ -72,7 +72,7 @@ step pytest-gpu           120  python -m pytest -m gpu -q -p no:cacheprovider
 step memory-estimate       90  python scripts/gpu_memory_check.py --size small --batch 50 --modes fp32 bf16
 step monitor-nvml          20  kronos-tune monitor --json --duration 3 --interval 0.5
 step profile-mfu           60  kronos-tune profile --preset h200 --steps 3 --trace "$out/trace.json"
-step train-precision      100  python -m kronos_core.bench_train --device cuda --mode precision --repeats 5
+step train-precision      100  python -m kronos_core.bench.train --device cuda --mode precision --repeats 5
 step autobatch-rtx3080     90  kronos-tune autobatch --preset rtx3080 --json
 step autobatch-estimate    60  kronos-tune autobatch --preset rtx3080 --estimate --json
 echo "outputs in $out" | tee -a "$summary"

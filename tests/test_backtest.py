@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data import FEATURE_COLUMNS, TIME_COLUMN, validate_kline
-from kronos_core.synthetic import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_kline, synthetic_universe
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, validate_kline
+from kronos_core.data.synthetic import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_kline, synthetic_universe
 from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.synthetic import synthetic_kline, synthetic_universe
+from kronos_core.data.synthetic import synthetic_kline, synthetic_universe
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.forecast import OracleForecaster, Window
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED

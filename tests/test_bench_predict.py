@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 
-from kronos_core import bench
-from kronos_core.bench_phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, mean_cache_length, split_phases,
+from kronos_core.bench import predict as bench
+from kronos_core.bench.phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, mean_cache_length, split_phases,
                                       time_phases, weight_bytes_per_step)
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 
 COLUMNS = ["open", "high", "low", "close", "volume", "amount"]
 

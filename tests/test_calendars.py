@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.synthetic import session_bar_minutes, synthetic_kline
+from kronos_core.data.synthetic import session_bar_minutes, synthetic_kline
 from kronos_tune.backtest.config import BacktestConfig
 from kronos_tune.backtest.forecast import OracleForecaster
 from kronos_tune.backtest.runner import run_backtest
-from kronos_tune.calendars import exchange_calendar
+from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.future_times import future_timestamps
+from kronos_tune.predict.times import future_timestamps
 
 # Consecutive XSHG sessions around the 2024 National Day holiday (closed 2024-10-01 to 10-07).
 HOLIDAY_DAYS = ("2024-09-26", "2024-09-27", "2024-09-30", "2024-10-08", "2024-10-09")

@@ -1,4 +1,4 @@
-"""Tests for kronos_core.data and kronos_core.synthetic."""
+"""Tests for kronos_core.data.kline and kronos_core.data.synthetic."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data import (
+from kronos_core.data.kline import (
     FEATURE_COLUMNS,
     PRICE_COLUMNS,
     TIME_FEATURES,
@@ -19,7 +19,7 @@ from kronos_core.data import (
     validate_kline,
 )
 from kronos_core.errors import KronosError
-from kronos_core.synthetic import synthetic_kline, synthetic_series
+from kronos_core.data.synthetic import synthetic_kline, synthetic_series
 
 
 def small_frame(n: int = 6) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Tests for kronos_core.dataset."""
+"""Tests for kronos_core.data.dataset."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, calendar_features
-from kronos_core.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
+from kronos_core.data.kline import FEATURE_COLUMNS, calendar_features
+from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
 from kronos_core.errors import KronosError
-from kronos_core.synthetic import synthetic_kline, synthetic_series
+from kronos_core.data.synthetic import synthetic_kline, synthetic_series
 
 LOOKBACK, PREDICT = 32, 8
 L = LOOKBACK + PREDICT + 1

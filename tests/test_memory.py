@@ -18,7 +18,7 @@ from kronos_tune.memory import (
     CudaEmulation,
     CudaMeter,
     MemoryBudget,
-    PhaseMeter,
+    LiveMeter,
     StorageTracker,
     apply_cuda_budget,
     estimate_step_peak,
@@ -145,7 +145,7 @@ def test_peak_per_phase_hand_computed() -> None:
 
 def test_phase_enters_tracking_when_not_active() -> None:
     meter = CpuExactMeter()
-    assert isinstance(meter, PhaseMeter)
+    assert isinstance(meter, LiveMeter)
     with meter.phase("forward"):
         x = torch.empty(256)
     y = torch.empty(1000)  # after the phase the mode is off again: not seen

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from kronos_tune.cli import app, main
 from kronos_tune.commands.monitor import render
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.nvml import GpuSnapshot
-from kronos_tune.telemetry import Sampler, Snapshot
+from kronos_tune.telemetry.nvml import GpuSnapshot
+from kronos_tune.telemetry.sampler import Sampler, Snapshot
 from machine import real_nvidia_gpu_present
 
 runner = CliRunner()

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, calendar_features, calendar_features_ns, wall_clock_ns
+from kronos_core.data.kline import FEATURE_COLUMNS, calendar_features, calendar_features_ns, wall_clock_ns
 from kronos_core.errors import KronosError
-from kronos_core.panel import panel_inputs, predict_panel
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.panel import panel_inputs, predict_panel
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 
 COLUMNS = list(FEATURE_COLUMNS)
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from kronos_core.pretrained import WEIGHTS_NAME
-from kronos_core.data import FEATURE_COLUMNS, read_kline
-from kronos_core.predictor import KronosPredictor
+from kronos_core.data.kline import FEATURE_COLUMNS, read_kline
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.safetensors_io import load_safetensors, save_safetensors
 from kronos_core.sizes import build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_kline
+from kronos_core.data.synthetic import synthetic_kline
 from kronos_tune.cli import main
 
 LOOKBACK, PRED_LEN = 48, 4

@@ -1,4 +1,4 @@
-"""kronos_tune.predict_job: bar grids, holdout split, scores, output checks and the job itself (tiny model)."""
+"""kronos_tune.predict.job: bar grids, holdout split, scores, output checks and the job itself (tiny model)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data import FEATURE_COLUMNS
-from kronos_core.synthetic import synthetic_kline
+from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_core.data.synthetic import synthetic_kline
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.future_times import future_timestamps, infer_interval, session_grid
-from kronos_tune.predict_inputs import load_series
-from kronos_tune.predict_job import RANDOM_WEIGHTS_NOTE, PredictConfig, run_predict, score
-from kronos_tune.predict_output import check_output_path, write_table
+from kronos_tune.predict.times import future_timestamps, infer_interval, session_grid
+from kronos_tune.predict.inputs import load_series
+from kronos_tune.predict.job import RANDOM_WEIGHTS_NOTE, PredictConfig, run_predict, score
+from kronos_tune.predict.output import check_output_path, write_table
 
 
 def _stamps(*values: str) -> list[pd.Timestamp]:

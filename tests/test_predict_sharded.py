@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.launch import EVENT_PREFIX, LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict_sharded import ShardJob, shard_bounds
-from kronos_core.synthetic import synthetic_series
+from kronos_core.predict.sharded import ShardJob, shard_bounds
+from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict_shards import run_sharded
+from kronos_tune.predict.shards import run_sharded
 from machine import process_gone
 
 
@@ -100,7 +100,7 @@ def test_a_rank_that_dies_stops_the_others_and_nothing_looks_complete(tmp_path: 
 
 @pytest.mark.slow
 def test_protocol_sharding_trial_runs_processes_and_matches_one_process():
-    from kronos_tune.protocol.predict_protocol import measure_prediction
+    from kronos_tune.protocol.predict_measure import measure_prediction
     from kronos_tune.protocol.records import PredictSettings
 
     one = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=4,

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kronos_core.data import read_kline
+from kronos_core.data.kline import read_kline
 from kronos_core.errors import KronosError
-from kronos_core.generation import SamplingParams, generate_tokens, sample_tokens
+from kronos_core.predict.generation import SamplingParams, generate_tokens, sample_tokens
 from kronos_core.layers import LayerCache
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_kline, synthetic_series
+from kronos_core.data.synthetic import synthetic_kline, synthetic_series
 
 COLUMNS = ["open", "high", "low", "close", "volume", "amount"]
 
@@ -240,7 +240,7 @@ def test_static_cache_equals_the_growing_cache_across_the_slide(tiny, window_mod
 
 
 def test_static_step_logits_match_and_masked_slots_do_not_matter(tiny):
-    from kronos_core.static_cache import StaticStep
+    from kronos_core.predict.static_cache import StaticStep
 
     model = tiny[0].eval()
     g = torch.Generator().manual_seed(12)
@@ -329,7 +329,7 @@ def test_the_core_predicts_without_loading_any_ui_library():
         "import sys\n"
         "import kronos_core\n"
         "from kronos_core.sizes import build_model, build_tokenizer\n"
-        "from kronos_core.synthetic import synthetic_kline\n"
+        "from kronos_core.data.synthetic import synthetic_kline\n"
         "frame = synthetic_kline(120, seed=0)\n"
         "history, future = frame.iloc[:100], frame['timestamps'].iloc[100:110].reset_index(drop=True)\n"
         "predictor = kronos_core.KronosPredictor(build_model('tiny', seed=1), build_tokenizer('tiny', seed=2),"

@@ -12,7 +12,7 @@ import pytest
 
 from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.profiler import profile_training
+from kronos_tune.profiling.profiler import profile_training
 from tiny_preset import tiny_preset_toml
 
 TINY_PRESET = tiny_preset_toml("tiny-profile", batch_size=4)

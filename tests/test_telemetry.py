@@ -20,9 +20,9 @@ import torch
 
 from kronos_tune import ResourceMonitor
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.nvml import NvmlReader
-from kronos_tune.resource_monitor import collect_environment, percentile
-from kronos_tune.telemetry import Sampler, read_torch_allocator
+from kronos_tune.telemetry.nvml import NvmlReader
+from kronos_tune.telemetry.resource_monitor import collect_environment, percentile
+from kronos_tune.telemetry.sampler import Sampler, read_torch_allocator
 from machine import real_nvidia_gpu_present
 
 GIB = 2**30
@@ -155,7 +155,7 @@ def sleeping_child():
 
 @needs_no_gpu
 def test_no_gpu_path_reports_reason_once_and_fills_host(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kronos_tune.nvml")
+    caplog.set_level(logging.INFO, logger="kronos_tune.telemetry.nvml")
     sampler = Sampler(interval_s=0.5)
     first = sampler.sample_once()
     second = sampler.sample_once()
@@ -186,7 +186,7 @@ def test_no_gpu_path_reports_reason_once_and_fills_host(caplog: pytest.LogCaptur
 def test_missing_nvml_package_is_a_reason_not_a_crash() -> None:
     code = (
         "import sys; sys.modules['pynvml'] = None\n"  # makes `import pynvml` raise ImportError
-        "from kronos_tune.telemetry import Sampler\n"
+        "from kronos_tune.telemetry.sampler import Sampler\n"
         "s = Sampler(); snap = s.sample_once()\n"
         "print(len(snap.gpus)); print(s.gpu_unavailable_reason)\n"
     )
@@ -253,7 +253,7 @@ def test_thread_feeds_subscribers_and_survives_a_raising_one(caplog: pytest.LogC
     sampler = Sampler(interval_s=0.05, capacity=1000)
     sampler.subscribe(bad)
     unsubscribe = sampler.subscribe(good)
-    with caplog.at_level(logging.ERROR, logger="kronos_tune.telemetry"):
+    with caplog.at_level(logging.ERROR, logger="kronos_tune.telemetry.sampler"):
         with sampler:
             assert sampler.running
             assert sampler.latest() is not None  # first sample taken synchronously by start()
@@ -296,7 +296,7 @@ def test_interval_edges_and_capacity() -> None:
 
 
 def test_fake_nvml_two_gpus_split_ours_from_others(sleeping_child, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="kronos_tune.nvml")
+    caplog.set_level(logging.INFO, logger="kronos_tune.telemetry.nvml")
     fake = FakeNvml(two_gpus(sleeping_child.pid))
     sampler = Sampler(interval_s=0.5, nvml=fake, children_refresh_s=0.0)
     sampler.sample_once()
@@ -464,7 +464,7 @@ def test_read_only_folder_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_bench_sampler_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    from kronos_tune import bench_sampler
+    from kronos_tune.telemetry import bench as bench_sampler
 
     assert bench_sampler.main(["--repeats", "1", "--steps", "2", "--interval", "0.05"]) == 0
     out = capsys.readouterr().out

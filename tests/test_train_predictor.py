@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kronos_core.model import Kronos
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import PHASES, StepRecord, TrainConfig, Trainer
 
 

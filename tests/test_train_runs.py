@@ -13,7 +13,7 @@ import pytest
 from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.train_runs import keep_effective_batch, plan_training
+from kronos_tune.train.runs import keep_effective_batch, plan_training
 from machine import interrupt_when
 from tiny_preset import tiny_train_toml
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kronos_tune.cli import app as cli_app
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
-from kronos_tune.telemetry import Sampler
+from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.protocol.records import TrialFinished
 from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kronos_tune.nvml import GpuProcessMemory, GpuSnapshot
-from kronos_tune.telemetry import HostSnapshot, Snapshot
+from kronos_tune.telemetry.nvml import GpuProcessMemory, GpuSnapshot
+from kronos_tune.telemetry.sampler import HostSnapshot, Snapshot
 from tiny_preset import write_tiny_preset as write_preset_file
 
 GIB = 2**30

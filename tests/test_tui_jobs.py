@@ -13,7 +13,7 @@ from textual import events
 
 from kronos_tune.presets import resolve_preset
 from kronos_tune.protocol import ProtocolOptions, plan_trials
-from kronos_tune.telemetry import Sampler
+from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_core.train import load_checkpoint
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel, StatusBar

@@ -1,7 +1,7 @@
 """Datasets and loaders for training: one global batch per optimizer step, sliced by rank.
 
 Item ``idx`` of epoch ``e`` is a pure function of (seed, e, idx) (see
-kronos_core.dataset), so the sampler only has to hand every rank the right
+kronos_core.data.dataset), so the sampler only has to hand every rank the right
 indices: micro-batch ``m`` of optimizer step ``s`` covers global items
 ``[g*B*W, (g+1)*B*W)`` with ``g = s*A + m``, and rank ``r`` reads the ``r``-th
 slice of ``B`` of them. One process with batch ``B*W`` therefore reads the
@@ -23,10 +23,10 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from kronos_core.data import find_data_files, read_kline
-from kronos_core.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
+from kronos_core.data.kline import find_data_files, read_kline
+from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
 from kronos_core.errors import KronosError
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.presets import Preset
 

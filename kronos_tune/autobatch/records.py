@@ -227,3 +227,8 @@ class PeakModel:
 
 
 # ---------------------------------------------------------------------------- runners
+
+
+class SearchCancelled(Exception):
+    """Raised by an `on_probe` callback to stop a search between probes (the dashboard's stop, a benchmark's
+    cancel); the search itself does not catch it."""

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kronos_core.generation import WINDOW_MODES
+from kronos_core.predict.generation import WINDOW_MODES
 from kronos_core.sizes import size_spec
-from kronos_tune.calendars import exchange_calendar
+from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.job_inputs import JobInputs, check_job_inputs
+from kronos_tune.predict.config import InputSpec, check_input_spec
 
 DEVICES = ("auto", "cpu", "cuda")
 AMP_CHOICES = ("none", "bf16", "fp16")
@@ -107,7 +107,7 @@ def check_setting(setting: PredictionSetting, device: str, flag: str) -> None:
 
 
 @dataclass(frozen=True)
-class BacktestConfig(JobInputs):
+class BacktestConfig(InputSpec):
     """Everything `kronos-tune backtest` was asked to do; see the command's --help for each field."""
 
     origins: int | None = None
@@ -153,7 +153,7 @@ class BacktestConfig(JobInputs):
 
 def check_config(config: BacktestConfig, device: str) -> None:
     """Every flag that can be judged without reading data or weights (`device` already resolved)."""
-    check_job_inputs(config)
+    check_input_spec(config)
     if not config.data and config.synthetic is None:
         raise KronosTuneError("no universe: give --data (a folder of per-symbol files or one panel file with a "
                               "symbol column) or --synthetic N")

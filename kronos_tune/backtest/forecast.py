@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kronos_core.data import FEATURE_COLUMNS, calendar_features_ns
-from kronos_core.predictor import KronosPredictor
+from kronos_core.data.kline import FEATURE_COLUMNS, calendar_features_ns
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_tune.backtest.config import PredictionSetting
 from kronos_tune.backtest.origins import Origin
 from kronos_tune.backtest.universe import Universe

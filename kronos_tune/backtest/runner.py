@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from kronos_core.errors import one_line
-from kronos_core.predictor import default_device
+from kronos_core.predict.predictor import default_device
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
                                          raise_top_k)
 from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_windows
@@ -31,7 +31,7 @@ from kronos_tune.backtest.report import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, score_run
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
 from kronos_tune.backtest.universe import Universe, load_universe
-from kronos_tune.calendars import calendar_grid
+from kronos_tune.predict.times import calendar_grid
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
@@ -110,8 +110,8 @@ def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback) -> F
     loaded: dict[str, object] = {}
 
     def make(setting: PredictionSetting, on_chunk: Callable[[int], None]) -> Forecaster:
-        from kronos_core.predictor import KronosPredictor
-        from kronos_tune.predict_job import PredictConfig, load_predictor
+        from kronos_core.predict.predictor import KronosPredictor
+        from kronos_tune.predict.job import PredictConfig, load_predictor
 
         if "base" not in loaded:
             base_config = PredictConfig(lookback=config.lookback, pred_len=config.pred_len, size=config.size,

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
+from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
                               read_kline, time_column, validate_kline)
 from kronos_core.errors import KronosError
-from kronos_core.synthetic import SYMBOL_COLUMN, synthetic_universe
+from kronos_core.data.synthetic import SYMBOL_COLUMN, synthetic_universe
 from kronos_tune.errors import KronosTuneError
 
 SYMBOL_ALIASES: tuple[str, ...] = (SYMBOL_COLUMN, "ticker", "code", "instrument", "stock")

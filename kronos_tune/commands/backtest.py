@@ -70,7 +70,7 @@ def agreement_line(result: BacktestResult) -> str | None:
             f"cumulative return diff {_pct(b.curve.cumulative_return - a.curve.cumulative_return)}")
 
 
-class ProgressView(LiveProgress):
+class BacktestProgress(LiveProgress):
     """A Rich bar over symbol-origins with symbols/s; one task per prediction setting."""
 
     def __init__(self, console: Console):
@@ -162,7 +162,7 @@ def backtest_command(
         if as_json:
             result = run_backtest(config, on_note=on_note)
         else:
-            with ProgressView(console) as view:
+            with BacktestProgress(console) as view:
                 result = run_backtest(config, on_note=on_note, on_progress=view.update)
     except KeyboardInterrupt:
         console.print("interrupted: finished origins are kept; continue with --resume --out <the run folder above>",

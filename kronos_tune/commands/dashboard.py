@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kronos_tune.telemetry import Sampler, validate_interval
+from kronos_tune.telemetry.sampler import Sampler, validate_interval
 
 def dashboard(
     preset: Annotated[Optional[str], typer.Option(

@@ -16,8 +16,8 @@ from rich.text import Text
 
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.nvml import GpuSnapshot
-from kronos_tune.telemetry import MAX_INTERVAL_S, Sampler, Snapshot, validate_interval
+from kronos_tune.telemetry.nvml import GpuSnapshot
+from kronos_tune.telemetry.sampler import MAX_INTERVAL_S, Sampler, Snapshot, validate_interval
 
 MONITOR_MAX_INTERVAL_S = 60.0
 BAR_WIDTH = 30

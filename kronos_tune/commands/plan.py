@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     ) -> None:
         """What fits where: per-rank memory of DDP, FSDP, FSDP + checkpointing and FSDP + CPU offload."""
-        from kronos_tune.planner import plan_preset
+        from kronos_tune.memory.planner import plan_preset
         from kronos_tune.presets import resolve_preset
 
         chosen = resolve_preset(preset, preset_dir)

@@ -19,8 +19,8 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption)
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
-    from kronos_core.predictor import PredictProgress
-    from kronos_tune.predict_job import PredictResult
+    from kronos_core.predict.predictor import PredictProgress
+    from kronos_tune.predict.job import PredictResult
 
 TABLE_ROWS = 20
 
@@ -141,7 +141,7 @@ def predict_command(
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
     bar grid."""
-    from kronos_tune.predict_job import PredictConfig, run_predict
+    from kronos_tune.predict.job import PredictConfig, run_predict
 
     console = Console()
 

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Profile the preset's training step: top ops, memory by category, trace files, MFU."""
         from kronos_tune.presets import resolve_preset
-        from kronos_tune.profiler import check_output_paths, profile_training
+        from kronos_tune.profiling.profiler import check_output_paths, profile_training
         from kronos_tune.workloads import runnable_device, train_config_from_preset
 
         chosen = resolve_preset(preset, preset_dir)

@@ -38,7 +38,7 @@ from kronos_tune.commands.common import LiveProgress
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log, want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
-from kronos_tune.train_runs import (
+from kronos_tune.train.runs import (
     Start, adopt_legacy_run, check_resume_folder, checkpoint_step, choose_folder, claim_train_dir, finish_status,
     partial_config_note, plan_training, run_label, run_step, world_size,
 )
@@ -92,7 +92,7 @@ def stages(base: TrainConfig, what: str | None) -> list[TrainConfig]:
     return [tokenizer, predictor]
 
 
-class ProgressView(LiveProgress):
+class TrainProgress(LiveProgress):
     """A Rich progress bar fed with step and evaluation dicts (in process, or rank 0's events): step/total,
     loss, lr, tokens/s, the last validation loss, memory, elapsed time and ETA."""
 
@@ -170,7 +170,7 @@ def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, 
             stopper.attach(trainer)
             target = trainer.total_steps if steps is None else min(steps, trainer.total_steps)
             log = stage_log(Path(config.output_dir), tensorboard, resumed_at=trainer.step)
-            with ProgressView(console, config.what, target, start=trainer.step) as view:
+            with TrainProgress(console, config.what, target, start=trainer.step) as view:
                 def on_step(record: Any) -> None:
                     values = record.to_dict()
                     view.update(values)
@@ -246,7 +246,7 @@ class LaunchedRun:
     """Rank 0's events of a torchrun training run: the progress bar, the run's logs, the summary, errors.
     The log opens on rank 0's first event, so on a multi-node run only the node hosting rank 0 writes it."""
 
-    def __init__(self, config: TrainConfig, view: ProgressView, tensorboard: bool) -> None:
+    def __init__(self, config: TrainConfig, view: TrainProgress, tensorboard: bool) -> None:
         self.config, self.view, self.tensorboard = config, view, tensorboard
         self.log: RunLog | None = None
         self.summary: dict[str, Any] | None = None
@@ -281,7 +281,7 @@ def run_torchrun(config: TrainConfig, command: list[str], total: int | None, con
                  run: RunDir | None = None, tensorboard: bool = False) -> int:
     """Run torchrun through the shared launcher (Ctrl-C or SIGTERM here: every rank stops after its step and
     saves; killed after a grace period), draw rank 0's progress and write the run's logs from its events."""
-    with ProgressView(console, f"{config.what} (torchrun)", total) as view:
+    with TrainProgress(console, f"{config.what} (torchrun)", total) as view:
         watcher = LaunchedRun(config, view, tensorboard)
 
         def on_line(line: str) -> None:

@@ -12,7 +12,7 @@ Answers "does batch B fit on device D" by measurement:
 from kronos_core.train.live_bytes import StorageTracker
 from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError, apply_cuda_budget
 from kronos_tune.memory.estimate import CudaEmulation, EstimateResult, FakeEstimate, estimate_step_peak
-from kronos_tune.memory.meters import CpuExactMeter, CudaMeter, CudaPhaseStats, PhaseMeter, make_meter
+from kronos_tune.memory.meters import CpuExactMeter, CudaMeter, CudaPhaseStats, LiveMeter, make_meter
 
 __all__ = [
     "CpuExactMeter",
@@ -23,7 +23,7 @@ __all__ = [
     "FakeEstimate",
     "MemoryBudget",
     "OutOfMemoryError",
-    "PhaseMeter",
+    "LiveMeter",
     "StorageTracker",
     "apply_cuda_budget",
     "estimate_step_peak",

@@ -1,6 +1,7 @@
 """Phase meters: what the training loop calls around forward/backward/optimizer/eval/data.
 
-Every meter follows ``PhaseMeter``; kronos_core only duck-types it::
+Every meter follows ``LiveMeter`` (kronos_core's ``PhaseMeter`` plus the live bytes); kronos_core only
+duck-types it::
 
     with meter.phase("forward"):
         loss = model(batch)
@@ -19,13 +20,13 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 import torch
 
 from kronos_core.train.live_bytes import StorageTracker
-from kronos_core.train.records import PhaseMeter as TrainerMeter
+from kronos_core.train.records import PhaseMeter
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
 
 
 @runtime_checkable
-class PhaseMeter(TrainerMeter, Protocol):
+class LiveMeter(PhaseMeter, Protocol):
     """kronos_core's trainer interface, plus the live bytes now."""
 
     def current_bytes(self) -> int: ...
@@ -172,7 +173,7 @@ class CudaMeter:
 
 
 def make_meter(device: torch.device | str, budget_bytes: int | None = None, *,
-               exact_on_cpu: bool = True) -> PhaseMeter | None:
+               exact_on_cpu: bool = True) -> LiveMeter | None:
     """The meter for `device`, the one place that picks it.
 
     CUDA (a bare "cuda" is the current device): a CudaMeter; a budget smaller than the card caps it with

@@ -88,3 +88,18 @@ def run_watched(command: list[str], stderr_path: Path, on_event: Callable[[dict[
                         catch_signals=False)  # the runner's own handlers set `cancel`
     return Outcome(code=result.returncode, timed_out=result.timed_out, cancelled=result.stopped,
                    elapsed_s=result.elapsed_s)
+
+
+def timeout_reason(timeout_s: float, stack_file: Path) -> str:
+    return (f"no result after {timeout_s:g} s (the watchdog); its processes were killed and the stacks "
+            f"of every thread saved in {stack_file}")
+
+
+def raise_for_exit(outcome: Outcome, work: Path) -> None:
+    """A trial process that left no result: cancelled (KeyboardInterrupt) or crashed (its last error line)."""
+    if outcome.cancelled:
+        raise KeyboardInterrupt
+    errors = [line for line in (work / "stderr.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    last = next((line for line in reversed(errors) if "Error" in line or "error" in line),
+                errors[-1] if errors else "")
+    raise RuntimeError(f"the trial's process exited with code {outcome.code}: {last.strip()[:300]}")

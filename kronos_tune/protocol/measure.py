@@ -24,7 +24,7 @@ import torch
 
 from kronos_core.errors import one_line
 from kronos_core.train import StepRecord, TrainConfig, Trainer
-from kronos_tune.flops import train_flops_per_token
+from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.memory.meters import MeterSwitch
 from kronos_tune.protocol.stats import relative_halfwidth
 

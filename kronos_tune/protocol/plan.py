@@ -9,6 +9,7 @@ optimizer steps from the same initial weights.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
 from kronos_tune.protocol.decision import OBJECTIVES
-from kronos_tune.protocol.records import TASKS, ProtocolOptions, TrialResult, TrialSpec
+from kronos_tune.protocol.records import TASKS, PredictSettings, ProtocolOptions, TrialResult, TrialSpec
 from kronos_tune.workloads import runnable_device
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
@@ -217,13 +218,67 @@ def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
         spec.eval_step = None if spec.stage == "drift" else eval_step
 
 
+# The predict task ----------------------------------------------------------------------------------
+
+PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
+DEFAULT_MEASURED_SERIES = 4
+
+
+def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    p = preset.predict
+    measured = min(p.series_count, options.predict_series or DEFAULT_MEASURED_SERIES)
+    base = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
+                           measured, use_cache=False, seed=options.seed)
+    cached = replace(base, use_cache=True)
+    bf16_skip = None
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        bf16_skip = "this GPU has no bf16 support"
+    elif preset.hardware.device == "cuda" and not preset.hardware.bf16_supported:
+        bf16_skip = "the preset's hardware has no bf16 (hardware.bf16_supported = false)"
+    devices = shard_processes(device)
+    specs = [
+        TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
+                  "the reference method: the whole window recomputed for every new token"),
+        TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
+                  "key/value cache: one new position per step (exact while the window has not slid)"),
+        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
+                  "KV cache with bf16 autocast" + ("; the preset marks bf16 unsupported (no native bf16 units), so "
+                                                   "it is measured emulated" if device == "cpu" and not
+                                                   preset.hardware.bf16_supported else "")),
+        TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
+                  None if autobatch_available() else "autobatch not available",
+                  "KV cache with the chunk size autobatch finds within the budget"),
+        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
+                  _sharding_skip(devices, measured, device),
+                  f"KV cache, the series split over {devices} torchrun processes "
+                  + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
+    ]
+    optional = PREDICT_TRIALS[1:]
+    for spec in specs:
+        spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
+        spec.warmup_steps, spec.measured_steps = 1, options.predict_repeats
+    return specs
+
+
+def shard_processes(device: str) -> int:
+    """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
+    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
+    return device_count(device)
+
+
+def _sharding_skip(processes: int, measured: int, device: str) -> str | None:
+    if processes < 2:
+        return "sharding series needs 2+ devices"
+    if measured < processes:
+        return f"{measured} measured series cannot be split over {processes} processes; raise --predict-series"
+    return None
+
+
 def plan_trials(preset: Preset | str, task: str = "train",
                 options: ProtocolOptions = ProtocolOptions()) -> list[TrialSpec]:
     """Every trial of the protocol in run order (baseline first, combined last), skipped ones with their reason."""
     preset = resolve(preset)
     if task == "predict":
-        from kronos_tune.protocol.predict_protocol import PREDICT_TRIALS, plan_predict
-
         check_names(task, options, PREDICT_TRIALS)
         device, _ = runnable_device(preset)
         return plan_predict(preset, options, device)

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS
-from kronos_tune.protocol.predict_protocol import output_max_abs_diff, series_inputs
+from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_tune.protocol.predict_measure import output_max_abs_diff, series_inputs
+from kronos_tune.protocol.context import RunContext
 from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
-from kronos_tune.protocol.train_trials import raise_for_exit, timeout_reason
+from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
 from kronos_tune.protocol.trial_worker import PREDICT_EVENT
 
-if TYPE_CHECKING:
-    from kronos_tune.protocol.runner import ProtocolRun
 
 
 def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
@@ -29,7 +28,7 @@ def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
     return [pd.DataFrame(v, columns=columns, index=pd.Index(stamps)) for v, stamps in zip(values, ys)]
 
 
-def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
+def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     settings = spec.config
     result_file, outputs_file = work / "result.json", work / "outputs.npz"
     job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
@@ -42,7 +41,7 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     outcome, stack_file = run.launch(spec, work, job, on_event)
     hardware = f"{settings.devices} x {run.device}"
     if outcome.timed_out:
-        return TrialResult(spec.name, spec.stage, "timeout", spec.changes, timeout_reason(run, stack_file),
+        return TrialResult(spec.name, spec.stage, "timeout", spec.changes, timeout_reason(run.trial_timeout_s, stack_file),
                            spec.description, task="predict", hardware=hardware, config=settings.to_dict())
     if not result_file.is_file():
         raise_for_exit(outcome, work)

@@ -37,7 +37,7 @@ from kronos_tune.presets import Preset
 from kronos_tune.protocol import predict_trials, train_trials
 from kronos_tune.protocol.isolation import Outcome, run_watched
 from kronos_tune.protocol.plan import plan_trials, resolve
-from kronos_tune.protocol.predict_protocol import autobatch_chunk
+from kronos_tune.protocol.predict_measure import autobatch_chunk
 from kronos_tune.protocol.quality import noise_estimate
 from kronos_tune.protocol.records import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialResult, TrialSpec, TrialStarted,
@@ -268,7 +268,7 @@ class ProtocolRun:
 
     # The report ----------------------------------------------------------------------------------
     def build_report(self) -> ProtocolReport:
-        from kronos_tune.resource_monitor import collect_environment
+        from kronos_tune.telemetry.resource_monitor import collect_environment
 
         trials = [self.results[s.name] for s in self.specs if s.name in self.results]
         options = self.options.to_dict()

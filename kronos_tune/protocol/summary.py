@@ -17,7 +17,7 @@ import torch
 
 from kronos_core.model import Kronos
 from kronos_core.sizes import SIZES
-from kronos_tune.flops import train_flops_per_token
+from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.presets import Preset
 from kronos_tune.protocol.decision import (
     EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, DecisionContext, decide,

@@ -7,24 +7,23 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
-from kronos_tune.flops import mfu
+from kronos_tune.profiling.flops import mfu
 from kronos_tune.protocol.decision import DecisionContext, decide
-from kronos_tune.protocol.isolation import Outcome
+from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
 from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
 from kronos_tune.protocol.plan import combine
 from kronos_tune.protocol.quality import quality_guard
+from kronos_tune.protocol.context import RunContext
 from kronos_tune.protocol.records import Spread, TrialResult, TrialSpec, TrialStep
 from kronos_tune.protocol.trial_worker import STEP_EVENT
 
-if TYPE_CHECKING:
-    from kronos_tune.protocol.runner import ProtocolRun
 
 PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_TRIAL_BUDGET_S = {"cpu": 10.0, "cuda": 20.0}
@@ -34,13 +33,13 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _spec(run: ProtocolRun, name: str) -> TrialSpec:
+def _spec(run: RunContext, name: str) -> TrialSpec:
     return next(s for s in run.specs if s.name == name)
 
 
 # Trials decided while running ---------------------------------------------------------------------------
 
-def decision_context(run: ProtocolRun) -> DecisionContext:
+def decision_context(run: RunContext) -> DecisionContext:
     from kronos_tune.protocol.summary import model_has_dropout
 
     margin = run.options.autobatch_margin
@@ -49,7 +48,7 @@ def decision_context(run: ProtocolRun) -> DecisionContext:
                            **({} if margin is None else {"margin": margin}))
 
 
-def resolve(run: ProtocolRun, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
+def resolve(run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
     if spec.name == "combined":
         results = list(run.results.values())
         members = decide(results, decision_context(run)).combination
@@ -64,13 +63,10 @@ def resolve(run: ProtocolRun, spec: TrialSpec, work: Path) -> tuple[TrialSpec, l
     return spec, []
 
 
-class _Cancelled(Exception):
-    pass
-
-
-def search_batch(run: ProtocolRun, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
+def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
     """autobatch over the baseline's config within the run's budget (cancellable between probes); `limits` go to
     TrainTask.run (effective_batch, max_batch). Returns the result and how it was measured."""
+    from kronos_tune.autobatch.records import SearchCancelled
     from kronos_tune.autobatch.train_task import TrainTask
 
     estimate = run.options.autobatch_estimate
@@ -78,18 +74,18 @@ def search_batch(run: ProtocolRun, base: TrainConfig, **limits: Any) -> tuple[An
 
     def on_probe(probe: Any) -> None:
         if run.cancel.is_set():
-            raise _Cancelled
+            raise SearchCancelled
 
     try:
         with TrainTask(base, device=run.device) as task:
             found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate,
                              on_probe=on_probe, **limits)
-    except _Cancelled:
+    except SearchCancelled:
         raise KeyboardInterrupt from None
     return found, "fake-tensor estimate" if estimate else "real probes"
 
 
-def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
+def resolve_autobatch(run: RunContext, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
     """autobatch's micro-batch within the budget (the effective batch kept); skipped when it is the baseline's."""
     base: TrainConfig = _spec(run, "baseline").config
     found, how = search_batch(run, base, effective_batch=base.batch_size * base.accumulation_steps)
@@ -104,7 +100,7 @@ def resolve_autobatch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, lis
     return spec, notes
 
 
-def resolve_bigger_batch(run: ProtocolRun, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
+def resolve_bigger_batch(run: RunContext, spec: TrialSpec) -> tuple[TrialSpec, list[str]]:
     """The effective batch raised to the largest micro-batch that fits (an autobatch search without the
     effective batch's limit), lr scaled by the sqrt rule, evaluated after the baseline's samples."""
     from kronos_tune.autobatch.maximize import data_cap, scale_for_batch
@@ -147,7 +143,7 @@ def materialize_probe(config: TrainConfig, base: TrainConfig, work: Path) -> Tra
 
 # Running one trial -----------------------------------------------------------------------------------------
 
-def step_plan(run: ProtocolRun, spec: TrialSpec) -> StepPlan:
+def step_plan(run: RunContext, spec: TrialSpec) -> StepPlan:
     options = run.options
     budget = options.trial_budget_s or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0)
     return StepPlan(min_warmup=spec.warmup_steps, max_warmup=spec.max_warmup_steps,
@@ -156,7 +152,7 @@ def step_plan(run: ProtocolRun, spec: TrialSpec) -> StepPlan:
                     budget_s=budget, eval_step=spec.eval_step)
 
 
-def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
+def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     """The trial in its own process (torchrun for 2+ processes) under the run's watchdog."""
     config = spec.config.replace(output_dir=str(work / "run"))
     result_file = work / "result.json"
@@ -169,7 +165,7 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
 
     outcome, stack_file = run.launch(spec, work, job, on_event)
     if outcome.timed_out:
-        return TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes), timeout_reason(run, stack_file),
+        return TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes), timeout_reason(run.trial_timeout_s, stack_file),
                            spec.description, task="train", config=spec.config.to_dict(), nproc=spec.nproc)
     measured = None
     if result_file.is_file():
@@ -183,21 +179,6 @@ def run_trial(run: ProtocolRun, spec: TrialSpec, work: Path) -> TrialResult:
     return train_result(run, spec, measured)
 
 
-def timeout_reason(run: ProtocolRun, stack_file: Path) -> str:
-    return (f"no result after {run.trial_timeout_s:g} s (the watchdog); its processes were killed and the stacks "
-            f"of every thread saved in {stack_file}")
-
-
-def raise_for_exit(outcome: Outcome, work: Path) -> None:
-    """A trial process that left no result: cancelled (KeyboardInterrupt) or crashed (its last error line)."""
-    if outcome.cancelled:
-        raise KeyboardInterrupt
-    errors = [line for line in (work / "stderr.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
-    last = next((line for line in reversed(errors) if "Error" in line or "error" in line),
-                errors[-1] if errors else "")
-    raise RuntimeError(f"the trial's process exited with code {outcome.code}: {last.strip()[:300]}")
-
-
 def _dtype(config: dict[str, Any]) -> str:
     if config.get("amp") in PEAK_DTYPE:
         return PEAK_DTYPE[config["amp"]]
@@ -206,7 +187,7 @@ def _dtype(config: dict[str, Any]) -> str:
     return "fp32"
 
 
-def train_result(run: ProtocolRun, spec: TrialSpec, m: TrainMeasurement) -> TrialResult:
+def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement) -> TrialResult:
     config = spec.config.to_dict()
     times = [r["step_time_s"] for r in m.timed]
     device_name = run.device if run.device == "cpu" else torch.cuda.get_device_name(torch.cuda.current_device())

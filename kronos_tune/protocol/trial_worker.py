@@ -90,7 +90,7 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; outputs to an .npz file."""
     import numpy as np
 
-    from kronos_tune.protocol.predict_protocol import measure_prediction
+    from kronos_tune.protocol.predict_measure import measure_prediction
     from kronos_tune.protocol.records import PredictSettings
 
     settings = PredictSettings(**job["settings"])

@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Footer
 from kronos_core.errors import KronosError, one_line
 from kronos_tune.presets import Preset, list_presets, resolve_preset
 from kronos_tune.runs import default_run_dir
-from kronos_tune.telemetry import Sampler
+from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui import jobs
 from kronos_tune.tui.answer import Answer
 from kronos_tune.tui.format import gib
@@ -292,7 +292,7 @@ class DashboardApp(ResultsView, App[int]):
     def _training_folder(self, preset: Preset, config_path: Path) -> tuple[Path, bool]:
         """The newest cancelled run of this config (resumed), else a new folder under OUT/train/."""
         from kronos_core.train import TrainConfig
-        from kronos_tune.train_runs import find_resumable
+        from kronos_tune.train.runs import find_resumable
 
         try:
             config = TrainConfig.from_toml(config_path)

@@ -60,6 +60,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
 
         from kronos_core.units import format_bytes
         from kronos_tune.autobatch import render
+        from kronos_tune.autobatch.records import SearchCancelled
         from kronos_tune.autobatch.train_task import TrainTask
         from kronos_tune.workloads import train_config_from_preset
 
@@ -76,7 +77,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
             post(LogLine(f"autobatch: {line}"))
             post(JobNote(f"{line}; next probe or the fit follows"))
             if cancel.is_set():
-                raise _Cancelled
+                raise SearchCancelled
 
         post(JobNote(f"probing training batch sizes on {device} against {format_bytes(preset.budget_bytes)} "
                      f"(real steps, exact memory)"))
@@ -84,7 +85,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         with TrainTask(config, device=device) as task:
             result = task.run(preset.budget_bytes, effective_batch=effective, round_bytes=round_bytes,
                               on_probe=on_probe)
-    except _Cancelled:
+    except SearchCancelled:
         post(JobFinished(job, "cancelled", "stopped after a probe"))
         return
     except Exception as error:
@@ -98,10 +99,6 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
     _finish(post, job, cancel, outcome, result)
 
 
-class _Cancelled(Exception):
-    """Raised from a progress callback to leave a job that has no cancel argument of its own."""
-
-
 def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: threading.Event) -> None:
     """kronos_core's Trainer on a TrainConfig TOML (recommended.toml) in `folder`, a new run or (resume) the
     cancelled one it holds; the folder is claimed through kronos_tune.runs and records how the run ended.
@@ -110,7 +107,7 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
     run = None
     try:
         from kronos_core.train import TrainConfig, Trainer
-        from kronos_tune.train_runs import claim_train_dir, finish_status, partial_config_note
+        from kronos_tune.train.runs import claim_train_dir, finish_status, partial_config_note
 
         partial = partial_config_note(config_path)
         if partial:

@@ -6,7 +6,7 @@ from typing import Any
 
 from textual.message import Message
 
-from kronos_tune.telemetry import Snapshot
+from kronos_tune.telemetry.sampler import Snapshot
 
 
 class TelemetryUpdated(Message):

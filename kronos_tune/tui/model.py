@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kronos_tune.telemetry import Snapshot
+from kronos_tune.telemetry.sampler import Snapshot
 from kronos_tune.tui.format import ratio
 
 HISTORY_LENGTH = 240

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from kronos_tune.nvml import GpuSnapshot
+from kronos_tune.telemetry.nvml import GpuSnapshot
 from kronos_tune.tui.format import gib, percent, ratio
 from kronos_tune.tui.widgets.base import Line, Panel, meter_line, spark_line
 

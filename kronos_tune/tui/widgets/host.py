@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from kronos_tune.telemetry import HostSnapshot
+from kronos_tune.telemetry.sampler import HostSnapshot
 from kronos_tune.tui.format import SPARK_LEVELS, bar, gib, level_style, ratio
 from kronos_tune.tui.widgets.base import Line, Panel, meter_line, spark_line
 

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.flops import mfu, train_flops_per_token
+from kronos_tune.profiling.flops import mfu, train_flops_per_token
 
 
 @dataclass

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
-from kronos_core.data import (
+from kronos_core.data.kline import (
     FEATURE_COLUMNS,
     TIME_COLUMN,
     TIME_FEATURES,

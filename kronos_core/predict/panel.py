@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import (
+from kronos_core.data.kline import (
     FEATURE_COLUMNS,
     NAT_NS,
     PRICE_COLUMNS,
@@ -34,10 +34,10 @@ from kronos_core.data import (
     wall_clock_ns,
 )
 from kronos_core.errors import KronosError
-from kronos_core.predict_arrays import SeriesGroup, frame_values
+from kronos_core.predict.arrays import SeriesGroup, frame_values
 
 if TYPE_CHECKING:
-    from kronos_core.predictor import KronosPredictor
+    from kronos_core.predict.predictor import KronosPredictor
 
 SHORT_POLICIES = ("error", "skip")
 FutureSpec = Union[Sequence, pd.DatetimeIndex, Mapping[str, Sequence], Callable[[pd.DatetimeIndex, int], Sequence]]

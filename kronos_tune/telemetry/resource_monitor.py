@@ -32,7 +32,7 @@ import psutil
 from kronos_core.files import write_text_atomic
 from kronos_core.hostmem import total_ram_bytes
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.telemetry import Sampler, Snapshot
+from kronos_tune.telemetry.sampler import Sampler, Snapshot
 
 __all__ = ["ResourceMonitor", "collect_environment", "percentile"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
+from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
 from kronos_core.errors import one_line
 from kronos_core.files import atomic_path
 from kronos_tune.errors import KronosTuneError

@@ -1,5 +1,5 @@
-"""The predict protocol: the reference's full recompute vs the KV cache vs bf16 vs the autobatch chunk vs
-sharding the series over processes, on the preset's predict workload shape.
+"""Measuring the predict protocol's trials (planned in `plan.plan_predict`): the reference's full recompute vs the
+KV cache vs bf16 vs the autobatch chunk vs sharding the series over processes, on the preset's predict shape.
 
 Each trial predicts the same `measured_series` synthetic series (the preset's
 lookback, pred_len and sample paths; random weights of the preset's model
@@ -22,79 +22,23 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict_arrays import prepare_lists
-from kronos_core.predict_sharded import ShardJob, read_merged, write_job
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.arrays import prepare_lists
+from kronos_core.predict.sharded import ShardJob, read_merged, write_job
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
-from kronos_tune.presets import Preset
-from kronos_tune.protocol.plan import autobatch_available, device_count, selection_reason
-from kronos_tune.protocol.records import PredictSettings, PredictStep, ProtocolOptions, TrialSpec
-
-PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
-DEFAULT_MEASURED_SERIES = 4
-
-
-def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
-    p = preset.predict
-    measured = min(p.series_count, options.predict_series or DEFAULT_MEASURED_SERIES)
-    base = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
-                           measured, use_cache=False, seed=options.seed)
-    cached = replace(base, use_cache=True)
-    bf16_skip = None
-    if device == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16_skip = "this GPU has no bf16 support"
-    elif preset.hardware.device == "cuda" and not preset.hardware.bf16_supported:
-        bf16_skip = "the preset's hardware has no bf16 (hardware.bf16_supported = false)"
-    devices = shard_processes(device)
-    specs = [
-        TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
-                  "the reference method: the whole window recomputed for every new token"),
-        TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
-                  "key/value cache: one new position per step (exact while the window has not slid)"),
-        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
-                  "KV cache with bf16 autocast" + ("; the preset marks bf16 unsupported (no native bf16 units), so "
-                                                   "it is measured emulated" if device == "cpu" and not
-                                                   preset.hardware.bf16_supported else "")),
-        TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
-                  None if autobatch_available() else "autobatch not available",
-                  "KV cache with the chunk size autobatch finds within the budget"),
-        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
-                  _sharding_skip(devices, measured, device),
-                  f"KV cache, the series split over {devices} torchrun processes "
-                  + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
-    ]
-    optional = PREDICT_TRIALS[1:]
-    for spec in specs:
-        spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
-        spec.warmup_steps, spec.measured_steps = 1, options.predict_repeats
-    return specs
-
-
-def shard_processes(device: str) -> int:
-    """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
-    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
-    return device_count(device)
-
-
-def _sharding_skip(processes: int, measured: int, device: str) -> str | None:
-    if processes < 2:
-        return "sharding series needs 2+ devices"
-    if measured < processes:
-        return f"{measured} measured series cannot be split over {processes} processes; raise --predict-series"
-    return None
-
+from kronos_tune.protocol.records import PredictSettings, PredictStep
 
 @dataclass
 class PredictMeasurement:
@@ -172,7 +116,7 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
 
     try:
         job_file = write_job(work, job, group.x, group.x_stamp, group.y_stamp)
-        launched = run_launch(torchrun_command(LaunchSpec(nproc=processes), "kronos_core.predict_sharded",
+        launched = run_launch(torchrun_command(LaunchSpec(nproc=processes), "kronos_core.predict.sharded",
                                                [str(job_file)]), on_event=on_event, should_stop=should_stop)
         if launched.stopped:
             result.status, result.reason = "cancelled", f"cancelled after {len(result.seconds)} timed runs"

@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _measure_in_child(folder: Path, device: str, dtype: str) -> dict:
-    command = [sys.executable, "-m", "kronos_core.bench_load", str(folder), device, dtype]
+    command = [sys.executable, "-m", "kronos_core.bench.load", str(folder), device, dtype]
     if os.name == "posix":
         # A process started straight from this one inherits this one's (large) RSS high-water mark across
         # exec on Linux; started from a forked shell it begins with the shell's few MiB.

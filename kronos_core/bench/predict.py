@@ -16,7 +16,7 @@ selection and graph capture. `--paths host` times only the host work
 
     python -m kronos_core.bench load --size base --repeats 3
 
-measures the host memory `from_pretrained` adds, in fresh processes (see kronos_core.bench_load).
+measures the host memory `from_pretrained` adds, in fresh processes (see kronos_core.bench.load).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.bench_load import add_parser as add_load_parser, bench_load
-from kronos_core.bench_phases import breakdown_lines, measure_read_bandwidth, time_phases
-from kronos_core.data import FEATURE_COLUMNS, read_kline
+from kronos_core.bench.load import add_parser as add_load_parser, bench_load
+from kronos_core.bench.phases import breakdown_lines, measure_read_bandwidth, time_phases
+from kronos_core.data.kline import FEATURE_COLUMNS, read_kline
 from kronos_core.hostmem import peak_rss_bytes
-from kronos_core.panel import panel_frame, panel_inputs, predict_panel
-from kronos_core.predict_arrays import prepare_lists
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.panel import panel_frame, panel_inputs, predict_panel
+from kronos_core.predict.arrays import prepare_lists
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
 from kronos_core.units import format_bytes
-from kronos_core.synthetic import synthetic_series
+from kronos_core.data.synthetic import synthetic_series
 
 
 def _series_inputs(count: int, lookback: int, pred_len: int, csv: str | None, seed: int):

@@ -11,7 +11,6 @@ of every sample path; optional bf16/fp16 autocast.
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,12 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS
 from kronos_core.errors import KronosError
-from kronos_core.generation import WINDOW_MODES, SamplingParams, generate_tokens
+from kronos_core.predict.generation import WINDOW_MODES, SamplingParams, generate_tokens
 from kronos_core.hostmem import available_ram_bytes
 from kronos_core.model import Kronos
-from kronos_core.predict_arrays import prepare_lists, run_group
+from kronos_core.predict.arrays import N_FEATURES, NORM_EPS, normalize, prepare_lists, to_device, to_host
 from kronos_core.tokenizer import KronosTokenizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -180,7 +179,7 @@ class KronosPredictor:
         samples: list[np.ndarray | None] = [None] * count
         with _progress(on_progress, chunks * pred_len, count) as advance:
             for group in prepared.groups:
-                mean_paths, all_paths = run_group(self, group.x, group.x_stamp, group.y_stamp, params, sample_count,
+                mean_paths, all_paths = self.run_group(group.x, group.x_stamp, group.y_stamp, params, sample_count,
                                                   series_per_chunk, return_samples,
                                                   on_step=lambda _step: advance(0, 1),
                                                   on_chunk=lambda done: advance(done, 0))
@@ -199,7 +198,7 @@ class KronosPredictor:
         """Predict N series of one history length from arrays; every sample path, de-normalized.
 
         x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
-        calendar features (`kronos_core.data.calendar_features_ns` makes them from timestamps).
+        calendar features (`kronos_core.data.kline.calendar_features_ns` makes them from timestamps).
         Returns float32 [N, sample_count, P, 6], or with `mean_only` the mean path [N, P, 6] exactly as
         `predict_batch` computes it (mean in normalized space, then de-normalized).
         """
@@ -223,7 +222,7 @@ class KronosPredictor:
         per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
         chunks = -(-x.shape[0] // per_chunk)
         with _progress(on_progress, chunks * pred_len, x.shape[0]) as advance:
-            mean_path, samples = run_group(self, values, x_stamp, y_stamp, params, sample_count, per_chunk,
+            mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_chunk,
                                            not mean_only, on_step=lambda _step: advance(0, 1),
                                            on_chunk=lambda done: advance(done, 0))
         return mean_path if mean_only else samples
@@ -272,6 +271,38 @@ class KronosPredictor:
         if self.amp is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+
+    @torch.inference_mode()
+    def run_group(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
+                  y_stamp: np.ndarray | torch.Tensor, params: SamplingParams, sample_count: int,
+                  series_per_chunk: int, want_samples: bool,
+                  on_step: Callable[[int], None] | None = None,
+                  on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Predict series of one history length.
+
+        Returns the mean path [n, P, 6] and, with `want_samples`, every path [n, S, P, 6], both de-normalized
+        float32 numpy arrays. Marks "h2d" (copy and normalization), then per chunk what `generate_chunk`
+        marks, then "d2h" (de-normalization and the copy back).
+        """
+        device = self.device
+        count, pred_len = x.shape[0], y_stamp.shape[1]
+        x_norm, mean, std = normalize(x, self.clip, device)
+        stamps = torch.cat([to_device(x_stamp, device), to_device(y_stamp, device)], dim=1)
+        self._mark("h2d")
+        paths = torch.empty(count, sample_count, pred_len, N_FEATURES, device=device)
+        for begin in range(0, count, series_per_chunk):
+            end = min(count, begin + series_per_chunk)
+            paths[begin:end] = self.generate_chunk(x_norm[begin:end], stamps[begin:end], pred_len, params,
+                                                        sample_count, on_step)
+            if on_chunk is not None:
+                on_chunk(end - begin)
+        scale = std + NORM_EPS  # [n, 1, 6]
+        mean_path = paths.mean(dim=1) * scale + mean
+        samples = paths * scale[:, None] + mean[:, None] if want_samples else None
+        mean_host = to_host(mean_path)
+        samples_host = to_host(samples) if samples is not None else None
+        self._mark("d2h")
+        return mean_host, samples_host
 
     @torch.inference_mode()
     def generate_chunk(self, x_norm: torch.Tensor, stamps: torch.Tensor, pred_len: int, params: SamplingParams,

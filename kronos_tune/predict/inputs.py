@@ -2,8 +2,8 @@
 
 Per-series files (or --synthetic) become `SeriesInput`s (`load_series`), whose
 future timestamps continue each series' own bar grid (or follow --calendar);
-panels (--symbol-column) are cut with `kronos_core.panel`, with future timestamps computed once per
-distinct history grid. Either way `load_inputs` returns one `JobInputs` of
+panels (--symbol-column) are cut with `kronos_core.predict.panel`, with future timestamps computed once per
+distinct history grid. Either way `load_inputs` returns one `LoadedSeries` of
 arrays that the predictor (or the ranks of a sharded run) consume directly.
 """
 
@@ -13,22 +13,20 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline
 from kronos_core.errors import KronosError
-from kronos_core.panel import panel_inputs, read_panel
-from kronos_core.predict_arrays import prepare_lists
-from kronos_core.synthetic import synthetic_series
+from kronos_core.predict.panel import panel_inputs, read_panel
+from kronos_core.predict.arrays import prepare_lists
+from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.future_times import future_timestamps
-from kronos_tune.predict_output import Precision, input_precision
+from kronos_tune.predict.times import future_timestamps
+from kronos_tune.predict.config import PredictConfig
+from kronos_tune.predict.output import Precision, input_precision
 
-if TYPE_CHECKING:
-    from kronos_tune.predict_job import PredictConfig
 
 DEFAULT_SYNTHETIC_SERIES = 4
 
@@ -98,7 +96,7 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
 
 
 @dataclass
-class JobInputs:
+class LoadedSeries:
     """Every series as arrays (one history length), with what the output and the scores need."""
 
     names: list[str]
@@ -111,18 +109,18 @@ class JobInputs:
     precision: Precision               # decimals of the input's (float64) values, for text output
 
 
-def _from_series(items: list[SeriesInput], pred_len: int) -> JobInputs:
+def _from_series(items: list[SeriesInput], pred_len: int) -> LoadedSeries:
     prepared = prepare_lists([item.history[list(FEATURE_COLUMNS)] for item in items],
                              [item.history[TIME_COLUMN] for item in items], [item.future for item in items], pred_len)
     (group,) = prepared.groups  # every history has --lookback rows
     actual = None if items[0].actual_close is None else np.stack([item.actual_close for item in items])
     raw = np.stack([item.history[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64) for item in items])
-    return JobInputs([item.name for item in items], group.x, group.x_stamp, group.y_stamp,
+    return LoadedSeries([item.name for item in items], group.x, group.x_stamp, group.y_stamp,
                      [pd.DatetimeIndex(item.future, name=TIME_COLUMN) for item in items], actual,
                      np.array(["volume" in item.filled for item in items]), input_precision(raw))
 
 
-def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
+def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
     paths = find_data_files(list(config.data))
     panels = [read_panel(path, config.symbol_column) for path in paths]
     panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
@@ -145,11 +143,11 @@ def _from_panels(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
     present = [c for c in FEATURE_COLUMNS if c in panel.columns]
     raw = np.zeros((len(panel), len(FEATURE_COLUMNS)))
     raw[:, [FEATURE_COLUMNS.index(c) for c in present]] = panel[present].to_numpy(dtype=np.float64)
-    return JobInputs(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume,
+    return LoadedSeries(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume,
                      input_precision(raw))
 
 
-def load_inputs(config: PredictConfig, on_note: NoteCallback) -> JobInputs:
+def load_inputs(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
     """Per-series files or synthetic series (`load_series`), or panels (--symbol-column), as arrays."""
     try:
         if config.symbol_column is not None:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from kronos_core.model import Kronos
-from kronos_core.predictor import KronosPredictor
+from kronos_core.predict.predictor import KronosPredictor
 
 
 PHASES = ("prepare", "h2d", "encode", "prefill", "steps", "decode", "d2h", "output")

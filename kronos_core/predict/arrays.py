@@ -1,7 +1,7 @@
 """Batched prediction on arrays: one conversion on the host, normalization and de-normalization batched.
 
 `KronosPredictor.predict_batch` (lists of DataFrames) and `predict_panel`
-(one long DataFrame with a symbol column) both come down to `run_group`:
+(one long DataFrame with a symbol column) both come down to `KronosPredictor.run_group`:
 arrays x [n, L, 6] (raw features), x_stamp [n, L, 5], y_stamp [n, P, 5]
 (calendar features) of series that share one history length.
 
@@ -19,18 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS, NAT_NS, PRICE_COLUMNS, calendar_features_ns, wall_clock_ns
+from kronos_core.data.kline import FEATURE_COLUMNS, NAT_NS, PRICE_COLUMNS, calendar_features_ns, wall_clock_ns
 from kronos_core.errors import KronosError
-
-if TYPE_CHECKING:
-    from kronos_core.generation import SamplingParams
-    from kronos_core.predictor import KronosPredictor
 
 NORM_EPS = 1e-5
 N_FEATURES = len(FEATURE_COLUMNS)
@@ -39,7 +34,7 @@ _FEATURE_INDEX = pd.Index(FEATURE_COLUMNS)
 
 @dataclass
 class SeriesGroup:
-    """Series of one history length, ready for `run_group`."""
+    """Series of one history length, ready for `KronosPredictor.run_group`."""
 
     members: list[int]    # positions in the caller's list
     x: np.ndarray         # [n, L, 6] float32, raw (not normalized)
@@ -150,7 +145,7 @@ def prepare_lists(df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y
     return PreparedLists(groups, indexes, max(by_length))
 
 
-def _to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """One copy to the device; from pinned host memory and non-blocking on CUDA."""
     tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
     if device.type == "cuda" and tensor.device.type == "cpu":
@@ -158,7 +153,7 @@ def _to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.
     return tensor.to(device)
 
 
-def _to_host(tensor: torch.Tensor) -> np.ndarray:
+def to_host(tensor: torch.Tensor) -> np.ndarray:
     if tensor.device.type == "cuda":
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor, non_blocking=True)
@@ -179,40 +174,7 @@ def normalize(x: np.ndarray | torch.Tensor, clip: float,
         std = by_column.std(axis=2, keepdims=True).transpose(0, 2, 1)
         x_norm = np.clip((array - mean) / (std + NORM_EPS), -clip, clip)
         return torch.from_numpy(x_norm), torch.from_numpy(mean), torch.from_numpy(std)
-    values = _to_device(x, device).float()
+    values = to_device(x, device).float()
     mean = values.mean(dim=1, keepdim=True)
     std = values.std(dim=1, unbiased=False, keepdim=True)
     return ((values - mean) / (std + NORM_EPS)).clamp_(-clip, clip), mean, std
-
-
-@torch.inference_mode()
-def run_group(predictor: KronosPredictor, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
-              y_stamp: np.ndarray | torch.Tensor, params: SamplingParams, sample_count: int,
-              series_per_chunk: int, want_samples: bool,
-              on_step: Callable[[int], None] | None = None,
-              on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Predict series of one history length.
-
-    Returns the mean path [n, P, 6] and, with `want_samples`, every path [n, S, P, 6], both de-normalized
-    float32 numpy arrays. Marks "h2d" (copy and normalization), then per chunk what `generate_chunk`
-    marks, then "d2h" (de-normalization and the copy back).
-    """
-    device = predictor.device
-    count, pred_len = x.shape[0], y_stamp.shape[1]
-    x_norm, mean, std = normalize(x, predictor.clip, device)
-    stamps = torch.cat([_to_device(x_stamp, device), _to_device(y_stamp, device)], dim=1)
-    predictor._mark("h2d")
-    paths = torch.empty(count, sample_count, pred_len, N_FEATURES, device=device)
-    for begin in range(0, count, series_per_chunk):
-        end = min(count, begin + series_per_chunk)
-        paths[begin:end] = predictor.generate_chunk(x_norm[begin:end], stamps[begin:end], pred_len, params,
-                                                    sample_count, on_step)
-        if on_chunk is not None:
-            on_chunk(end - begin)
-    scale = std + NORM_EPS  # [n, 1, 6]
-    mean_path = paths.mean(dim=1) * scale + mean
-    samples = paths * scale[:, None] + mean[:, None] if want_samples else None
-    mean_host = _to_host(mean_path)
-    samples_host = _to_host(samples) if samples is not None else None
-    predictor._mark("d2h")
-    return mean_host, samples_host

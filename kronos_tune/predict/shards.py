@@ -1,7 +1,7 @@
 """`kronos-tune predict --nproc N [--nnodes ...]`: the series sharded over torchrun processes.
 
 The parent prepares every series once, writes them for the ranks
-(`kronos_core.predict_sharded.write_job`) in a fresh work folder, starts
+(`kronos_core.predict.sharded.write_job`) in a fresh work folder, starts
 torchrun through `kronos_core.launch` and reads back the merged predictions
 that rank 0 writes only when every rank succeeded. A rank that fails stops
 the others (torchrun, --max-restarts 0); the error names the rank and its
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict_sharded import ShardJob, read_merged, write_job
+from kronos_core.predict.sharded import ShardJob, read_merged, write_job
 from kronos_tune.errors import KronosTuneError
 
 
@@ -48,7 +48,7 @@ def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndar
     check_shards(spec, len(x), job.device)
     work = Path(tempfile.mkdtemp(prefix="kronos-predict-shards-"))
     job_file = write_job(work, job, x, x_stamp, y_stamp)
-    command = torchrun_command(spec, "kronos_core.predict_sharded", [str(job_file)])
+    command = torchrun_command(spec, "kronos_core.predict.sharded", [str(job_file)])
     backend = "NCCL" if job.device == "cuda" else "gloo"
     result = run_launch(command, stop_file=stop_file)
     if result.stopped:

@@ -1,6 +1,6 @@
 """Benchmark: FSDP against DDP with N gloo processes on this CPU, and the planner against the measurement.
 
-    python -m kronos_tune.bench_fsdp [--size mini] [--steps 10] [--batch-size 8] [--nproc 2]
+    python -m kronos_tune.memory.bench_fsdp [--size mini] [--steps 10] [--batch-size 8] [--nproc 2]
 
 Starts torchrun with N processes (gloo); each runs the same workload twice in
 one process group, DDP then FSDP, from the same initial weights on the same
@@ -91,7 +91,7 @@ def _run_rank(size: str, steps: int, batch_size: int, out: Path) -> None:
 def _launch(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The ranks through the shared launcher (kronos_core.launch); each reports one "result" event."""
     with tempfile.TemporaryDirectory(prefix="kronos-fsdp-bench-") as tmp:
-        command = torchrun_command(LaunchSpec(nproc=args.nproc), "kronos_tune.bench_fsdp",
+        command = torchrun_command(LaunchSpec(nproc=args.nproc), "kronos_tune.memory.bench_fsdp",
                                    ["--rank-worker", "--size", args.size, "--steps", str(args.steps),
                                     "--batch-size", str(args.batch_size), "--out", tmp])
         run = run_launch(command, env={"OMP_NUM_THREADS": "1"})
@@ -103,7 +103,7 @@ def _launch(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.bench_fsdp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kronos_tune.memory.bench_fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="mini")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8, help="micro-batch per rank")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(+ {d['ddp_bucket_bytes'] / mib:.2f} MiB all-reduce buckets), FSDP {f['persistent_bytes'] / mib:.2f} "
               f"MiB = {f['persistent_bytes'] / d['persistent_bytes']:.3f}x; step peak DDP "
               f"{d['peak_bytes'] / mib:.2f} MiB, FSDP {f['peak_bytes'] / mib:.2f} MiB")
-    from kronos_tune.planner import estimate_setup_peak
+    from kronos_tune.memory.planner import estimate_setup_peak
 
     config = bench_config(args.size, args.batch_size, "fsdp", Path(tempfile.gettempdir()) / "kronos-fsdp-bench")
     estimate = estimate_setup_peak(config, args.batch_size, args.nproc)

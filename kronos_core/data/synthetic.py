@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kronos_core.data import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
+from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
 from kronos_core.errors import KronosError
 
 # (open, close) of each session as minutes after midnight.

@@ -1,6 +1,6 @@
 """Prediction sharded over processes and machines: the per-rank entry and the files it shares with the parent.
 
-    python -m torch.distributed.run --nproc-per-node 2 --standalone -m kronos_core.predict_sharded WORK/job.json
+    python -m torch.distributed.run --nproc-per-node 2 --standalone -m kronos_core.predict.sharded WORK/job.json
 
 The parent (`kronos-tune predict --nproc N`, the protocol's sharding trial)
 prepares every series once (`write_job`: WORK/inputs.npz with x [N, L, 6],
@@ -96,7 +96,7 @@ def read_merged(workdir: Path) -> np.ndarray | None:
 
 def _predictor(job: ShardJob, device: torch.device):
     from kronos_core.model import Kronos
-    from kronos_core.predictor import KronosPredictor
+    from kronos_core.predict.predictor import KronosPredictor
     from kronos_core.sizes import build_model, build_tokenizer
     from kronos_core.tokenizer import KronosTokenizer
 
@@ -162,7 +162,7 @@ def run_rank(workdir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m kronos_core.predict_sharded WORK/job.json (started by torchrun)", file=sys.stderr)
+        print("usage: python -m kronos_core.predict.sharded WORK/job.json (started by torchrun)", file=sys.stderr)
         return 2
     return run_rank(Path(args[0]).parent)
 

@@ -27,7 +27,7 @@ import psutil
 
 from kronos_core.hostmem import host_ram
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.nvml import GpuProcessMemory, GpuSnapshot, NvmlReader
+from kronos_tune.telemetry.nvml import GpuProcessMemory, GpuSnapshot, NvmlReader
 
 __all__ = [
     "GpuProcessMemory",

@@ -3,7 +3,7 @@
 No terminal output here: notes go to a callback, results come back as a
 `PredictResult`; `kronos_tune.commands.predict` renders them.
 
-Future timestamps come from `kronos_tune.future_times`.
+Future timestamps come from `kronos_tune.predict.times`.
 """
 
 from __future__ import annotations
@@ -19,65 +19,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data import FEATURE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.hostmem import peak_rss_bytes
-from kronos_core.launch import LaunchSpec
 from kronos_core.model import Kronos
-from kronos_core.predict_sharded import ShardJob
-from kronos_core.predictor import KronosPredictor, ProgressCallback, default_device
+from kronos_core.predict.predictor import KronosPredictor, ProgressCallback
+from kronos_core.predict.sharded import ShardJob
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
 from kronos_core.tokenizer import KronosTokenizer
-from kronos_tune.calendars import exchange_calendar
-from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict_inputs import NoteCallback, load_inputs
-from kronos_tune.predict_output import (
-    Precision,
-    check_output_path,
-    fix_volumes,
-    long_frame,
-    output_format,
-    predictions_json,
-    write_table,
-)
-from kronos_tune.job_inputs import JobInputs, check_job_inputs
-from kronos_tune.predict_shards import check_shards, run_sharded
-
-DEVICES = ("auto", "cpu", "cuda")
-AMP_CHOICES = ("none", "bf16", "fp16")
-DEFAULT_MAX_CONTEXT = 512
-RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
-
-
-@dataclass(frozen=True)
-class PredictConfig(JobInputs):
-    """Everything `kronos-tune predict` was asked to do; see the command's --help for each field."""
-
-    sample_count: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 0.9
-    out: Path | None = None
-    device: str = "auto"
-    amp: str = "none"
-    max_batch_size: int | None = None
-    max_context: int | None = None
-    seed: int = 0
-    holdout: bool = False
-    symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
-    skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
-    window_mode: str = "refill"
-    nproc: int = 1
-    nnodes: str | None = None
-    node_rank: int | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    rdzv_backend: str | None = None
-    calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
-
-    @property
-    def launch(self) -> LaunchSpec:
-        return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
-                          self.rdzv_backend)
+from kronos_tune.predict.config import (DEFAULT_MAX_CONTEXT, RANDOM_WEIGHTS_NOTE, PredictConfig, check_config,
+                                        resolve_device)
+from kronos_tune.predict.inputs import NoteCallback, load_inputs
+from kronos_tune.predict.output import Precision, fix_volumes, long_frame, output_format, predictions_json, write_table
+from kronos_tune.predict.shards import check_shards, run_sharded
 
 
 @dataclass(frozen=True)
@@ -141,54 +94,6 @@ class PredictResult:
         return report
 
 
-# Checks before any work ----------------------------------------------------------------------
-
-
-def check_config(config: PredictConfig) -> None:
-    """Every flag that can be judged without reading data or weights."""
-    check_job_inputs(config)
-    if config.synthetic is not None and config.synthetic < 1:
-        raise KronosTuneError(f"--synthetic {config.synthetic}: ask for at least 1 series")
-    if config.sample_count < 1:
-        raise KronosTuneError(f"--sample-count {config.sample_count}: must be at least 1")
-    if config.max_batch_size is not None and config.max_batch_size < 1:
-        raise KronosTuneError(f"--max-batch-size {config.max_batch_size}: must be at least 1")
-    if config.max_context is not None and config.max_context < 1:
-        raise KronosTuneError(f"--max-context {config.max_context}: must be at least 1")
-    if not config.temperature > 0 or not math.isfinite(config.temperature):
-        raise KronosTuneError(f"--T {config.temperature}: the temperature must be a number > 0")
-    if config.top_k < 0:
-        raise KronosTuneError(f"--top-k {config.top_k}: must be >= 0 (0 = off, 1 = greedy)")
-    if not 0 < config.top_p <= 1:
-        raise KronosTuneError(f"--top-p {config.top_p}: must be in (0, 1]")
-    if config.device not in DEVICES:
-        raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
-    if config.amp not in AMP_CHOICES:
-        raise KronosTuneError(f"--amp {config.amp}: choose one of {', '.join(AMP_CHOICES)}")
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
-    if config.amp == "fp16" and resolve_device(config.device) == "cpu":
-        raise KronosTuneError("--amp fp16 needs a CUDA device; use --amp bf16 or none on CPU")
-    if config.window_mode not in ("refill", "shift"):
-        raise KronosTuneError(f"--window-mode {config.window_mode}: choose refill (exact) or shift (approximate)")
-    if config.nproc < 1:
-        raise KronosTuneError(f"--nproc {config.nproc}: must be at least 1")
-    if config.symbol_column is not None and not config.data:
-        raise KronosTuneError("--symbol-column reads panel files; give them with --data")
-    if config.skip_short and config.symbol_column is None:
-        raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
-    if config.out is not None:
-        check_output_path(config.out)
-    if config.calendar is not None:
-        exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return default_device()
-    return "cuda:0" if device == "cuda" else device
-
-
 def resolve_max_context(config: PredictConfig) -> int:
     if config.max_context is not None:
         return config.max_context
@@ -243,7 +148,7 @@ def _shard_job(config: PredictConfig, device: str) -> ShardJob:
 def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
                 on_progress: ProgressCallback | None = None) -> PredictResult:
     """Check the flags, read the data, load the predictor, predict, score (--holdout) and write --out.
-    `on_progress` follows the in-process prediction (kronos_core.predictor.PredictProgress)."""
+    `on_progress` follows the in-process prediction (kronos_core.predict.predictor.PredictProgress)."""
     started = time.perf_counter()
     notes: list[tuple[str, str]] = []
 

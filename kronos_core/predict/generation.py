@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kronos_core.model import Kronos, KronosCache
-from kronos_core.static_cache import DECODE_STEPS, StaticStep
+from kronos_core.predict.static_cache import DECODE_STEPS, StaticStep
 
 WINDOW_MODES = ("refill", "shift")
 GRAPH_MIN_STEPS = 8

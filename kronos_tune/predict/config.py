@@ -1,0 +1,140 @@
+"""What `kronos-tune predict` is asked to do, checked before any data or weights are read.
+
+`InputSpec` is what `predict` and `backtest` both start from: the windows, the model (a size or checkpoint
+folders), the data; `PredictConfig` adds the prediction settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kronos_core.errors import KronosError
+from kronos_core.launch import LaunchSpec
+from kronos_core.predict.predictor import default_device
+from kronos_core.sizes import size_spec
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.output import check_output_path
+from kronos_tune.predict.times import exchange_calendar
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """size: random weights of a named size; checkpoint + tokenizer: published-format folders.
+    data: files (or folders); synthetic: that many generated series instead."""
+
+    lookback: int
+    pred_len: int
+    size: str | None = None
+    checkpoint: Path | None = None
+    tokenizer: Path | None = None
+    data: tuple[Path, ...] = ()
+    synthetic: int | None = None
+
+
+def check_input_spec(config: InputSpec) -> None:
+    """The flags both commands share, judged before any data or weights are read."""
+    if (config.size is None) == (config.checkpoint is None):
+        raise KronosTuneError("give exactly one of --checkpoint DIR (with --tokenizer DIR) or --size NAME")
+    if config.checkpoint is not None and config.tokenizer is None:
+        raise KronosTuneError(f"--checkpoint {config.checkpoint} needs --tokenizer DIR too: the tokenizer is a "
+                              "separate checkpoint folder")
+    if config.size is not None:
+        try:
+            size_spec(config.size)
+        except KronosError as error:
+            raise KronosTuneError(f"--size: {error}") from None
+    if config.data and config.synthetic is not None:
+        raise KronosTuneError("give either --data or --synthetic N, not both")
+    for flag, value in (("--lookback", config.lookback), ("--pred-len", config.pred_len)):
+        if value < 1:
+            raise KronosTuneError(f"{flag} {value}: must be at least 1")
+
+
+DEVICES = ("auto", "cpu", "cuda")
+AMP_CHOICES = ("none", "bf16", "fp16")
+DEFAULT_MAX_CONTEXT = 512
+RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
+
+
+@dataclass(frozen=True)
+class PredictConfig(InputSpec):
+    """Everything `kronos-tune predict` was asked to do; see the command's --help for each field."""
+
+    sample_count: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.9
+    out: Path | None = None
+    device: str = "auto"
+    amp: str = "none"
+    max_batch_size: int | None = None
+    max_context: int | None = None
+    seed: int = 0
+    holdout: bool = False
+    symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
+    skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
+    window_mode: str = "refill"
+    nproc: int = 1
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_backend: str | None = None
+    calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
+
+    @property
+    def launch(self) -> LaunchSpec:
+        return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
+                          self.rdzv_backend)
+
+
+# Checks before any work ----------------------------------------------------------------------
+
+
+def check_config(config: PredictConfig) -> None:
+    """Every flag that can be judged without reading data or weights."""
+    check_input_spec(config)
+    if config.synthetic is not None and config.synthetic < 1:
+        raise KronosTuneError(f"--synthetic {config.synthetic}: ask for at least 1 series")
+    if config.sample_count < 1:
+        raise KronosTuneError(f"--sample-count {config.sample_count}: must be at least 1")
+    if config.max_batch_size is not None and config.max_batch_size < 1:
+        raise KronosTuneError(f"--max-batch-size {config.max_batch_size}: must be at least 1")
+    if config.max_context is not None and config.max_context < 1:
+        raise KronosTuneError(f"--max-context {config.max_context}: must be at least 1")
+    if not config.temperature > 0 or not math.isfinite(config.temperature):
+        raise KronosTuneError(f"--T {config.temperature}: the temperature must be a number > 0")
+    if config.top_k < 0:
+        raise KronosTuneError(f"--top-k {config.top_k}: must be >= 0 (0 = off, 1 = greedy)")
+    if not 0 < config.top_p <= 1:
+        raise KronosTuneError(f"--top-p {config.top_p}: must be in (0, 1]")
+    if config.device not in DEVICES:
+        raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
+    if config.amp not in AMP_CHOICES:
+        raise KronosTuneError(f"--amp {config.amp}: choose one of {', '.join(AMP_CHOICES)}")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
+    if config.amp == "fp16" and resolve_device(config.device) == "cpu":
+        raise KronosTuneError("--amp fp16 needs a CUDA device; use --amp bf16 or none on CPU")
+    if config.window_mode not in ("refill", "shift"):
+        raise KronosTuneError(f"--window-mode {config.window_mode}: choose refill (exact) or shift (approximate)")
+    if config.nproc < 1:
+        raise KronosTuneError(f"--nproc {config.nproc}: must be at least 1")
+    if config.symbol_column is not None and not config.data:
+        raise KronosTuneError("--symbol-column reads panel files; give them with --data")
+    if config.skip_short and config.symbol_column is None:
+        raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
+    if config.out is not None:
+        check_output_path(config.out)
+    if config.calendar is not None:
+        exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return default_device()
+    return "cuda:0" if device == "cuda" else device

@@ -1,0 +1,166 @@
+"""The package layout: no import circles, the core below the assistant, one class per name.
+
+The import graph is read from the source (ast), every import counted wherever it sits (module level, inside a
+function, under TYPE_CHECKING): a circle hidden in a function is still two modules that cannot be understood
+apart. A planted bad tree shows each check can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kronos_core", "kronos_tune")
+CORE_FORBIDDEN = {"kronos_tune", "rich", "textual", "typer", "click", "textual_plotext"}
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def imported_names(module: str, path: Path) -> set[str]:
+    """Every dotted name `module` imports, relative imports resolved; `from a import b` yields a and a.b."""
+    names: set[str] = set()
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the project modules it imports (a package's own __init__ above it is not an edge)."""
+    files = module_files(root)
+
+    def owner(name: str) -> str | None:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:end])
+            if candidate in files:
+                return candidate
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        targets = {owner(name) for name in imported_names(module, path)}
+        graph[module] = {t for t in targets if t and t != module and not module.startswith(t + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def core_violations(root: Path) -> list[str]:
+    bad = []
+    for module, path in module_files(root).items():
+        if module.split(".")[0] != "kronos_core":
+            continue
+        for name in imported_names(module, path):
+            if name.split(".")[0] in CORE_FORBIDDEN:
+                bad.append(f"{module} imports {name}")
+    return sorted(set(bad))
+
+
+def classes_defined_twice(root: Path) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, path in module_files(root).items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(module)
+    return {name: modules for name, modules in where.items() if len(modules) > 1}
+
+
+def test_no_import_circles() -> None:
+    assert circles(import_graph(ROOT)) == []
+
+
+def test_core_imports_no_assistant_or_ui() -> None:
+    assert core_violations(ROOT) == []
+
+
+def test_no_class_name_defined_twice() -> None:
+    assert classes_defined_twice(ROOT) == {}
+
+
+@pytest.fixture()
+def bad_tree(tmp_path: Path) -> Path:
+    core, tune = tmp_path / "kronos_core", tmp_path / "kronos_tune"
+    (core / "predict").mkdir(parents=True)
+    tune.mkdir()
+    (core / "__init__.py").write_text("")
+    (core / "predict" / "__init__.py").write_text("")
+    (core / "predict" / "a.py").write_text("from . import b\n\nclass Twice:\n    pass\n")
+    (core / "predict" / "b.py").write_text("def f():\n    from kronos_core.predict.a import Twice\n")
+    (core / "ui.py").write_text("import rich\nfrom kronos_tune.x import y\n")
+    (tune / "__init__.py").write_text("")
+    (tune / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kronos_tune.z import C\n"
+                               "class Twice:\n    pass\ny = 1\n")
+    (tune / "z.py").write_text("from kronos_tune.x import y\nclass C:\n    pass\n")
+    return tmp_path
+
+
+def test_the_checks_fail_on_a_planted_bad_tree(bad_tree: Path) -> None:
+    assert sorted(circles(import_graph(bad_tree))) == [["kronos_core.predict.a", "kronos_core.predict.b"],
+                                                        ["kronos_tune.x", "kronos_tune.z"]]
+    assert core_violations(bad_tree) == ["kronos_core.ui imports kronos_tune.x", "kronos_core.ui imports kronos_tune.x.y",
+                                         "kronos_core.ui imports rich"]
+    assert classes_defined_twice(bad_tree) == {"Twice": ["kronos_core.predict.a", "kronos_tune.x"]}
