@@ -16,6 +16,7 @@ the next start of a cancelled run with the same config continues it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -25,6 +26,7 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
@@ -34,7 +36,7 @@ from kronos_core.train.config import WHAT
 from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import LiveProgress
+from kronos_tune.commands.common import LiveProgress, OfflineOption
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log, want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
@@ -312,6 +314,23 @@ def run_torchrun(config: TrainConfig, command: list[str], total: int | None, con
     return 0
 
 
+def _pretrained_weights(config: TrainConfig, what: str | None, offline: bool, console: Console) -> dict[str, Any]:
+    """Resolve the hub ids among predictor_dir/tokenizer_dir before any folder is claimed (one note line each);
+    the run.json record. --offline holds for the ranks too (HF_HUB_OFFLINE in their environment)."""
+    from kronos_core.hub import resolve_sources
+
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    used = {"tokenizer_dir": config.tokenizer_dir}
+    if (what or config.what) != "tokenizer":
+        used["predictor_dir"] = config.predictor_dir
+    sources = resolve_sources(used)
+    for label, found in sources.items():
+        if found.from_hub:
+            console.print(Text.assemble(("note:", "cyan"), " ", found.describe(label)), soft_wrap=True)
+    return {label: found.to_dict() for label, found in sources.items()}
+
+
 def check_logs(configs: list[TrainConfig], tensorboard: bool) -> None:
     """Before anything is written: every stage folder can take metrics.jsonl (and tensorboard/)."""
     for stage in configs:
@@ -341,6 +360,7 @@ def register(app: typer.Typer) -> None:
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
         tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
+        offline: OfflineOption = False,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -363,6 +383,7 @@ def register(app: typer.Typer) -> None:
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
         console = Console()
+        weights = _pretrained_weights(base, what, offline, console)
         if config is not None:
             partial = partial_config_note(config)
             if partial and strict:
@@ -398,6 +419,8 @@ def register(app: typer.Typer) -> None:
                 adopt_legacy_run(begin.folder, base, source)
             run = claim_train_dir(begin.folder, base, source, resume=begin.resume is not None,
                                   overwrite=begin.overwrite, flag=begin.flag, processes=processes, what=what)
+            if weights:
+                run.mark("running", weights=weights)
         if what == "both":
             plan.what = "tokenizer, then predictor,"
         console.print(begin.why, highlight=False, soft_wrap=True)
