@@ -177,15 +177,15 @@ class _FakeHubMiss(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _resolve_in_child(env: dict[str, str], source: str) -> str:
-    """resolve_pretrained in a fresh process (huggingface_hub reads HF_ENDPOINT once, at import)."""
+def _resolve_in_child(env: dict[str, str], *sources: str) -> list[str]:
+    """resolve_pretrained of each source in one fresh process (huggingface_hub reads HF_ENDPOINT at import)."""
     code = ("import sys\nfrom kronos_core.hub import resolve_pretrained\nfrom kronos_core.errors import KronosError\n"
-            "try:\n    print('ok', resolve_pretrained(sys.argv[1]).describe())\n"
-            "except KronosError as error:\n    print('error', error)\n")
-    done = subprocess.run([sys.executable, "-c", code, source], capture_output=True, text=True, timeout=120,
+            "for source in sys.argv[1:]:\n    try:\n        print('ok', resolve_pretrained(source).describe())\n"
+            "    except KronosError as error:\n        print('error', error)\n")
+    done = subprocess.run([sys.executable, "-c", code, *sources], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return done.stdout.strip().splitlines()
 
 
 def test_online_the_cache_comes_first_and_an_unknown_repo_is_one_line(hub: dict) -> None:
@@ -195,20 +195,20 @@ def test_online_the_cache_comes_first_and_an_unknown_repo_is_one_line(hub: dict)
            "HF_HUB_DISABLE_TELEMETRY": "1"}
     try:
         _FakeHubMiss.requests.clear()
-        assert _resolve_in_child(env, REPO).startswith(f"ok checkpoint {REPO}@main: commit {COMMIT_B}")
-        assert _FakeHubMiss.requests == []  # cached: no network call at all
-        answer = _resolve_in_child(env, "Owner/unknown")
-        assert answer.startswith("error checkpoint Owner/unknown is neither a folder nor a model repo on the "
-                                 "Hugging Face hub"), answer
-        assert _FakeHubMiss.requests
+        cached, unknown = _resolve_in_child(env, REPO, "Owner/unknown")
     finally:
         server.shutdown()
         server.server_close()
+    assert cached.startswith(f"ok checkpoint {REPO}@main: commit {COMMIT_B}")
+    assert all("Kronos-tiny" not in path for path in _FakeHubMiss.requests)  # cached: no network call for it
+    assert _FakeHubMiss.requests  # the unknown one was asked for
+    assert unknown.startswith("error checkpoint Owner/unknown is neither a folder nor a model repo on the "
+                              "Hugging Face hub"), unknown
 
 
 def test_online_without_a_reachable_hub_says_how_to_fetch_it(hub: dict) -> None:
     closed = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on the discard port
-    answer = _resolve_in_child(closed, "Owner/unknown")
+    (answer,) = _resolve_in_child(closed, "Owner/unknown")
     assert answer.startswith("error checkpoint Owner/unknown: no such folder, not in the Hugging Face cache")
     assert "the hub could not be reached" in answer and "snapshot_download('Owner/unknown')" in answer
 
@@ -301,3 +301,16 @@ def test_train_from_hub_ids_records_them_in_run_json(hub: dict, tmp_path: Path,
                         "--no-tensorboard")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "snapshot_download('Owner/missing')" in err
     assert not (tmp_path / "never").exists()
+
+
+def test_the_load_benchmarks_cache_is_one_the_library_reads(hub: dict, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from kronos_core.bench.load import write_hub_cache
+
+    cache = tmp_path / "bench-cache"
+    commit = write_hub_cache(hub["a"], cache, "kronos-bench/tiny")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    found = resolve_pretrained("kronos-bench/tiny")
+    assert found.commit == commit and found.path == cache / "models--kronos-bench--tiny" / "snapshots" / commit
+    assert (found.path / WEIGHTS_NAME).is_symlink()
+    assert_same_weights(Kronos.from_pretrained("kronos-bench/tiny"), Kronos.from_pretrained(hub["a"]))

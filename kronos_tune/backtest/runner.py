@@ -170,6 +170,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     if config.synthetic is not None and origins_wanted is None:
         origins_wanted = DEFAULT_SYNTHETIC_ORIGINS
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
+    weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any data or folder
     rows = synthetic_rows(config, origins_wanted or 1)
     universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
     plan = _plan(config, universe, origins_wanted)
@@ -180,7 +181,6 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                      f"{config.pred_len} after): {shown}")
     _setting_notes(config, note)
     futures = calendar_futures(config, universe, plan)
-    weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any folder exists
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)

@@ -194,12 +194,12 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
         note("note", f"--lookback {config.lookback} + --pred-len {config.pred_len} > max_context {max_context}: "
                      f"the window slides after {max_context - config.lookback} steps and {after}")
 
+    weights = resolve_weights(config, note)  # before the data: a hub id that is not there fails at once
     inputs = load_inputs(config, note)
     device = resolve_device(config.device)
     sharded = config.launch.launched
     if sharded:
         check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
-    weights = resolve_weights(config, note)
     # Sharded runs load the weights here too, on the CPU, so a bad checkpoint fails in one line before any rank.
     predictor = load_predictor(replace(config, device="cpu", amp="none") if sharded else config, note, weights)
     if predictor.device.type == "cuda":
