@@ -105,8 +105,10 @@ def work_units(origins: list[Origin], batch_size: int) -> list[list[Origin]]:
     return units
 
 
-def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback) -> ForecasterFactory:
-    """Load the weights once (on first use) and build one KronosPredictor per setting on them."""
+def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback,
+                   weights: dict | None = None) -> ForecasterFactory:
+    """Load the weights once (on first use) and build one KronosPredictor per setting on them; `weights`: the
+    --checkpoint/--tokenizer folders already resolved (kronos_tune.predict.job.resolve_weights)."""
     loaded: dict[str, object] = {}
 
     def make(setting: PredictionSetting, on_chunk: Callable[[int], None]) -> Forecaster:
@@ -117,7 +119,7 @@ def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback) -> F
             base_config = PredictConfig(lookback=config.lookback, pred_len=config.pred_len, size=config.size,
                                         checkpoint=config.checkpoint, tokenizer=config.tokenizer, device=device,
                                         seed=config.seed)
-            loaded["base"] = load_predictor(base_config, note)
+            loaded["base"] = load_predictor(base_config, note, weights)
         base = loaded["base"]
         predictor = KronosPredictor(base.model, base.tokenizer, device=device,  # type: ignore[attr-defined]
                                     max_context=config.max_context(setting),
@@ -168,6 +170,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     if config.synthetic is not None and origins_wanted is None:
         origins_wanted = DEFAULT_SYNTHETIC_ORIGINS
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
+    weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any data or folder
     rows = synthetic_rows(config, origins_wanted or 1)
     universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
     plan = _plan(config, universe, origins_wanted)
@@ -182,8 +185,9 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
     note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
-    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols))
-    factory = forecaster_factory or kronos_factory(config, device, note)
+    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols),
+             **({"weights": {label: source.to_dict() for label, source in weights.items()}} if weights else {}))
+    factory = forecaster_factory or kronos_factory(config, device, note, weights)
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     try:
         for slot, setting in zip(SLOTS, settings):
@@ -201,6 +205,12 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         raise
     run.mark("complete", **_timing(session))
     return result
+
+
+def _resolve_weights(config: BacktestConfig, note: NoteCallback) -> dict:
+    from kronos_tune.predict.job import resolve_weights
+
+    return resolve_weights(config, note)
 
 
 def _with_every(config: BacktestConfig) -> BacktestConfig:

@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, LiveProgress,
-                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
-                                         WindowModeOption)
+                                         OfflineOption, SampleCountOption, SeedOption, SizeOption, TemperatureOption,
+                                         TopPOption, WindowModeOption)
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -97,7 +97,8 @@ def backtest_command(
     pred_len: Annotated[int, typer.Option("--pred-len", help="Bars predicted at each origin (the horizon).")],
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Tokenizer folder.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option(
+        "--tokenizer", help="Tokenizer folder or hub id (NeoQuasar/Kronos-Tokenizer-base).")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A folder of per-symbol .csv/.parquet files, or one panel file with a symbol column.")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
@@ -137,6 +138,7 @@ def backtest_command(
                       ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
     calendar: CalendarOption = None,
+    offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print backtest.json.")] = False,
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
@@ -157,7 +159,8 @@ def backtest_command(
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
         long_only=long_only, batch_size=batch_size, device=device, setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
-        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar)
+        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
+        offline=offline)
     try:
         if as_json:
             result = run_backtest(config, on_note=on_note)

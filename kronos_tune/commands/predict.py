@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, SampleCountOption,
-                                         SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption)
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, OfflineOption,
+                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
+                                         WindowModeOption)
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predict.predictor import PredictProgress
@@ -37,8 +38,18 @@ def _compact(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _preview_columns(frame_columns: list[str]) -> list[str]:
+    """The mean columns and the close's quantiles (every column's are in the --out file)."""
+    from kronos_tune.predict.quantiles import base_column
+
+    return [c for c in frame_columns if base_column(c) == c or base_column(c) == "close"]
+
+
 def _predictions_table(result: PredictResult) -> Table:
+    from kronos_tune.predict.quantiles import base_column
+
     frame = result.frames[0]
+    frame = frame[_preview_columns(list(frame.columns))]
     shown = frame.iloc[:TABLE_ROWS]
     caption = None if len(frame) <= TABLE_ROWS else f"first {TABLE_ROWS} of {len(frame)} rows"
     table = Table(title=f"predictions: {result.series_names[0]}", title_justify="left", caption=caption,
@@ -47,7 +58,8 @@ def _predictions_table(result: PredictResult) -> Table:
     for column in frame.columns:
         table.add_column(column, justify="right", no_wrap=True)
     for stamp, row in shown.iterrows():
-        cells = [_price(row[c]) if c in ("open", "high", "low", "close") else _compact(row[c]) for c in frame.columns]
+        cells = [_price(row[c]) if base_column(c) in ("open", "high", "low", "close") else _compact(row[c])
+                 for c in frame.columns]
         table.add_row(str(stamp), *cells)
     return table
 
@@ -102,12 +114,16 @@ def predict_command(
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,
     tokenizer: Annotated[Optional[Path], typer.Option(
-        "--tokenizer", help="Tokenizer folder; default with --size: that size's random tokenizer.")] = None,
+        "--tokenizer", help="Tokenizer folder or hub id (NeoQuasar/Kronos-Tokenizer-base); default with --size: "
+                            "that size's random tokenizer.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A .csv/.parquet file (one series each; repeatable) or a folder of them.")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="Predict N synthetic A-share series instead of files (default without --data: 4).")] = None,
     sample_count: SampleCountOption = 1,
+    quantiles: Annotated[Optional[str], typer.Option(
+        "--quantiles", help="Also write per-bar quantiles of the sample paths, e.g. 0.1,0.5,0.9 -> close_q10, "
+                            "close_q50, close_q90 (each column); needs --sample-count >= 2.")] = None,
     temperature: TemperatureOption = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0 off, 1 greedy).")] = 0,
     top_p: TopPOption = 0.9,
@@ -137,11 +153,13 @@ def predict_command(
     rdzv_backend: Annotated[Optional[str], typer.Option(
         "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
     calendar: CalendarOption = None,
+    offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
     bar grid."""
     from kronos_tune.predict.job import PredictConfig, run_predict
+    from kronos_tune.predict.quantiles import parse_quantiles
 
     console = Console()
 
@@ -160,6 +178,7 @@ def predict_command(
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column,
         skip_short=skip_short, window_mode=window_mode, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, calendar=calendar,
+        offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
     )
     bar = None if as_json else _PredictBar(console)
     try:

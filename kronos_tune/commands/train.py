@@ -20,6 +20,7 @@ the next start of a cancelled run with the same config continues it.
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -29,11 +30,12 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import LiveProgress
+from kronos_tune.commands.common import LiveProgress, OfflineOption
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
@@ -209,6 +211,23 @@ def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, 
         listener.close()
 
 
+def _pretrained_weights(config: TrainConfig, what: str | None, offline: bool, console: Console) -> dict[str, Any]:
+    """Resolve the hub ids among predictor_dir/tokenizer_dir before any folder is claimed (one note line each);
+    the run.json record. --offline holds for the ranks too (HF_HUB_OFFLINE in their environment)."""
+    from kronos_core.hub import resolve_sources
+
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    used = {"tokenizer_dir": config.tokenizer_dir}
+    if (what or config.what) != "tokenizer":
+        used["predictor_dir"] = config.predictor_dir
+    sources = resolve_sources(used)
+    for label, found in sources.items():
+        if found.from_hub:
+            console.print(Text.assemble(("note:", "cyan"), " ", found.describe(label)), soft_wrap=True)
+    return {label: found.to_dict() for label, found in sources.items()}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -231,6 +250,7 @@ def register(app: typer.Typer) -> None:
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
         tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
+        offline: OfflineOption = False,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -255,6 +275,7 @@ def register(app: typer.Typer) -> None:
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
         console = Console()
+        weights = _pretrained_weights(base, what, offline, console)
         if config is not None:
             partial = partial_config_note(config)
             if partial and strict:
@@ -269,7 +290,7 @@ def register(app: typer.Typer) -> None:
             base, source, label=run_label(preset, config) if resume is None else resume.name, both=what == "both",
             steps=steps, resume=resume, out=out, overwrite=overwrite, new_run=new_run, keep_batch=keep_batch,
             launch=LaunchSpec(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id or "kronos-tune", rdzv_backend),
-            tensorboard=board)
+            tensorboard=board, weights=weights)
         listener = ConsoleListener(console)
         try:
             result = run_training(request, listener)

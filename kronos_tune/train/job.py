@@ -60,6 +60,7 @@ class TrainRequest:
     keep_batch: bool = False  # split the effective batch over the processes instead of multiplying it
     launch: LaunchSpec = field(default_factory=LaunchSpec)  # more than one process: torchrun
     tensorboard: bool = False
+    weights: dict[str, Any] = field(default_factory=dict)  # resolved hub snapshots, for run.json
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,8 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
         run = claim_train_dir(begin.folder, base, request.source, resume=begin.resume is not None,
                               overwrite=begin.overwrite, flag=begin.flag, processes=processes,
                               what="both" if request.both else None)
+        if request.weights:
+            run.mark("running", weights=request.weights)
     if request.both:
         plan.what = "tokenizer, then predictor,"
     listener.announce(begin.why, plan)
