@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
-import torch
+
+# One intra-op thread in this process and in every process the tests start (trial workers, CLI subprocesses and
+# torchrun ranks inherit the variable): tiny-model ops are too small to share, and the two test workers already
+# keep both cores busy, so a second OpenMP thread per process only spin-waits against the others (under load a
+# benchmark trial of a few steps then burns 30 s of CPU instead of 6). A value set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402 - after the thread count is set
+
+if os.environ["OMP_NUM_THREADS"].isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case a plugin imported torch first
 
 
 @pytest.fixture
