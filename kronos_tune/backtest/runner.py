@@ -169,7 +169,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         origins_wanted = DEFAULT_SYNTHETIC_ORIGINS
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
     rows = synthetic_rows(config, origins_wanted or 1)
-    universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
+    universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column)
     plan = _plan(config, universe, origins_wanted)
     if plan.skipped_symbols:
         shown = ", ".join(plan.skipped_symbols[:5]) + (" ..." if len(plan.skipped_symbols) > 5 else "")
