@@ -265,7 +265,7 @@ def test_a_missing_symbol_column_is_one_line_in_every_command(tmp_path: Path, ca
         "error: --symbol-column reads panel files; give them with --data"
 
 
-def test_backtest_and_train_run_the_panel_as_it_is(tmp_path: Path, capsys):
+def test_backtest_runs_the_panel_as_it_is(tmp_path: Path, capsys):
     path = tmp_path / "sp500_like.csv"
     write_sp500_like(path, shorts=2, full=(("AAA", 60, "2010-08-20"), ("BBB", 45, "2010-08-13")))
     out = tmp_path / "backtest"
@@ -279,6 +279,10 @@ def test_backtest_and_train_run_the_panel_as_it_is(tmp_path: Path, capsys):
     assert "skipped 2 of 4 symbols with too little history" in err and "S0, S1" in err
     assert result["last_origin"].startswith("2010-")  # YYYYMMDD read as dates
 
+
+def test_train_runs_the_panel_as_it_is(tmp_path: Path, capsys):
+    path = tmp_path / "sp500_like.csv"
+    write_sp500_like(path, shorts=2)
     train_out = tmp_path / "train"
     code, printed, err = run(capsys, "train", "--config", write_train_config(tmp_path), "--data", path,
                              "--symbol-column", "Symbol", "--steps", "1", "--out", train_out)
