@@ -42,19 +42,24 @@ class Agent:
     """One node: `kronos-tune predict --nnodes 2 --nproc 1` in its own session, its stderr read line by line."""
 
     def __init__(self, panel: Path, out: Path, port: int, *extra: str) -> None:
+        self.tmp = out.with_name(f"{out.stem}-tmp")  # its work folder goes here (TMPDIR), not into /tmp
+        self.tmp.mkdir()
         command = [sys.executable, "-m", "kronos_tune.cli", *PREDICT, "--data", str(panel), "--out", str(out),
                    "--nproc", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                    "--rdzv-id", f"kronos-predict-{port}", *extra]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=str(self.tmp))
         env.pop("WORLD_SIZE", None)
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.out: list[str] = []
+        self.readers = [threading.Thread(target=self._read_err, daemon=True),
+                        threading.Thread(target=lambda: self.out.extend(self.process.stdout), daemon=True)]
+        for reader in self.readers:
+            reader.start()
 
-    def _read(self) -> None:
+    def _read_err(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self.err.append(line)
@@ -71,12 +76,13 @@ class Agent:
 
     def finish(self) -> tuple[int, str, str]:
         try:
-            out, _ = self.process.communicate(timeout=AGENT_TIMEOUT_S)
+            self.process.wait(timeout=AGENT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             kill_tree(self.process.pid)
             raise AssertionError(f"agent hung: {''.join(self.err)[-2000:]}") from None
-        self.reader.join(timeout=10)
-        return self.process.returncode, out, "".join(self.err)
+        for reader in self.readers:
+            reader.join(timeout=30)
+        return self.process.returncode, "".join(self.out), "".join(self.err)
 
     def kill(self) -> None:
         """The whole node at once: the agent, its torchrun and the rank (a machine that dies)."""
@@ -102,6 +108,7 @@ def test_two_agents_predict_what_one_process_predicts(tmp_path: Path, capsys):
     for code, _, err in results:
         assert code == 0, err[-3000:]
         assert "rendezvous done: rank" in err and "of 2 ready on this node" in err
+    assert not any(list(agent.tmp.glob("kronos-predict-shards-*")) for agent in agents)  # gone after success
     written = [out for out in outs if out.exists()]
     assert len(written) == 1  # the node hosting rank 0 writes; the other says so
     other = results[outs.index(written[0]) ^ 1][2]
@@ -133,7 +140,11 @@ def test_a_node_killed_mid_run_leaves_no_complete_looking_file(tmp_path: Path):
     code, out, err = survivor.finish()
     assert code == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: predict --nproc 1: ") and "nothing was written (parts kept in " in last, err
+    assert last.startswith("error: predict --nproc 1 --nnodes 2: rank "), err
+    assert "the other ranks were stopped and nothing was written (parts kept in " in last
     assert "Traceback" not in err + out
     assert not survivor_out.exists() and not killed_out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["panel.csv"]  # no partial output, under any name
+    # No output under any name; the work folders keep what ranks delivered, never a merged result.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed-tmp", "panel.csv", "survivor-tmp"]
+    assert not list(tmp_path.rglob("predictions.npy")) and not list(tmp_path.rglob("*.parquet"))
+    assert str(survivor.tmp) in last

@@ -73,7 +73,8 @@ def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndar
         else:
             last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
             reason = f"torchrun exited with code {result.returncode} ({last[:200]})"
-        raise KronosTuneError(f"predict --nproc {spec.nproc}: {reason}; the other ranks were stopped and "
+        where = f"--nproc {spec.nproc}" + (f" --nnodes {spec.nnodes}" if spec.multi_node else "")
+        raise KronosTuneError(f"predict {where}: {reason}; the other ranks were stopped and "
                               f"nothing was written (parts kept in {work})")
     merged = read_merged(work)
     if merged is None:
