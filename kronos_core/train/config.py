@@ -62,6 +62,7 @@ class TrainConfig:
     tokenizer_dir: str | None = None
     predictor_dir: str | None = None
     data: list[str] = field(default_factory=lambda: [SYNTHETIC])
+    symbol_column: str | None = None
     synthetic_series: int = 8
     synthetic_rows: int = 2000
     val_fraction: float = 0.1
@@ -252,6 +253,9 @@ class TrainConfig:
             raise self._fail("data", "is empty", f"give CSV/Parquet files or folders, or \"{SYNTHETIC}\"")
         if SYNTHETIC in self.data and len(self.data) > 1:
             raise self._fail("data", f"mixes \"{SYNTHETIC}\" with files", f"use either \"{SYNTHETIC}\" or paths")
+        if self.symbol_column is not None and (self.is_synthetic or not self.symbol_column.strip()):
+            raise self._fail("symbol_column", "needs panel files in data" if self.is_synthetic else "is empty",
+                             "give data = [\"panel.csv\"] or leave symbol_column out")
         if self.is_synthetic and self.synthetic_rows < 2 * self.window_length:
             raise self._fail("synthetic_rows", f"is too short for a training and a validation window of "
                              f"{self.window_length} rows each", f"use at least {2 * self.window_length}")

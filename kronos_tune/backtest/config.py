@@ -125,6 +125,7 @@ class BacktestConfig(InputSpec):
     resume: bool = False
     overwrite: bool = False
     calendar: str | None = None  # exchange calendar for the model's future stamps; None: each symbol's own bars
+    symbol_column: str | None = None  # --data files are panels with this column (None: detected, see universe.py)
 
     @property
     def every_bars(self) -> int | str:
@@ -148,6 +149,7 @@ class BacktestConfig(InputSpec):
             "compare": None if self.compare is None else self.compare.to_dict(),
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
+            **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
         }
 
 
@@ -157,6 +159,8 @@ def check_config(config: BacktestConfig, device: str) -> None:
     if not config.data and config.synthetic is None:
         raise KronosTuneError("no universe: give --data (a folder of per-symbol files or one panel file with a "
                               "symbol column) or --synthetic N")
+    if config.symbol_column is not None and not config.data:
+        raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.synthetic is not None and config.synthetic < 2:
         raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
     for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k)):

@@ -172,7 +172,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
     weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any data or folder
     rows = synthetic_rows(config, origins_wanted or 1)
-    universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
+    universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column)
     plan = _plan(config, universe, origins_wanted)
     if plan.skipped_symbols:
         shown = ", ".join(plan.skipped_symbols[:5]) + (" ..." if len(plan.skipped_symbols) > 5 else "")

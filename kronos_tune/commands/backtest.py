@@ -101,6 +101,9 @@ def backtest_command(
         "--tokenizer", help="Tokenizer folder or hub id (NeoQuasar/Kronos-Tokenizer-base).")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A folder of per-symbol .csv/.parquet files, or one panel file with a symbol column.")] = None,
+    symbol_column: Annotated[Optional[str], typer.Option(
+        "--symbol-column", help="--data files are panels; this column names each symbol (default: a column "
+                                "named symbol, ticker, code, instrument or stock).")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="A synthetic universe of N symbols (market + sector factors) instead of files.")] = None,
     origins: Annotated[Optional[int], typer.Option(
@@ -160,7 +163,7 @@ def backtest_command(
         long_only=long_only, batch_size=batch_size, device=device, setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
         periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
-        offline=offline)
+        offline=offline, symbol_column=symbol_column)
     try:
         if as_json:
             result = run_backtest(config, on_note=on_note)

@@ -21,6 +21,7 @@ DESCRIPTIONS: dict[str, str] = {
     "predictor_dir": "folder or hub id of a published predictor to finetune (e.g. NeoQuasar/Kronos-small); "
                      "left out: random init",
     "data": "CSV/Parquet files or folders of K-lines, or [\"synthetic\"]",
+    "symbol_column": "data files are panels (one long table of many symbols); this column names each series",
     "synthetic_series": "synthetic data: number of series",
     "synthetic_rows": "synthetic data: rows per series",
     "val_fraction": "share of each series kept for validation (its last rows)",

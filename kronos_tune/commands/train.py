@@ -234,6 +234,7 @@ def register(app: typer.Typer) -> None:
         preset: Annotated[Optional[str], typer.Option("--preset", help="Workload from a preset (kronos-tune presets).")] = None,
         config: Annotated[Optional[Path], typer.Option("--config", help="TOML file of TrainConfig keys (kronos-tune config keys).", dir_okay=False)] = None,
         data: Annotated[Optional[list[str]], typer.Option("--data", help="CSV/Parquet file or folder (repeatable), or 'synthetic'.")] = None,
+        symbol_column: Annotated[Optional[str], typer.Option("--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
         what: Annotated[Optional[str], typer.Option("--what", help="tokenizer, predictor or both (tokenizer, then predictor on it).")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Stop at this optimizer step (global count); past the schedule, a new run gets more epochs.")] = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Folder of a run to continue where it stopped.")] = None,
@@ -266,7 +267,7 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             check_resume_folder(resume)
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
-                     "device": device}
+                     "device": device, "symbol_column": symbol_column}
         base, source = build_config(preset, config, resume, overrides)
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
