@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from multiprocessing.connection import wait as wait_ready
 
 import pandas as pd
@@ -27,18 +28,46 @@ from kronos_core.data.kline import find_data_files, read_kline
 from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_series
+from kronos_core.predict.panel import read_panel
 from kronos_core.train.config import TrainConfig
+from kronos_core.train.data_span import DataSpan, cut_frames
+
+
+def _panel_series(path: Path, symbol_column: str) -> list[pd.DataFrame]:
+    """One frame per symbol of a panel file, in the file's order of first appearance."""
+    panel = read_panel(path, symbol_column)
+    frames = []
+    for symbol, group in panel.groupby("symbol", sort=False):
+        frame = group.drop(columns="symbol").reset_index(drop=True)
+        frame.attrs["source"] = f"{path} ({symbol_column} {symbol})"
+        frames.append(frame)
+    return frames
 
 
 def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
+    """Every series of the config's data (synthetic, per-series files, or panels split by symbol_column)."""
     if config.is_synthetic:
         return synthetic_series(config.synthetic_series, n_rows=config.synthetic_rows, seed=config.seed)
-    return [read_kline(path) for path in find_data_files(config.data)]
+    paths = find_data_files(config.data)
+    if config.symbol_column is not None:
+        return [frame for path in paths for frame in _panel_series(path, config.symbol_column)]
+    return [read_kline(path) for path in paths]
 
 
-def build_datasets(config: TrainConfig) -> tuple[KlineWindowDataset, KlineEvalDataset]:
-    """Split every series in time (last `val_fraction` validates) and build both datasets."""
+def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpan]:
+    """The series cut at `train_until` (whole without it) and the span they cover (kronos_core.train.data_span)."""
     frames = load_frames(config)
+    paths = [] if config.is_synthetic else find_data_files(config.data)
+    return cut_frames(frames, config.train_until, paths, config.is_synthetic, config.symbol_column,
+                      config.val_fraction)
+
+
+def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None,
+                   ) -> tuple[KlineWindowDataset, KlineEvalDataset]:
+    """Split every series in time (last `val_fraction` validates) and build both datasets; `frames`: the
+    series to use (default: `load_training_data`, cut at `train_until`)."""
+    if frames is None:
+        frames, _ = load_training_data(config)
     train, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
     common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
                   preload=config.preload)

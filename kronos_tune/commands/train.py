@@ -31,6 +31,7 @@ from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE, oom_message
 from kronos_core.train.config import WHAT
+from kronos_core.train.loading import load_training_data
 from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_core.units import format_bytes
@@ -341,6 +342,8 @@ def register(app: typer.Typer) -> None:
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
         tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
+        symbol_column: Annotated[Optional[str], typer.Option("--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
+        train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on bars up to this date (2010-05-14: that whole day) or this fraction of the data's timeline (0.75); recorded in data_span.json for backtest's leakage check.")] = None,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -356,6 +359,12 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             check_resume_folder(resume)
         base, source = build_config(preset, config, resume, data, what, device)
+        data_options = {key: value for key, value in (("symbol_column", symbol_column), ("train_until", train_until))
+                        if value is not None}
+        if data_options:
+            base = base.replace(**data_options)
+        if base.train_until is not None:
+            load_training_data(base)  # reads the data: a cut outside it is one line before any folder is made
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
             if theirs is not None and theirs != source:
