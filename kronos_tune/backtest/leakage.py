@@ -25,7 +25,7 @@ import pandas as pd
 from kronos_core.errors import KronosError
 from kronos_core.files import load_toml
 from kronos_core.train.data_span import SPAN_FILE, read_data_span
-from kronos_tune.backtest.config import BacktestConfig, PredictionSetting, short_model_name
+from kronos_tune.backtest.config import BacktestConfig, short_model_name
 from kronos_tune.backtest.origins import OriginPlan
 from kronos_tune.errors import KronosTuneError
 
