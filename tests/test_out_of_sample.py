@@ -91,6 +91,13 @@ def test_training_reads_only_bars_up_to_the_cut(models, tmp_path: Path):
     assert whole.cut is None and whole.last_bar == str(timeline[-1])
 
 
+def test_resuming_with_another_cut_is_refused_and_keeps_the_run(models, one_thread):
+    with pytest.raises(KronosError, match="this run trained with train_until '0.75', the config now gives '0.5'"):
+        Trainer(_config(models["panel"], models["run"], train_until="0.5"), resume=models["run"])
+    assert read_data_span(models["run"])["train_until"] == "0.75"
+    assert TrainConfig.from_toml(models["run"] / "config.toml").train_until == "0.75"
+
+
 @pytest.mark.parametrize("until", ["2030-01-01", "2000-01-01", "2024-01-04 11:30:00"])
 def test_a_cut_outside_the_data_is_one_line(models, tmp_path: Path, until: str):
     with pytest.raises(KronosError, match=r"is outside the data \(panel.csv: 2024-01-02 09:35:00 to "

@@ -176,3 +176,15 @@ def read_data_span(folder: str | os.PathLike) -> dict[str, Any] | None:
         raise KronosError(f"{path}: not a data span written by kronos_core.train (format "
                           f"{values.get('format') if isinstance(values, dict) else '?'}); train again")
     return values
+
+
+def check_same_span(earlier: dict[str, Any] | None, now: DataSpan, where: str | os.PathLike) -> None:
+    """A resumed run must read the bars it started on: the same cut, the same data, the same first/last bar."""
+    if earlier is None:
+        return  # a run from before spans were recorded
+    current = now.to_dict()
+    for key in ("train_until", "cut", "first_bar", "last_bar", "symbol_column"):
+        if earlier.get(key) != current[key]:
+            raise KronosError(f"{where}: this run trained with {key} {earlier.get(key)!r}, the config now gives "
+                              f"{current[key]!r} ({SPAN_FILE}); resume with the data and train_until it started "
+                              f"with, or start a new run")

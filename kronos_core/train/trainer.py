@@ -44,7 +44,7 @@ from kronos_core.train.train_state import (
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
 from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
-from kronos_core.train.data_span import write_data_span
+from kronos_core.train.data_span import check_same_span, read_data_span, write_data_span
 from kronos_core.train.loading import (
     GlobalBatchSampler, build_datasets, close_loader, eval_loader, load_training_data, train_loader,
 )
@@ -144,6 +144,7 @@ class Trainer:
         # Dropout / sampled-s1 randomness differs per rank; a single process is rank 0.
         torch.manual_seed(config.seed + dist.rank)
         if resume is not None:
+            check_same_span(read_data_span(self.output_dir), self.data_span, self.output_dir)
             self._load(resume)
         if dist.is_main:
             config.to_toml(self.output_dir / "config.toml")
