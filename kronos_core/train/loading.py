@@ -30,6 +30,7 @@ from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
+from kronos_core.train.data_span import DataSpan, cut_frames
 
 
 def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
@@ -58,9 +59,20 @@ def _say(lines) -> None:
         warnings.warn(line, KronosWarning, stacklevel=3)
 
 
-def build_datasets(config: TrainConfig) -> tuple[KlineWindowDataset, KlineEvalDataset]:
-    """Split every series in time (last `val_fraction` validates) and build both datasets."""
+def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpan]:
+    """The series cut at `train_until` (whole without it) and the span they cover (kronos_core.train.data_span)."""
     frames = load_frames(config)
+    paths = [] if config.is_synthetic else find_data_files(config.data)
+    return cut_frames(frames, config.train_until, paths, config.is_synthetic, config.symbol_column,
+                      config.val_fraction)
+
+
+def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None,
+                   ) -> tuple[KlineWindowDataset, KlineEvalDataset]:
+    """Split every series in time (last `val_fraction` validates) and build both datasets; `frames`: the
+    series to use (default: `load_training_data`, cut at `train_until`)."""
+    if frames is None:
+        frames, _ = load_training_data(config)
     train, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
     short = [frame.attrs.get("symbol") or frame.attrs.get("source") or f"series {k}"
              for k, (frame, part) in enumerate(zip(frames, train)) if len(part) < config.window_length]

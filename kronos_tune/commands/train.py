@@ -34,6 +34,7 @@ from rich.text import Text
 
 from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
+from kronos_core.train.loading import load_training_data
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import LiveProgress, OfflineOption
 from kronos_tune.errors import KronosTuneError
@@ -252,6 +253,7 @@ def register(app: typer.Typer) -> None:
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
         tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
         offline: OfflineOption = False,
+        train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on bars up to this date (2010-05-14: that whole day) or this fraction of the data's timeline (0.75); recorded in data_span.json for backtest's leakage check.")] = None,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -267,8 +269,10 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             check_resume_folder(resume)
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
-                     "device": device, "symbol_column": symbol_column}
+                     "device": device, "symbol_column": symbol_column, "train_until": train_until}
         base, source = build_config(preset, config, resume, overrides)
+        if base.train_until is not None:
+            load_training_data(base)  # reads the data: a cut outside it is one line before any folder is made
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
             if theirs is not None and theirs != source:
