@@ -46,7 +46,7 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     if not result_file.is_file():
         raise_for_exit(outcome, work)
     m = json.loads(result_file.read_text(encoding="utf-8"))
-    dfs, _, ys = series_inputs(settings)
+    dfs, _, ys = series_inputs(settings, settings.quality_series)  # the outputs kept are the quality set's
     outputs = _outputs(outputs_file, ys)
     seconds = list(m["seconds"])
     rates = [settings.measured_series / s for s in seconds]
@@ -75,7 +75,7 @@ def rank_agreement(outputs: list[pd.DataFrame], reference: list[pd.DataFrame] | 
                    stage: str) -> dict | None:
     """Does the approximate setting change which series come out on top? Spearman of the predicted returns
     (last predicted close over last history close) against the reference method's, across the series
-    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything."""
+    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything. predict_decision judges it."""
     from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 
     if stage == "baseline" or not outputs or not reference or len(outputs) != len(reference) or len(outputs) < 3:
