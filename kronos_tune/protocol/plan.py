@@ -222,6 +222,9 @@ def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
 
 PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
 AGREEMENT_SERIES = 100  # the ranking agreement (and the exactness check) covers at least this many series
+# Tokens one forward pass of the full-recompute reference holds at least: past this its cost per series no longer
+# falls with more series (the cores / the GPU are busy), so it is timed on that many series, not the whole count.
+REFERENCE_TOKENS = {"cpu": 4096, "cuda": 65536}
 
 
 def predict_counts(series_count: int, options: ProtocolOptions) -> tuple[int, int]:
@@ -232,12 +235,22 @@ def predict_counts(series_count: int, options: ProtocolOptions) -> tuple[int, in
     return measured, max(measured, agreement)
 
 
+def reference_series(measured: int, lookback: int, pred_len: int, sample_count: int, device: str) -> int:
+    """Series the recompute reference times (the first of the measured ones): enough that each of its forward
+    passes holds REFERENCE_TOKENS tokens. It recomputes the whole window for every token, so timing it on the
+    whole count would cost pred_len full passes over every series per run (minutes per run at the presets'
+    scale) and tell nothing more: its series/s is flat in the count once a pass fills the device."""
+    window = (lookback + pred_len) * max(1, sample_count)
+    return min(measured, max(1, -(-REFERENCE_TOKENS.get(device, REFERENCE_TOKENS["cuda"]) // window)))
+
+
 def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
     p = preset.predict
     measured, agreement = predict_counts(p.series_count, options)
-    base = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
-                           measured, use_cache=False, seed=options.seed, agreement_series=agreement)
-    cached = replace(base, use_cache=True)
+    cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
+                             measured, use_cache=True, seed=options.seed, agreement_series=agreement)
+    base = replace(cached, use_cache=False, agreement_series=None,
+                   measured_series=reference_series(measured, p.lookback, p.pred_len, p.sample_count, device))
     bf16_skip = None
     if device == "cuda" and not torch.cuda.is_bf16_supported():
         bf16_skip = "this GPU has no bf16 support"
@@ -246,7 +259,10 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
     devices = shard_processes(device)
     specs = [
         TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
-                  "the reference method: the whole window recomputed for every new token"),
+                  "the reference method: the whole window recomputed for every new token"
+                  + (f"; timed on the first {base.measured_series} of the {measured} series (its cost per series "
+                     f"is flat in the count from {REFERENCE_TOKENS.get(device, REFERENCE_TOKENS['cuda'])} tokens a "
+                     f"pass)" if base.measured_series < measured else "")),
         TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
                   "key/value cache: one new position per step (exact while the window has not slid)"),
         TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
@@ -260,10 +276,12 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
                   + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
     ]
     optional = PREDICT_TRIALS[1:]
-    untimed = 1 + (agreement > measured)  # the metered run, and the quality run over more series than are timed
     for spec in specs:
         spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
-        spec.warmup_steps, spec.measured_steps = untimed, options.predict_repeats
+        settings = spec.config if spec.config is not None else cached
+        # the metered run, and the quality run when quality covers more series than are timed
+        spec.warmup_steps = 1 + (settings.quality_series > settings.measured_series)
+        spec.measured_steps = options.predict_repeats
     return specs
 
 

@@ -6,8 +6,10 @@ yields the same recommendation.
 
 The rule:
 
-1. Speed. Each trial's per-repeat run times (every repeat predicts the same
-   series) are compared with those of its reference: the trial it adds one
+1. Speed. Each trial's per-repeat run times per series (every repeat of a
+   trial predicts the same series; the recompute reference only the first
+   of them, see plan.reference_series) are compared with those of its
+   reference: the trial it adds one
    change to (kv-cache against the full recompute; bf16, the autobatch chunk
    and sharding against kv-cache) and, for those, the recompute baseline too.
    The comparison is a time ratio with a 95 % interval from a pluggable
@@ -16,11 +18,13 @@ The rule:
    takes the same two lists of times. Faster = the interval below 1 and the
    ratio at least the threshold below 1 (``stats.verdict``).
 2. Quality, by the change's exactness class. *exact* (kv-cache, autobatch,
-   sharding): the greedy output must be identical to the reference's
+   sharding): the greedy output must be identical to the exact reference's
    (``output_max_abs_diff`` within ``EXACT_TOLERANCE`` history standard
    deviations, over every compared series). *approximate* (bf16): the ranking
-   agreement of the predicted returns with the reference's
-   (backtest.agreement) must reach ``min_spearman``.
+   agreement of the predicted returns with the exact reference's
+   (backtest.agreement) must reach ``min_spearman``. The exact reference is
+   the recompute's output, or kv-cache's once it proved identical to it
+   (predict_trials.exact_reference).
 3. A trial is eligible when it ran, kept its quality and is faster than its
    reference and than the baseline. The recommendation is the eligible trial
    with the highest series/s; the baseline when none is eligible.
@@ -98,11 +102,18 @@ def compare_times(trial: TrialResult | None, reference: TrialResult | None, thre
     """The trial's run times against the reference's (None unless both ran ok with timed repeats)."""
     if trial is None or reference is None or trial.status != "ok" or reference.status != "ok":
         return None
-    if not trial.step_times_s or not reference.step_times_s:
+    mine, theirs = per_series_times(trial), per_series_times(reference)
+    if not mine or not theirs:
         return None
-    ratio, low, high = estimator(trial.step_times_s, reference.step_times_s)
+    ratio, low, high = estimator(mine, theirs)
     return Comparison(ratio, low, high, threshold, verdict(ratio, low, high, threshold), len(trial.step_times_s),
                       len(reference.step_times_s), method)
+
+
+def per_series_times(result: TrialResult) -> list[float]:
+    """Seconds per series of each timed repeat (its run time over the series it predicted)."""
+    series = int((result.config or {}).get("measured_series") or 1)
+    return [seconds / series for seconds in result.step_times_s]
 
 
 def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
@@ -110,6 +121,7 @@ def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
     exactness = EXACTNESS.get(trial.name, "approximate")
     agreement = trial.quality if isinstance(trial.quality, dict) else {}
     series = agreement.get("series")
+    whose = f"{agreement['reference']}'s" if agreement.get("reference") else "the reference's"
     if exactness == "exact":
         diff = trial.output_max_abs_diff
         if diff is None:
@@ -117,9 +129,9 @@ def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
         over = f" over {series} series" if series else ""
         if diff <= EXACT_TOLERANCE:
             return {"class": exactness, "passed": True, "max_abs_diff": diff,
-                    "text": f"identical greedy output{over}"}
+                    "text": f"identical greedy output to {whose}{over}"}
         return {"class": exactness, "passed": False, "max_abs_diff": diff,
-                "text": f"not identical to the reference's output (max difference {diff:.3g} σ{over}), "
+                "text": f"not identical to {whose} output (max difference {diff:.3g} σ{over}), "
                         f"though it promises to be: a defect"}
     spearman = agreement.get("spearman")
     if spearman is None or not series or series < MIN_AGREEMENT_SERIES:

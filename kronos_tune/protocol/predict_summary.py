@@ -96,18 +96,29 @@ def recommended_predict_toml(report: ProtocolReport) -> str | None:
     return predict_file_toml(settings, header)
 
 
-def predict_decision_lines(report: ProtocolReport) -> list[str]:
-    """Plain sentences on the predict decision: the rule, then each trial's verdict against its reference."""
-    decision = report.decision or {}
-    if not decision:
-        return []
+def predict_setup_line(report: ProtocolReport) -> str:
+    """What every predict trial predicted and how often (from the trials' settings)."""
+    configs = [t.config for t in report.trials if t.config]
+    timed = max((int(c.get("measured_series") or 0) for c in configs), default=0)
+    compared = max((max(int(c.get("measured_series") or 0), int(c.get("agreement_series") or 0)) for c in configs),
+                   default=0)
     base = _find(report.trials, BASELINE)
-    config = (base.config if base is not None else None) or {}
-    timed = config.get("measured_series", "?")
-    compared = max(timed, config.get("agreement_series") or 0) if isinstance(timed, int) else "?"
-    lines = [f"Decision: {report.timing.get('rule', PREDICT_RULE)}. Threshold ±{100 * decision['threshold']:.1f}%, "
-             f"minimum Spearman {decision['min_spearman']:g}; {decision['estimator']}. Every timed run predicts "
-             f"{timed} series; quality compares the outputs of {compared}."]
+    reference = int((base.config or {}).get("measured_series") or 0) if base is not None else 0
+    subset = (f" (the recompute reference the first {reference} of them: its cost per series does not fall with "
+              f"more)" if 0 < reference < timed else "")
+    return (f"Every trial times the same {timed} synthetic series{subset}, greedy: one metered run, then "
+            f"{report.options.get('predict_repeats')} timed runs; quality compares the outputs of {compared} series.")
+
+
+def predict_decision_lines(report: ProtocolReport) -> list[str]:
+    """Plain sentences on the predict run and its decision: what was predicted, the rule, then each trial's
+    verdict against its reference."""
+    decision = report.decision or {}
+    lines = [predict_setup_line(report)]
+    if not decision:
+        return lines
+    lines.append(f"Decision: {report.timing.get('rule', PREDICT_RULE)}. Threshold ±{100 * decision['threshold']:.1f}%, "
+                 f"minimum Spearman {decision['min_spearman']:g}; {decision['estimator']}.")
     for name, verdict in decision.get("verdicts", {}).items():
         vs_ref = Comparison.from_dict(verdict.get("vs_reference"))
         speed = (f"{speedup_text(vs_ref)} the series/s of {verdict['reference']} ({vs_ref.verdict})"

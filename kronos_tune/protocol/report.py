@@ -287,9 +287,7 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
     else:
         from kronos_tune.protocol.predict_summary import predict_decision_lines
 
-        lines += ["", f"Every trial predicts the same {opts.get('predict_series_used', '')} synthetic series "
-                      f"(greedy), one metered run then {opts.get('predict_repeats')} timed runs."]
-        lines += [""] + predict_decision_lines(report)
+        lines += [""] + predict_decision_lines(report)  # what was predicted, the rule, each trial's verdict
     header, rows = table(report)
     marks = {"noise": " (noise)", "bad": "", "good": "", "warn": "", "": ""}
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
