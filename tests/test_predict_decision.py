@@ -53,7 +53,7 @@ def test_the_fastest_setting_that_keeps_its_class_is_recommended() -> None:
     assert bf16.reference == "kv-cache" and bf16.exactness == "approximate" and bf16.eligible
     assert bf16.quality["passed"] and "Spearman 0.990 >= 0.95 over 100 series" in bf16.quality["text"]
     same = decision.verdicts["autobatch"]  # as fast as kv-cache: exact, but not faster than its reference
-    assert not same.eligible and same.vs_reference.verdict == "same" and same.why.startswith("same than kv-cache")
+    assert not same.eligible and same.vs_reference.verdict == "same" and same.why.startswith("as fast as kv-cache (")
     assert decision.reason.startswith("bf16: ") and "also eligible but slower: kv-cache" in decision.reason
 
 
@@ -73,7 +73,7 @@ def test_an_exact_setting_whose_output_differs_is_a_defect_and_nothing_faster_ke
     assert "not identical to recompute's output (max difference 0.02 σ over 100 series)" in \
         decision.verdicts["kv-cache"].why and "a defect" in decision.verdicts["kv-cache"].why
     # bf16 is faster than the recompute, but not than its own reference (kv-cache): left out too
-    assert decision.verdicts["bf16"].why.startswith("same than kv-cache")
+    assert decision.verdicts["bf16"].why.startswith("as fast as kv-cache")
     assert decision.source == "recompute" and decision.reason.startswith("no setting was faster")
 
 

@@ -168,7 +168,8 @@ def _verdict(trial: TrialResult, by_name: dict[str, TrialResult], threshold: flo
     elif not quality["passed"]:
         why = quality["text"]
     elif vs_reference.verdict != "faster":
-        why = f"{vs_reference.verdict} than {parent_name} ({speedup_text(vs_reference)})"
+        relation = {"same": "as fast as", "slower": "slower than"}.get(vs_reference.verdict, "not resolved against")
+        why = f"{relation} {parent_name} ({speedup_text(vs_reference)})"
     elif vs_baseline is None or vs_baseline.verdict != "faster":
         why = f"not faster than {BASELINE} ({speedup_text(vs_baseline)})"
     return PredictVerdict(trial.name, parent_name, EXACTNESS.get(trial.name, "approximate"), vs_reference,
@@ -182,7 +183,8 @@ def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: fl
     decision = PredictDecision(None, "", threshold, min_spearman, method)
     base = by_name.get(BASELINE)
     if base is None or base.status != "ok" or not base.step_times_s:
-        status = "did not run" if base is None else f"{base.status}" + (f": {base.reason}" if base.reason else "")
+        status = ("did not run" if base is None else "has no timed runs" if base.status == "ok" else
+                  f"{base.status}" + (f": {base.reason}" if base.reason else ""))
         decision.reason = f"the reference ({BASELINE}) {status}: nothing to compare the settings with"
         return decision
     for trial in trials:
