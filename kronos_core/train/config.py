@@ -142,6 +142,10 @@ class TrainConfig:
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> TrainConfig:
         data = load_toml(path, what="training config")
+        if isinstance(data.get("predict"), dict):  # e.g. the predict benchmark's recommended.toml
+            raise KronosError(f"{path}: a prediction config (a [predict] table), not a training config; predict "
+                              f"with `kronos-tune predict --config {path}`, or give train a file of TrainConfig "
+                              f"keys (`kronos-tune config keys`)")
         for key, value in data.items():
             if isinstance(value, dict):
                 raise KronosError(f"{path}: [{key}] is a table; a training config is flat key = value lines, "

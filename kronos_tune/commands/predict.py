@@ -19,6 +19,13 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
                                          WindowModeOption)
 
+try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
+    from typer._click.core import ParameterSource
+    from typer._click.exceptions import MissingParameter
+except ImportError:  # pragma: no cover - older typer on click
+    from click.core import ParameterSource  # type: ignore[no-redef]
+    from click.exceptions import MissingParameter  # type: ignore[no-redef]
+
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predict.predictor import PredictProgress
     from kronos_tune.predict.job import PredictResult
@@ -109,8 +116,14 @@ class _PredictBar:
 
 
 def predict_command(
-    lookback: Annotated[int, typer.Option("--lookback", help="History rows per series (the last N rows).")],
-    pred_len: Annotated[int, typer.Option("--pred-len", help="Future steps to predict.")],
+    ctx: typer.Context,
+    lookback: Annotated[Optional[int], typer.Option(
+        "--lookback", help="History rows per series (the last N rows); required unless --config sets it.")] = None,
+    pred_len: Annotated[Optional[int], typer.Option(
+        "--pred-len", help="Future steps to predict; required unless --config sets it.")] = None,
+    config_file: Annotated[Optional[Path], typer.Option(
+        "--config", metavar="FILE", dir_okay=False, help="A prediction config ([predict] table, e.g. the "
+        "recommended.toml of `kronos-tune benchmark --task predict`); flags given here win over it.")] = None,
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,
     tokenizer: Annotated[Optional[Path], typer.Option(
@@ -143,6 +156,12 @@ def predict_command(
     skip_short: Annotated[bool, typer.Option(
         "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
     window_mode: WindowModeOption = "refill",
+    cuda_graphs: Annotated[Optional[bool], typer.Option(
+        "--cuda-graphs/--no-cuda-graphs", help="Replay the cached one-token steps as CUDA graphs (default: on with "
+        "CUDA).", show_default=False)] = None,
+    kv_cache: Annotated[bool, typer.Option(
+        "--kv-cache/--no-kv-cache", help="--no-kv-cache recomputes the whole window for every token (the reference "
+        "method, slow).")] = True,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Processes on this node (one per GPU); >1 shards the series with torchrun.")] = 1,
     nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
@@ -158,6 +177,7 @@ def predict_command(
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
     bar grid."""
+    from kronos_tune.predict.config_file import merge_predict_file, read_predict_file
     from kronos_tune.predict.job import PredictConfig, run_predict
     from kronos_tune.predict.quantiles import parse_quantiles
 
@@ -171,15 +191,21 @@ def predict_command(
         console.print(Text.assemble((f"{level}:", "yellow" if level == "warning" else "cyan"), " ", message),
                       soft_wrap=True)
 
-    config = PredictConfig(
+    values = dict(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column,
-        skip_short=skip_short, window_mode=window_mode, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, calendar=calendar,
-        offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
+        skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
+        nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
+        calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
     )
+    if config_file is not None:
+        values = merge_predict_file(values, given_flags(ctx), read_predict_file(config_file))
+    for name in ("lookback", "pred_len"):
+        if values[name] is None:
+            raise MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
+    config = PredictConfig(**values)
     bar = None if as_json else _PredictBar(console)
     try:
         result = run_predict(config, on_note=on_note, on_progress=bar)
@@ -209,6 +235,12 @@ def predict_command(
         + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),
         markup=False, highlight=False, soft_wrap=True,
     )
+
+
+def given_flags(ctx: typer.Context) -> set[str]:
+    """The parameters given on the command line (or by environment), not left at their defaults."""
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+    return {param.name for param in ctx.command.params if param.name and ctx.get_parameter_source(param.name) in given}
 
 
 def register(app: typer.Typer) -> None:

@@ -80,6 +80,8 @@ class PredictConfig(InputSpec):
     symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
     skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
     window_mode: str = "refill"
+    cuda_graphs: bool | None = None  # cached one-token steps as CUDA graphs; None: on when the device is CUDA
+    kv_cache: bool = True  # False: the reference method, the whole window recomputed for every token
     nproc: int = 1
     nnodes: str | None = None
     node_rank: int | None = None
@@ -127,6 +129,11 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError(f"--window-mode {config.window_mode}: choose refill (exact) or shift (approximate)")
     if config.nproc < 1:
         raise KronosTuneError(f"--nproc {config.nproc}: must be at least 1")
+    if config.cuda_graphs and resolve_device(config.device) == "cpu":
+        raise KronosTuneError("--cuda-graphs needs a CUDA device; leave it out (on with CUDA) or use --no-cuda-graphs")
+    if not config.kv_cache and config.nproc > 1:
+        raise KronosTuneError(f"--no-kv-cache with --nproc {config.nproc}: the full-recompute reference runs in one "
+                              f"process; use --nproc 1 or the KV cache")
     if config.symbol_column is not None and not config.data:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.skip_short and config.symbol_column is None:

@@ -142,7 +142,8 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback,
     amp = None if config.amp == "none" else config.amp
     return KronosPredictor(model, tokenizer, device=resolve_device(config.device),
                            max_context=resolve_max_context(config), amp=amp,
-                           max_batch_size=config.max_batch_size, window_mode=config.window_mode)
+                           max_batch_size=config.max_batch_size, window_mode=config.window_mode,
+                           use_cache=config.kv_cache, cuda_graphs=config.cuda_graphs)
 
 
 # Scoring and output --------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def _shard_job(config: PredictConfig, device: str, weights: dict[str, Pretrained
                     device="cuda" if device.startswith("cuda") else "cpu",
                     amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
                     window_mode=config.window_mode, max_batch_size=config.max_batch_size,
-                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                    cuda_graphs=config.cuda_graphs, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                     sample_count=config.sample_count)
 
 
@@ -201,7 +202,8 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
     if sharded:
         check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
     # Sharded runs load the weights here too, on the CPU, so a bad checkpoint fails in one line before any rank.
-    predictor = load_predictor(replace(config, device="cpu", amp="none") if sharded else config, note, weights)
+    preload = replace(config, device="cpu", amp="none", cuda_graphs=None) if sharded else config
+    predictor = load_predictor(preload, note, weights)
     if predictor.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(predictor.device)
 
