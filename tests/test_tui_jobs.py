@@ -218,8 +218,8 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     folder = write_tiny_preset(tmp_path / "presets", name="tiny-2mib", memory_gb=0.002)
     preset = resolve_preset("tiny-2mib", [folder])
     # the baseline's out-of-memory row is what is checked: the noise probe and the baseline-repeat (two more trial
-    # processes, out of memory alike) are left out
-    options = ProtocolOptions(**FAST, only=("checkpointing",), skip=("noise-probe", "baseline-repeat"))
+    # processes, out of memory alike) are left out, and --only tf32 (CUDA only, skipped here) runs no single trial
+    options = ProtocolOptions(**FAST, only=("tf32",), skip=("noise-probe", "baseline-repeat"))
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _key(pilot, "b")
