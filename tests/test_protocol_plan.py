@@ -96,7 +96,7 @@ def test_predict_plan_times_the_presets_series_and_skips_bf16_as_train_does(tmp_
     assert cached.measured_series == 100 and cached.quality_series == 100 and specs["kv-cache"].warmup_steps == 1
     reference = specs["recompute"].config  # timed on the first series whose passes hold 4096 tokens
     assert reference.measured_series == 10 and reference.quality_series == 10
-    assert "timed on the first 10 of the 100 series" in specs["recompute"].description
+    assert "timed and metered on the first 10 of the 100 series" in specs["recompute"].description
     train_bf16 = next(s for s in plan_trials("cpu", task="train") if s.name == "bf16")
     assert specs["bf16"].skip_reason == train_bf16.skip_reason == \
         "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"

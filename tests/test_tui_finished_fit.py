@@ -109,7 +109,7 @@ async def test_a_finished_predict_run_shows_every_row_and_its_recommended_settin
         text = _assert_all_on_screen(app, report.trials)
         assert ("▶ run kv-cache: window_mode = refill, amp = none, cuda_graphs = False, kv_cache = True, nproc = 1"
                 in text)
-        assert "why kv-cache: 10.00x (95% interval" in text and "identical greedy output to recompute's over 100 series" in text
+        assert "why 10.00x (95% interval" in text and "identical greedy output to recompute's over 100 series" in text
         assert "command kronos-tune predict --config runs/benchmark/cpu-predict-20261130-120000/recommended.toml" \
             in text and "t runs it here" not in text  # t trains; the predict settings run from a shell
         assert row_marks(app) == {"kv-cache": "▶★"}

@@ -122,7 +122,7 @@ def predict_command(
     pred_len: Annotated[Optional[int], typer.Option(
         "--pred-len", help="Future steps to predict; required unless --config sets it.")] = None,
     config_file: Annotated[Optional[Path], typer.Option(
-        "--config", metavar="FILE", dir_okay=False, help="A prediction config ([predict] table, e.g. the "
+        "--config", metavar="FILE", dir_okay=False, help="A prediction config (a \\[predict] table, e.g. the "
         "recommended.toml of `kronos-tune benchmark --task predict`); flags given here win over it.")] = None,
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,

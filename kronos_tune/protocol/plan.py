@@ -260,9 +260,10 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
     specs = [
         TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
                   "the reference method: the whole window recomputed for every new token"
-                  + (f"; timed on the first {base.measured_series} of the {measured} series (its cost per series "
-                     f"is flat in the count from {REFERENCE_TOKENS.get(device, REFERENCE_TOKENS['cuda'])} tokens a "
-                     f"pass)" if base.measured_series < measured else "")),
+                  + (f"; timed and metered on the first {base.measured_series} of the {measured} series (its cost "
+                     f"per series is flat in the count from {REFERENCE_TOKENS.get(device, REFERENCE_TOKENS['cuda'])} "
+                     f"tokens a pass; its peak memory is for those series)" if base.measured_series < measured
+                     else "")),
         TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
                   "key/value cache: one new position per step (exact while the window has not slid)"),
         TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,

@@ -200,7 +200,7 @@ def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: fl
         best = max(eligible, key=_rate)
         chosen = decision.verdicts[best.name]
         decision.source = best.name
-        decision.reason = (f"{best.name}: {speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
+        decision.reason = (f"{speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
                            + (f", {speedup_text(chosen.vs_reference)} that of {chosen.reference}"
                               if chosen.reference != BASELINE else "")
                            + f"; {chosen.quality['text']}")

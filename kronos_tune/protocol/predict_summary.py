@@ -59,6 +59,8 @@ def summarize_predict(report: ProtocolReport) -> None:
         comparison: Comparison | None = verdict.vs_baseline if verdict is not None else None
         t.comparison = comparison.to_dict() if comparison is not None else None
         t.deltas = compute_deltas(t, base, None, comparison)
+        if base is not None and (t.config or {}).get("measured_series") != (base.config or {}).get("measured_series"):
+            t.deltas.pop("peak_memory_bytes", None)  # the reference's peak is for fewer series: not comparable
         if verdict is not None and t.status == "ok":
             t.quality = {**(t.quality or {}), **verdict.quality}  # the measured agreement and the class's verdict
     report.timing = {"rule": PREDICT_RULE, "threshold_pct": 100 * threshold,
@@ -125,4 +127,15 @@ def predict_decision_lines(report: ProtocolReport) -> list[str]:
                  if vs_ref is not None else "not timed")
         state = "eligible" if verdict["eligible"] else f"left out: {verdict['why']}"
         lines.append(f"{name} ({verdict['exactness']}): {speed}; {verdict['quality'].get('text', '')}; {state}.")
+    return lines
+
+
+def predict_markdown_lines(report: ProtocolReport) -> list[str]:
+    """report.md's predict section: the setup and the rule as paragraphs, each trial's verdict as a bullet."""
+    setup, *rest = predict_decision_lines(report)
+    lines = [setup]
+    if rest:
+        lines += ["", rest[0]]
+    if rest[1:]:
+        lines += [""] + [f"- {line}" for line in rest[1:]]
     return lines

@@ -285,9 +285,9 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         if report.flops:
             lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
     else:
-        from kronos_tune.protocol.predict_summary import predict_decision_lines
+        from kronos_tune.protocol.predict_summary import predict_markdown_lines
 
-        lines += [""] + predict_decision_lines(report)  # what was predicted, the rule, each trial's verdict
+        lines += [""] + predict_markdown_lines(report)  # what was predicted, the rule, each trial's verdict
     header, rows = table(report)
     marks = {"noise": " (noise)", "bad": "", "good": "", "warn": "", "": ""}
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
