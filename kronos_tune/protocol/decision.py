@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kronos_core.units import format_bytes
+from kronos_tune.protocol.costs import duration as _duration
+from kronos_tune.protocol.costs import one_time_costs
 from kronos_tune.protocol.records import NOISE_PROBE, TrialResult
 from kronos_tune.protocol.stats import Comparison, block_ratios, compare, paired_compare
 
@@ -212,36 +214,6 @@ def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_de
             "tolerance": tolerance, "defect": defect, "note": note}
 
 
-def one_time_s(result: TrialResult) -> float:
-    """What a trial pays once, before its steps run at their steady speed: the warm-up beyond that many steady
-    steps (compilation, autotuning, allocator growth) and the searches that chose its settings (autobatch)."""
-    extra = sum(result.setup_costs_s.values())
-    if result.warmup_times_s and result.step_time_s is not None:
-        extra += max(0.0, sum(result.warmup_times_s) - len(result.warmup_times_s) * result.step_time_s.median)
-    return extra
-
-
-def workload_time_s(result: TrialResult) -> float | None:
-    """The preset's workload (epochs x samples per epoch) at the trial's median throughput."""
-    config = result.config or {}
-    if not result.samples_per_s or not config.get("epochs") or not config.get("samples_per_epoch"):
-        return None
-    return config["epochs"] * config["samples_per_epoch"] / result.samples_per_s.median
-
-
-def one_time_costs(result: TrialResult, base: TrialResult | None, comparison: Comparison | None
-                   ) -> dict[str, Any] | None:
-    """A change's one-time cost beyond the baseline's against what it saves over the workload (the
-    baseline's workload time x (1 - the compared ratio)); ``worth`` when the saving is larger."""
-    workload = workload_time_s(base) if base is not None else None
-    if comparison is None or workload is None:
-        return None
-    extra = max(0.0, one_time_s(result) - one_time_s(base))
-    saving = workload * (1 - comparison.ratio)
-    return {"one_time_s": extra, "saving_s": saving, "workload_s": workload, "worth": saving > extra,
-            "projected_s": workload * comparison.ratio + one_time_s(result)}
-
-
 def _quality_ok(result: TrialResult, trajectories: dict[str, dict[str, Any]]) -> bool:
     if result.quality is not None and not result.quality.get("passed", True):
         return False
@@ -259,11 +231,6 @@ def _describe(name: str, comparison: Comparison | None, base_median: float | Non
 
 def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.1f} ms" if seconds < 10 else f"{seconds:.2f} s"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} h"
 
 
 def compare_to_baseline(result: TrialResult, base: TrialResult, decision: Decision) -> Comparison | None:
@@ -372,7 +339,8 @@ def _noise_text(decision: Decision, context: DecisionContext) -> str:
 
 
 def _cost_text(name: str, costs: dict[str, Any]) -> str:
-    return (f"{name} is faster but its one-time cost ({_duration(costs['one_time_s'])} of warm-up and setup) "
+    return (f"{name} is faster ({100 * (costs['ratio'] - 1):+.1f}% per step) but its one-time cost "
+            f"({_duration(costs['one_time_s'])} of warm-up and setup) "
             f"exceeds what it saves over the workload ({_duration(max(0.0, costs['saving_s']))} of "
             f"{_duration(costs['workload_s'])})")
 
@@ -426,9 +394,11 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
                 hint = (f"; the closest, {name} at {comparison.pct:+.1f}% ({comparison.interval_text()}), "
                         f"is within it")
             memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
-            costs = "".join(f"; {text}" for text in costly)
-            decision.reason = (f"no change was faster {_noise_text(decision, context)}{hint}{costs}{memory}"
-                               f"{combined_note}")
+            if costly:
+                decision.reason = f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"
+            else:
+                decision.reason = (f"no change was faster {_noise_text(decision, context)}{hint}{memory}"
+                                   f"{combined_note}")
         else:
             decision.reason = "nothing ran within the budget: this is the reference config, which does not fit either"
         return

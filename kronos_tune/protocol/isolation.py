@@ -20,6 +20,7 @@ are killed with SIGKILL: nothing here waits on the child's cooperation.
 from __future__ import annotations
 
 import datetime
+import json
 import signal
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from kronos_core.launch import process_tree, run_launch
+from kronos_core.launch import LaunchSpec, launch_command, process_tree, run_launch
 
 WORKER_MARK = "kronos_tune.protocol.trial_worker"
 LAUNCHER_MARK = "torch.distributed.run"
@@ -91,6 +92,20 @@ def run_watched(command: list[str], stderr_path: Path, on_event: Callable[[dict[
                         deadline=deadline)
     return Outcome(code=result.returncode, timed_out=result.timed_out, cancelled=result.stopped,
                    elapsed_s=result.elapsed_s)
+
+
+def launch_trial(trial: str, processes: int, work: Path, job: dict[str, Any],
+                 on_event: Callable[[dict[str, Any]], None], cancel: threading.Event, timeout_s: float,
+                 stack_file: Path, deadline: Callable[[], float | None] | None = None) -> Outcome:
+    """Write `job` to work/job.json and run it in trial_worker processes (torchrun for 2+) under the watchdog;
+    the stack file is removed again when nothing was dumped into it."""
+    job_file = work / "job.json"
+    job_file.write_text(json.dumps({**job, "trial": trial, "stack_file": str(stack_file)}), encoding="utf-8")
+    command = launch_command(LaunchSpec(nproc=processes), WORKER_MARK, ["--job", str(job_file)])
+    outcome = run_watched(command, work / "stderr.txt", on_event, cancel, timeout_s, stack_file, deadline=deadline)
+    if not outcome.timed_out and stack_file.is_file() and stack_file.stat().st_size == 0:
+        stack_file.unlink()  # nothing was dumped: the trial ended on its own
+    return outcome
 
 
 def timeout_reason(timeout_s: float, stack_file: Path) -> str:

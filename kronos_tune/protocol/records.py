@@ -353,7 +353,7 @@ class TrialResult:
         result = cls(**values)
         if "kind" not in data:  # written before kinds were kept: inferred from the name, in one place
             result.set_kind(legacy_kind(result.name, result.stage, result.task))
-        if "design" not in data and result.comparison is not None:
+        if "design" not in data and result.stage in ("single", "combined"):
             result.design = "sequential"  # the only design before schema 3
         result.schema_version = SCHEMA_VERSION
         return result

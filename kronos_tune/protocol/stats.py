@@ -22,7 +22,9 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
   ratios (the median of their pairwise means: a geometric mean that one block
   hit by a load burst cannot drag) with the Wilcoxon signed-rank interval,
   exact and distribution-free (it assumes only that noise is symmetric,
-  which randomizing the order within each round makes true). ``resolution``
+  which randomizing the order within each round makes true); a round more
+  than five robust standard deviations off the others (its two blocks
+  straddled a change of load) is set aside first. ``resolution``
   is how far an A/A comparison's interval reaches from 1: the smallest change
   such a run can tell from noise.
 """
@@ -176,6 +178,8 @@ def compare(samples: Sequence[float] | None, reference: Sequence[float] | None, 
 # The paired design ------------------------------------------------------------------------------------------
 
 MIN_PAIRS = 6  # below 6 pairs no Wilcoxon interval reaches 95 %
+OUTLIER_SIGMAS = 5.0  # a round this many robust standard deviations off the others measured a load change
+MAX_OUTLIER_SHARE = 0.25  # more rounds than this off: that is the noise itself, and every round is kept
 
 
 def _signed_rank_counts(n: int) -> list[int]:
@@ -223,12 +227,14 @@ def _normal_quantile(p: float) -> float:
 
 @dataclass(frozen=True)
 class PairedEstimate:
-    """The centre of paired log ratios and its interval, on the ratio scale (low/high None below MIN_PAIRS)."""
+    """The centre of paired log ratios and its interval, on the ratio scale (low/high None below MIN_PAIRS);
+    ``n`` pairs used, ``outliers`` set aside."""
 
     ratio: float
     low: float | None
     high: float | None
     n: int
+    outliers: int = 0
 
     @property
     def halfwidth(self) -> float:
@@ -238,20 +244,35 @@ class PairedEstimate:
         return (self.high - self.low) / 2 / self.ratio
 
 
+def _without_outliers(logs: np.ndarray) -> np.ndarray:
+    """The log ratios less the rounds OUTLIER_SIGMAS robust standard deviations (1.4826 x the median absolute
+    deviation) from their median: a round whose two blocks straddled a change of load measures the load, and
+    with a periodic load a few rounds do. None are set aside when the deviation is zero or when more than
+    MAX_OUTLIER_SHARE of them would be (then the spread is the noise)."""
+    centre = float(np.median(logs))
+    sigma = 1.4826 * float(np.median(np.abs(logs - centre)))
+    if sigma <= 0:
+        return logs
+    kept = logs[np.abs(logs - centre) <= OUTLIER_SIGMAS * sigma]
+    return kept if kept.size >= (1 - MAX_OUTLIER_SHARE) * logs.size else logs
+
+
 def paired_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE) -> PairedEstimate:
     """Hodges-Lehmann estimate of paired ratios (trial / baseline per round) with the Wilcoxon signed-rank
-    interval, both computed on log ratios and returned as ratios."""
-    logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
-    n = int(logs.size)
-    if n == 0:
+    interval, both computed on log ratios (outlying rounds set aside first) and returned as ratios."""
+    every = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+    if every.size == 0:
         raise ValueError("paired_estimate needs at least one positive ratio")
+    logs = _without_outliers(every)
+    n, outliers = int(logs.size), int(every.size - logs.size)
     rows, cols = np.triu_indices(n)
     walsh = np.sort((logs[rows] + logs[cols]) / 2)
     centre = float(np.median(walsh))
     cut = signed_rank_cut(n, confidence)
     if cut is None:
-        return PairedEstimate(math.exp(centre), None, None, n)
-    return PairedEstimate(math.exp(centre), math.exp(float(walsh[cut - 1])), math.exp(float(walsh[-cut])), n)
+        return PairedEstimate(math.exp(centre), None, None, n, outliers)
+    return PairedEstimate(math.exp(centre), math.exp(float(walsh[cut - 1])), math.exp(float(walsh[-cut])), n,
+                          outliers)
 
 
 def block_ratios(blocks: Sequence[dict[str, Any]]) -> list[float]:
@@ -275,7 +296,8 @@ def paired_compare(ratios: Sequence[float], threshold: float, confidence: float 
     if not ratios:
         return None
     found = paired_estimate(ratios, confidence)
-    method = (f"paired: Hodges-Lehmann centre of {found.n} {what} ratios (trial / neighbouring baseline), "
+    aside = f" ({found.outliers} outlying round(s) set aside)" if found.outliers else ""
+    method = (f"paired: Hodges-Lehmann centre of {found.n} {what} ratios (trial / neighbouring baseline){aside}, "
               f"{100 * confidence:g}% Wilcoxon signed-rank interval")
     return Comparison(found.ratio, found.low, found.high, threshold,
                       verdict(found.ratio, found.low, found.high, threshold), found.n, found.n, method, "paired")

@@ -19,9 +19,9 @@ from kronos_core.model import Kronos
 from kronos_core.sizes import SIZES
 from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.presets import Preset
+from kronos_tune.protocol.costs import one_time_s, workload_time_s
 from kronos_tune.protocol.decision import (
-    EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, one_time_s, reference,
-    workload_time_s,
+    EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, reference,
 )
 from kronos_tune.protocol.plan import LEFT_OUT
 from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
@@ -173,7 +173,7 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
                      "drift_sources": decision.drift_sources, "noisy": decision.noisy,
                      "resolution_pct": None if decision.resolution is None else 100 * decision.resolution,
                      "smallest_change_pct": 100 * decision.smallest_change,
-                     "paired_threshold_pct": 100 * decision.paired_threshold,
+                     "paired_threshold_pct": 100 * decision.paired_threshold, "noisy_limit_pct": 100 * NOISY_LIMIT,
                      "designs": {t.name: {"design": t.design, "why": t.design_reason} for t in trials if t.design},
                      "left_out": {t.name: t.reason for t in trials if t.status == "skipped" and t.reason
                                   and t.reason.startswith(LEFT_OUT)},
@@ -194,18 +194,6 @@ def _projected_total(trial: TrialResult, base: TrialResult | None, costs: dict[s
     workload = workload_time_s(trial)
     if workload is not None and trial.status in ("ok", "cancelled"):
         trial.projected_train_time_s = workload + one_time_s(trial)
-
-
-def resolution_line(report: ProtocolReport) -> str | None:
-    """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution."""
-    t = report.timing or {}
-    if t.get("resolution_pct") is not None:
-        return (f"changes under {t['resolution_pct']:.1f}% could not be told from noise in this run (the A/A "
-                f"comparison: the noise-probe against the baseline, interleaved the same way)")
-    if t.get("smallest_change_pct") is not None and report.task == "train":
-        return (f"changes under {t['smallest_change_pct']:.1f}% could not be told from noise in this run (the "
-                f"sequential design's threshold: max({100 * FLOOR:g}%, the drift of the baseline's re-measurements))")
-    return None
 
 
 def _summarize_predict(report: ProtocolReport, base: TrialResult | None) -> None:

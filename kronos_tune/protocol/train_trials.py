@@ -183,7 +183,8 @@ def step_plan(run: RunContext, spec: TrialSpec) -> StepPlan:
 
 
 def trial_budget(run: RunContext) -> float:
-    return run.options.trial_budget_s or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0)
+    return (run.options.trial_budget_s or run.preset.benchmark.trial_budget_s
+            or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0))
 
 
 def _job(run: RunContext, spec: TrialSpec, work: Path) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class AnswerPanel(Panel):
             if command.cell_len + len(RUN_HERE) <= width:
                 command.append(RUN_HERE, style="dim")
             lines.append((0, command))
+        if answer.resolution:
+            lines.append((0, Text.assemble(("resolution ", "bold"), answer.resolution)))
         if answer.headroom:
             lines.append((0, memory_bar(answer.headroom)))
         if answer.partial:
