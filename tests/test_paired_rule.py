@@ -208,3 +208,29 @@ def test_report_refuses_a_results_file_of_a_newer_schema_in_one_line(tmp_path: P
     assert "\n" not in line and "Traceback" not in line
     assert f"line 2 has results of schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}" in line
     assert "upgrade kronos-tune" in line
+
+
+def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from kronos_tune.commands.benchmark import render
+    from kronos_tune.protocol import ProtocolReport
+    from kronos_tune.protocol.report import report_markdown
+    from kronos_tune.protocol.summary import summarize
+    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.widgets.answer import AnswerPanel
+
+    report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
+                            trials=paired_run(periodic, 0.10), out_dir=str(tmp_path))
+    report.planned = [t.name for t in report.trials]
+    summarize(report, None)
+    figure = report.timing["resolution_pct"]
+    line = f"changes under {figure:.1f}% could not be told from noise in this run"
+    assert line in report_markdown(report)
+    console = Console(record=True, width=200)
+    render(console, report)
+    assert line in console.export_text()
+    panel = AnswerPanel()
+    panel._answer = answer_from(report)
+    assert line in "\n".join(text.plain for _, text in panel.lines(160))
+    assert report.recommended["source"] == "fused-adamw"

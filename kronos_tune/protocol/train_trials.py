@@ -187,6 +187,12 @@ def trial_budget(run: RunContext) -> float:
             or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0))
 
 
+def block_seconds(run: RunContext) -> float:
+    """The paired blocks' length: ``block_s``, or shorter when the trial's budget would not hold ``min_rounds``
+    rounds of two such blocks."""
+    return min(run.options.block_s, trial_budget(run) / (2 * max(1, run.options.min_rounds)))
+
+
 def _job(run: RunContext, spec: TrialSpec, work: Path) -> dict[str, Any]:
     config = spec.config.replace(output_dir=str(work / "run"))
     return {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec).to_dict(),
@@ -222,6 +228,8 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
         result = run_paired(run, spec, work)
     else:
         run.paired.sequential_ran = True
+        if run.device == "cuda":
+            run.paired.close()  # its cached memory is not for a trial that needs the cards (started again later)
         result = run_sequential(run, spec, work)
     result.design, result.design_reason = design, why
     return result
@@ -277,7 +285,7 @@ def run_paired(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     ready: TrainMeasurement | None = None
     try:
         base = baseline_worker(run)
-        interleaver.steps = steps_per_block(run.paired.step_time_s, run.options.block_s)
+        interleaver.steps = steps_per_block(run.paired.step_time_s, block_seconds(run))
         worker = LiveWorker(run, spec, work, _job(run, spec, work))
         ready = worker.ready(on_step)
         if ready.status != "ok":

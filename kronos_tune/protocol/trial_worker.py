@@ -228,6 +228,8 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                     return 0
                 if kind == "measure":
                     session.run(session.measure, session.finish)
+                    if result.status != "ok":
+                        write_json(result_file, result.to_dict())
                     emit_event(MEASURED_EVENT, measurement=result.to_dict())
                 elif kind == "block":
                     blocks += 1
@@ -243,6 +245,8 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                         session.delay = float(command["delay"])
                     records: list[StepRecord] = []
                     session.run(lambda: records.extend(session.block(int(command.get("steps", 1)))))
+                    if result.status != "ok":  # written before the runner hears of it
+                        write_json(result_file, result.to_dict())
                     emit_event(BLOCK_EVENT, id=command.get("id"), status=result.status,
                                times=[r.step_time_s for r in records], steps=[r.step for r in records])
                 elif kind == "finish":
