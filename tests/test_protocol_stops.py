@@ -143,13 +143,13 @@ def test_a_trial_past_its_watchdog_is_killed_recorded_as_timeout_and_the_run_goe
 def test_a_worker_that_dies_mid_block_is_failed_with_its_stderr_and_keeps_what_it_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    monkeypatch.setenv("KRONOS_TUNE_FAULT", "die-block:fused-adamw")  # exits with an error in its second block
+    monkeypatch.setenv("KRONOS_TUNE_FAULT", "die-block:fused-adamw")  # exits with an error in its second round
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("fused-adamw", "dataloader")})
     report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
     died = report.trial("fused-adamw")
     assert died.status == "failed" and "\n" not in died.reason
-    assert "died during block 2 (round 2)" in died.reason and "injected fault" in died.reason
+    assert "died during block 3 (round 2)" in died.reason and "injected fault" in died.reason
     assert report.trial("dataloader").status == "ok" and report.trial("dataloader").design == "paired"
     kept = {r.name: r for r in load_results(tmp_path / "out")}["fused-adamw"]
     assert kept.status == "failed" and len(kept.blocks) == 1  # the round before it died is kept

@@ -95,15 +95,11 @@ class Decision:
     source: str = "baseline"
     reason: str = ""
 
-    @property
-    def smallest_change(self) -> float:
-        """The smallest change this run could resolve: the paired resolution, else the sequential threshold."""
-        return self.resolution if self.resolution is not None else self.threshold
+    smallest_change: float | None = None  # the resolution, or in a run that paired nothing the sequential threshold
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["comparisons"] = {name: c.to_dict() for name, c in self.comparisons.items()}
-        out["smallest_change"] = self.smallest_change
         return out
 
 
@@ -247,10 +243,12 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
     threshold = max(context.floor, drift or 0.0)
     resolution, aa = resolution_of(results, context)
     binds, why_memory = memory_binding(results, context)
-    smallest = resolution if resolution is not None else threshold
-    decision = Decision(threshold=threshold, drift=drift, drift_sources=sources, noisy=smallest > NOISY_LIMIT,
-                        memory_binds=binds, memory_reason=why_memory, resolution=resolution,
-                        paired_threshold=max(context.paired_floor, resolution or 0.0))
+    paired = any(r.design == "paired" for r in results)
+    smallest = resolution if resolution is not None else None if paired else threshold
+    decision = Decision(threshold=threshold, drift=drift, drift_sources=sources,
+                        noisy=smallest is not None and smallest > NOISY_LIMIT, memory_binds=binds,
+                        memory_reason=why_memory, resolution=resolution,
+                        paired_threshold=max(context.paired_floor, resolution or 0.0), smallest_change=smallest)
     base_ok = base is not None and base.status == "ok"
     if aa is not None:
         decision.comparisons[NOISE_PROBE] = aa

@@ -139,6 +139,7 @@ class Interleaver:
         rng = random.Random(self.order_seed)
         started = time.perf_counter()
         try:
+            self._rewarm(base, trial, on_trial_step, base_delay)
             while True:
                 if self.run.cancel.is_set():
                     self.stop = "cancelled"
@@ -169,6 +170,15 @@ class Interleaver:
                     return
         finally:
             self.measure_time_s = time.perf_counter() - started
+
+    def _rewarm(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None,
+                base_delay: float | None) -> None:
+        """One untimed block on each side before the first round: the baseline's worker has waited while the
+        trial's started (its caches and thread pool gone cold), the trial's has just run its metered step."""
+        if self.run.cancel.is_set():
+            return
+        trial.block(self.steps, on_trial_step)
+        base.block(self.steps, None, None, base_delay)
 
     def timing(self) -> dict[str, Any]:
         """What results.jsonl keeps of how the comparison was measured (with the blocks themselves)."""

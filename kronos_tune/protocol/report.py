@@ -212,6 +212,9 @@ def resolution_line(report: ProtocolReport) -> str | None:
         return (f"changes under {t['smallest_change_pct']:.1f}% could not be told from noise in this run (the "
                 f"sequential design's threshold: the larger of its floor and the drift of the baseline's "
                 f"re-measurements)")
+    if any(d.get("design") == "paired" for d in (t.get("designs") or {}).values()):
+        return (f"this run did not measure its resolution: the noise-probe (the A/A comparison) did not run, so "
+                f"paired verdicts used the {t.get('paired_threshold_pct', 2):g}% floor alone")
     return None
 
 

@@ -254,7 +254,7 @@ def _without_outliers(logs: np.ndarray) -> np.ndarray:
     if sigma <= 0:
         return logs
     kept = logs[np.abs(logs - centre) <= OUTLIER_SIGMAS * sigma]
-    return kept if kept.size >= (1 - MAX_OUTLIER_SHARE) * logs.size else logs
+    return kept if kept.size >= max(MIN_PAIRS, (1 - MAX_OUTLIER_SHARE) * logs.size) else logs
 
 
 def paired_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE) -> PairedEstimate:
@@ -291,7 +291,8 @@ def block_ratios(blocks: Sequence[dict[str, Any]]) -> list[float]:
 def paired_compare(ratios: Sequence[float], threshold: float, confidence: float = CONFIDENCE,
                    what: str = "block") -> Comparison | None:
     """The paired verdict: faster when the interval of the ratios' centre lies below 1 and the centre is at least
-    `threshold` below 1 (slower mirrored, unresolved when the interval reaches past the threshold on both sides).
+    `threshold` below 1 (slower mirrored, unresolved when the interval reaches past the threshold on both sides,
+    or with too few pairs for an interval).
     `ratios`: trial / baseline per pair (step times, or seconds per run for prediction). None without ratios."""
     if not ratios:
         return None
@@ -299,5 +300,5 @@ def paired_compare(ratios: Sequence[float], threshold: float, confidence: float 
     aside = f" ({found.outliers} outlying round(s) set aside)" if found.outliers else ""
     method = (f"paired: Hodges-Lehmann centre of {found.n} {what} ratios (trial / neighbouring baseline){aside}, "
               f"{100 * confidence:g}% Wilcoxon signed-rank interval")
-    return Comparison(found.ratio, found.low, found.high, threshold,
-                      verdict(found.ratio, found.low, found.high, threshold), found.n, found.n, method, "paired")
+    called = "unresolved" if found.low is None else verdict(found.ratio, found.low, found.high, threshold)
+    return Comparison(found.ratio, found.low, found.high, threshold, called, found.n, found.n, method, "paired")

@@ -172,7 +172,8 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
                      "drift_pct": None if decision.drift is None else 100 * decision.drift,
                      "drift_sources": decision.drift_sources, "noisy": decision.noisy,
                      "resolution_pct": None if decision.resolution is None else 100 * decision.resolution,
-                     "smallest_change_pct": 100 * decision.smallest_change,
+                     "smallest_change_pct": None if decision.smallest_change is None else
+                     100 * decision.smallest_change,
                      "paired_threshold_pct": 100 * decision.paired_threshold, "noisy_limit_pct": 100 * NOISY_LIMIT,
                      "designs": {t.name: {"design": t.design, "why": t.design_reason} for t in trials if t.design},
                      "left_out": {t.name: t.reason for t in trials if t.status == "skipped" and t.reason

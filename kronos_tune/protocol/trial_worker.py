@@ -24,7 +24,8 @@ emits ``predict_step`` events. A rank that runs out of memory writes
 ``result_file.rank<r>`` and exits 1 (torchrun then stops the others).
 ``KRONOS_TUNE_FAULT=hang:<trial>`` (a test hook) makes the named trial block
 in its first step, as a deadlocked kernel or loader would; ``hang-block:<trial>``
-in its second paired block, ``die-block:<trial>`` exits with an error there.
+in its third paired block (the second round after the untimed one),
+``die-block:<trial>`` exits with an error there.
 ``KRONOS_TUNE_PLANT=<trial>:<fraction>`` (the decision benchmark's planted
 effect) makes every other trial's steps that much slower, so the named trial is
 truly ``fraction`` faster per step (work, not a sleep: measure.spin).
@@ -64,6 +65,7 @@ PREDICT_EVENT = "predict_step"
 FAULT_ENV = "KRONOS_TUNE_FAULT"
 PLANT_ENV = "KRONOS_TUNE_PLANT"
 READY_EVENT, MEASURED_EVENT, BLOCK_EVENT, FINISHED_EVENT = "ready", "measured", "block", "finished"
+FAULT_BLOCK = 3  # the block a hang-block / die-block fault strikes in
 
 
 class _Dismissed(Exception):
@@ -233,12 +235,12 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                     emit_event(MEASURED_EVENT, measurement=result.to_dict())
                 elif kind == "block":
                     blocks += 1
-                    if blocks == 2 and fault == "hang-block":
+                    if blocks == FAULT_BLOCK and fault == "hang-block":
                         signal.signal(signal.SIGTERM, signal.SIG_IGN)
                         while True:
                             time.sleep(3600)
-                    if blocks == 2 and fault == "die-block":
-                        sys.stderr.write("RuntimeError: injected fault: the worker died in its second block\n")
+                    if blocks == FAULT_BLOCK and fault == "die-block":
+                        sys.stderr.write(f"RuntimeError: injected fault: the worker died in block {blocks}\n")
                         sys.stderr.flush()
                         os._exit(3)
                     if "delay" in command:
