@@ -13,7 +13,8 @@ import pytest
 
 from kronos_tune.protocol import Spread, TrialResult
 from kronos_tune.protocol.decision import DecisionContext, decide
-from kronos_tune.protocol.records import SCHEMA_VERSION, NewerSchema, TrialKind, legacy_kind
+from kronos_tune.protocol.kinds import TrialKind, legacy_kind
+from kronos_tune.protocol.records import SCHEMA_VERSION, NewerSchema
 from kronos_tune.protocol.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
 
 from test_report_cli import run_cli, write_gpu_run  # noqa: E402

@@ -117,10 +117,14 @@ def _trial_processes(pid: int) -> list:
         return []
 
 
+@pytest.mark.parametrize("fault, frame", [("hang", "in emit"), ("hang-block", "in serve")],
+                         ids=["in-its-first-step", "in-a-paired-block"])
 def test_a_trial_past_its_watchdog_is_killed_recorded_as_timeout_and_the_run_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, frame: str) -> None:
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    monkeypatch.setenv("KRONOS_TUNE_FAULT", "hang:checkpointing")  # blocks in its first step, ignoring SIGTERM
+    # blocks in its first step (or in its second paired round), ignoring SIGTERM: the watchdog's deadline runs
+    # for each unit of work of a live worker, its start-up and warm-up and every block
+    monkeypatch.setenv("KRONOS_TUNE_FAULT", f"{fault}:checkpointing")
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("checkpointing", "fused-adamw"), "trial_timeout_s": 30.0})
     report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
@@ -128,7 +132,9 @@ def test_a_trial_past_its_watchdog_is_killed_recorded_as_timeout_and_the_run_goe
     assert hung.status == "timeout" and "watchdog" in hung.reason and "30 s" in hung.reason
     stacks = (tmp_path / "out" / "stacks" / "checkpointing.txt").read_text()
     assert "watchdog" in stacks and "trial_worker" in stacks  # the process tree
-    assert 'File "' in stacks and "in emit" in stacks  # faulthandler's frames of the blocked thread
+    assert 'File "' in stacks and frame in stacks  # faulthandler's frames of the blocked thread
+    if fault == "hang-block":  # the round it measured before it hung is kept
+        assert "block 3 (round 2)" in hung.reason and len(hung.blocks) == 1
     assert report.trial("fused-adamw").status == "ok" and not report.cancelled
     assert "checkpointing" not in report.decision["eligible"]
     assert {r.name: r.status for r in load_results(tmp_path / "out")}["checkpointing"] == "timeout"

@@ -18,9 +18,8 @@ from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
 from kronos_tune.protocol.decision import OBJECTIVES
-from kronos_tune.protocol.records import (
-    NOISE_PROBE, TASKS, PredictSettings, ProtocolOptions, TrialKind, TrialResult, TrialSpec,
-)
+from kronos_tune.protocol.kinds import TrialKind
+from kronos_tune.protocol.records import NOISE_PROBE, TASKS, PredictSettings, ProtocolOptions, TrialResult, TrialSpec
 from kronos_tune.workloads import runnable_device
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",

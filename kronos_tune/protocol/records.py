@@ -10,62 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kronos_tune.protocol.kinds import TrialKind, legacy_kind
 from kronos_tune.protocol.stats import quantiles
 
 STAGES = ("baseline", "single", "combined", "drift")
 STATUSES = ("ok", "oom", "failed", "skipped", "cancelled", "timeout")
 TASKS = ("train", "predict")
 SCHEMA_VERSION = 3  # 3: kinds, designs and raw block times per trial; 2: raw step times; 1: medians only
-# What a trial is, for the decision rule: the reference itself, the reference measured again, one change that
-# should make steps faster, one that saves memory, one that changes what is trained, the helpful changes together.
-KINDS = ("reference", "baseline-repeat", "speed", "memory", "optimization", "combination")
-LOSS_PROMISES = ("equivalent", "close", "approximate")  # what a change promises about the training losses
 DESIGNS = ("paired", "sequential")
 NOISE_PROBE = "noise-probe"  # the A/A trial: the baseline again (another sampler seed) against the baseline
-
-
-@dataclass(frozen=True)
-class TrialKind:
-    """A trial's kind as the plan sets it: ``kind`` (KINDS), ``group`` (trials of one group change the same thing;
-    the combination takes one of them), ``losses`` (the promised class of its training losses against the
-    baseline's, None: no promise) and ``redraws_dropout`` (another batch split or kernel order draws other dropout
-    masks: its losses are equal to the baseline's only in distribution when the model drops out)."""
-
-    kind: str
-    group: str | None = None
-    losses: str | None = None
-    redraws_dropout: bool = False
-
-
-# Results written before kinds were kept (schema 1-2): their kind by name, in this one place.
-_LEGACY_KINDS = {
-    "baseline": TrialKind("reference"), "recompute": TrialKind("reference"),
-    "noise-probe": TrialKind("baseline-repeat"), "baseline-repeat": TrialKind("baseline-repeat"),
-    "bf16": TrialKind("speed", "precision", "approximate"), "fp16": TrialKind("speed", "precision", "approximate"),
-    "tf32": TrialKind("speed", "matmul", "close"),
-    "compile": TrialKind("speed", "compile", "close", True),
-    "compile-cudagraphs": TrialKind("speed", "compile", "close", True),
-    "dataloader": TrialKind("speed", "dataloader", "equivalent"),
-    "fused-adamw": TrialKind("speed", "optimizer", "close"),
-    "ddp": TrialKind("speed", "parallel", "equivalent", True),
-    "checkpointing": TrialKind("memory", "checkpointing", "equivalent"),
-    "accumulation": TrialKind("memory", "batch", "equivalent", True),
-    "autobatch": TrialKind("memory", "batch", "equivalent", True),
-    "fsdp": TrialKind("memory", "parallel", "equivalent", True),
-    "bigger-batch": TrialKind("optimization", "batch"),
-    "combined": TrialKind("combination"),
-}
-
-
-def legacy_kind(name: str, stage: str, task: str = "train") -> TrialKind:
-    """The kind of a trial from a results file that did not record it (inferred from its name and stage)."""
-    if task == "predict":
-        return TrialKind("reference" if stage == "baseline" else "speed", name)
-    if stage == "drift":
-        return TrialKind("baseline-repeat")
-    if name in _LEGACY_KINDS:
-        return _LEGACY_KINDS[name]
-    return TrialKind({"baseline": "reference", "combined": "combination"}.get(stage, "speed"), name)
 
 
 class Spread(float):

@@ -100,6 +100,8 @@ def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any
 
     estimate = run.options.autobatch_estimate
     estimate = run.device == "cpu" if estimate is None else estimate
+    if run.device == "cuda" and not estimate:
+        run.paired.close()  # real probes need the card to themselves; the next paired trial starts it again
 
     def on_probe(probe: Any) -> None:
         if run.cancel.is_set():
@@ -174,12 +176,12 @@ def materialize_probe(config: TrainConfig, base: TrainConfig, work: Path) -> Tra
 
 # Running one trial -----------------------------------------------------------------------------------------
 
-def step_plan(run: RunContext, spec: TrialSpec) -> StepPlan:
+def step_plan(run: RunContext, spec: TrialSpec, budget_s: float | None = None) -> StepPlan:
     options = run.options
     return StepPlan(min_warmup=spec.warmup_steps, max_warmup=spec.max_warmup_steps,
                     settle_tolerance=options.settle_tolerance, min_steps=spec.measured_steps,
                     max_steps=max(spec.max_measured_steps, spec.measured_steps), target_ci=options.target_ci,
-                    budget_s=trial_budget(run), eval_step=spec.eval_step)
+                    budget_s=trial_budget(run) if budget_s is None else budget_s, eval_step=spec.eval_step)
 
 
 def trial_budget(run: RunContext) -> float:
@@ -193,9 +195,9 @@ def block_seconds(run: RunContext) -> float:
     return min(run.options.block_s, trial_budget(run) / (2 * max(1, run.options.min_rounds)))
 
 
-def _job(run: RunContext, spec: TrialSpec, work: Path) -> dict[str, Any]:
+def _job(run: RunContext, spec: TrialSpec, work: Path, budget_s: float | None = None) -> dict[str, Any]:
     config = spec.config.replace(output_dir=str(work / "run"))
-    return {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec).to_dict(),
+    return {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec, budget_s).to_dict(),
             "budget_bytes": run.budget_bytes, "result_file": str(work / "result.json")}
 
 
@@ -240,7 +242,8 @@ def run_baseline(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     measured as a sequential trial when the run pairs nothing."""
     if run.options.design == "sequential":
         return run_sequential(run, spec, work)
-    worker = run.paired.start(run, spec, lambda folder: _job(run, spec, folder))
+    # its own row matters less where every comparison pairs with it: half the measuring budget
+    worker = run.paired.start(run, spec, lambda folder: _job(run, spec, folder, trial_budget(run) / 2))
     on_step = _on_step(run, spec.name)
     try:
         measured = worker.ready(on_step)
