@@ -27,6 +27,7 @@ from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.protocol import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
 )
+from kronos_tune.protocol.plan import DESIGN_CHOICES
 from kronos_tune.protocol.plot import picture_line
 from kronos_tune.protocol.report import changes_text, fmt_seconds, resolution_line, table
 
@@ -194,6 +195,8 @@ def register(app: typer.Typer) -> None:
         helpful ones together; writes the reports and a recommended config into the run folder."""
         if task not in ("train", "predict"):
             raise KronosTuneError(f"--task {task}: use train or predict")
+        if design not in DESIGN_CHOICES:
+            raise KronosTuneError(f"--design {design}: use one of {', '.join(DESIGN_CHOICES)}")
         if resume and out is None:
             raise KronosTuneError("--resume needs --out DIR, the folder of the run to continue")
         if budget_gb is not None and not budget_gb > 0:

@@ -156,14 +156,13 @@ def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: 
 
 def resolution_of(results: list[TrialResult], context: DecisionContext) -> tuple[float | None, Comparison | None]:
     """The run's resolution: how far the A/A comparison's interval (the noise-probe's paired blocks against the
-    baseline's) reaches from 1; with that comparison (None, None: no paired A/A with an interval)."""
+    baseline's) reaches from 1; with that comparison, its verdict against the floor alone, so that two workers
+    of one configuration that differ beyond the floor show as such (None, None: no paired A/A)."""
     probe = next((r for r in results if r.name == NOISE_PROBE and r.status in ("ok", "cancelled")), None)
     if probe is None or probe.design != "paired":
         return None, None
-    first = paired_comparison(probe, reference(results), context.paired_floor)
-    if first is None or first.reach is None:
-        return None, first
-    return first.reach, paired_comparison(probe, reference(results), max(context.paired_floor, first.reach))
+    aa = paired_comparison(probe, reference(results), context.paired_floor)  # against the floor: a bias shows
+    return (None if aa is None else aa.reach), aa
 
 
 def memory_binding(results: list[TrialResult], context: DecisionContext) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ from kronos_core.files import write_text_atomic
 from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.protocol.records import Delta, NewerSchema, ProtocolReport, TrialResult
+from kronos_tune.protocol.records import NOISE_PROBE, Delta, NewerSchema, ProtocolReport, TrialResult
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -227,6 +227,11 @@ def timing_lines(report: ProtocolReport) -> list[str]:
     resolution = resolution_line(report)
     if resolution:
         lines.append(f"**Resolution**: {resolution}.")
+    aa = ((report.decision or {}).get("comparisons") or {}).get(NOISE_PROBE)
+    if aa and aa.get("design") == "paired" and aa.get("verdict") in ("faster", "slower"):
+        lines.append(f"The A/A comparison itself came out {aa['verdict']} ({100 * (aa['ratio'] - 1):+.1f}%): two "
+                     f"workers of one configuration differed beyond the floor, which is why the resolution is as "
+                     f"wide as it is.")
     designs = t.get("designs") or {}
     paired = [name for name, d in designs.items() if d.get("design") == "paired"]
     sequential = {name: d.get("why") for name, d in designs.items() if d.get("design") == "sequential"}
