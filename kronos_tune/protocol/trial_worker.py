@@ -25,7 +25,7 @@ emits ``predict_step`` events. A rank that runs out of memory writes
 ``KRONOS_TUNE_FAULT=hang:<trial>`` (a test hook) makes the named trial block
 in its first step, as a deadlocked kernel or loader would; ``hang-block:<trial>``
 in its third paired block (the second round after the untimed one),
-``die-block:<trial>`` exits with an error there.
+``die-block:<trial>`` exits with an error there (several faults: comma-separated).
 ``KRONOS_TUNE_PLANT=<trial>:<fraction>`` (the decision benchmark's planted
 effect) makes every other trial's steps that much slower, so the named trial is
 truly ``fraction`` faster per step (work, not a sleep: measure.spin).
@@ -107,8 +107,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _fault(trial: str) -> str | None:
-    kind, _, name = os.environ.get(FAULT_ENV, "").partition(":")
-    return kind if kind and name == trial else None
+    """The fault KRONOS_TUNE_FAULT plants in `trial` ("kind:trial", several joined by commas)."""
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        kind, _, name = item.strip().partition(":")
+        if kind and name == trial:
+            return kind
+    return None
 
 
 def _injected_hang(trial: str) -> bool:
