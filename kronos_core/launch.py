@@ -17,7 +17,9 @@
   them with `emit_event`) and the rest to `on_line`. It stops the whole group
   (SIGTERM, then SIGKILL after a grace period) on SIGINT/SIGTERM to this
   process, when `stop_file` appears, or when `should_stop()` says so. Past
-  `timeout_s` (a watchdog) it calls `before_kill(pid)` (e.g. to ask for stack
+  `timeout_s` (a watchdog), or past the monotonic time `deadline()` returns
+  (read at every poll, so a caller can move it for each unit of work it hands
+  a long-lived worker), it calls `before_kill(pid)` (e.g. to ask for stack
   dumps) and kills the tree outright. Whatever happened, no process of the
   tree outlives it (its session and every descendant, even one that left it).
   Workers treat SIGTERM as "stop at the next step boundary" (stop_on_signals).
@@ -172,7 +174,8 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
                should_stop: Callable[[], bool] | None = None, env: dict[str, str] | None = None,
                grace_s: float = 10.0, poll_s: float = 0.2, cwd: Path | None = None, *,
                stderr_file: Path | None = None, timeout_s: float | None = None,
-               before_kill: Callable[[int], None] | None = None, catch_signals: bool = True) -> LaunchResult:
+               before_kill: Callable[[int], None] | None = None, catch_signals: bool = True,
+               deadline: Callable[[], float | None] | None = None) -> LaunchResult:
     """Run `command` in its own session and stream it (see the module doc). `catch_signals=False` leaves
     SIGINT/SIGTERM to the caller's own handlers (which then stop the launch through `should_stop`)."""
     inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
@@ -243,8 +246,11 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
             if process.poll() is None and time.monotonic() - scanned_at > TREE_SCAN_S:
                 scanned_at = time.monotonic()
                 remember_tree()
-            if timeout_s is not None and not result.timed_out and process.poll() is None and \
-                    time.monotonic() - started > timeout_s:
+            late = timeout_s is not None and time.monotonic() - started > timeout_s
+            if deadline is not None and not late:
+                limit = deadline()
+                late = limit is not None and time.monotonic() > limit
+            if late and not result.timed_out and process.poll() is None:
                 result.timed_out = True
                 if before_kill is not None:
                     before_kill(process.pid)

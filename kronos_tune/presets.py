@@ -1,8 +1,10 @@
 """Presets: one machine (hardware) plus the training and prediction work to run on it, read from TOML.
 
 A preset file has a top-level `name` and `description` and three tables,
-`[hardware]`, `[workload]` (fine-tuning) and `[predict]` (batch prediction);
-`presets/*.toml` in the repository holds the built-in ones.
+`[hardware]`, `[workload]` (fine-tuning: the job the user will run) and
+`[predict]` (batch prediction), and an optional `[benchmark]` table: how long
+`kronos-tune benchmark` may measure each trial, kept apart from the workload
+it measures for; `presets/*.toml` in the repository holds the built-in ones.
 
 Units: every `*_gb` key is in GiB (2**30 bytes), because that is what a
 "12 GB" graphics card actually has (12288 MiB) and what `nvidia-smi` and
@@ -44,7 +46,7 @@ PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 PRESET_DIR_ENV = "KRONOS_TUNE_PRESET_DIR"
 BYTES_PER_GIB = 2**30
 
-_TOP_KEYS = ("name", "description", "hardware", "workload", "predict")
+_TOP_KEYS = ("name", "description", "hardware", "workload", "predict", "benchmark")
 _HARDWARE_KEYS = (
     "device", "device_count", "memory_per_device_gb", "bf16_supported", "peak_tflops",
     "peak_tflops_source", "cuda_context_overhead_gb", "interconnect",
@@ -54,6 +56,7 @@ _WORKLOAD_KEYS = (
     "accumulation_steps", "epochs", "samples_per_epoch", "eval_samples", "amp", "trial_timeout_s",
 )
 _PREDICT_KEYS = ("series_count", "lookback", "pred_len", "sample_count")
+_BENCHMARK_KEYS = ("trial_budget_s", "trial_timeout_s")
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MISSING: Any = object()
 
@@ -139,6 +142,15 @@ class PredictWorkload:
 
 
 @dataclass(frozen=True)
+class BenchmarkBudget:
+    """The benchmark's own measuring budget (not the workload's size): seconds of measuring per trial and the
+    per-trial watchdog; None: the protocol's defaults for the device."""
+
+    trial_budget_s: float | None = None
+    trial_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     description: str
@@ -146,6 +158,7 @@ class Preset:
     workload: TrainWorkload
     predict: PredictWorkload
     source_path: Path | None = None
+    benchmark: BenchmarkBudget = BenchmarkBudget()
 
     @property
     def budget_bytes(self) -> int:
@@ -305,6 +318,11 @@ def _parse_predict(path: Path, data: Any, context_tokens: int) -> PredictWorkloa
     return predict
 
 
+def _parse_benchmark(path: Path, data: Any) -> BenchmarkBudget:
+    table = _Table(path, "benchmark.", data, _BENCHMARK_KEYS)
+    return BenchmarkBudget(**{key: table.number(key, positive=True) for key in _BENCHMARK_KEYS if key in table.data})
+
+
 def parse_preset(data: dict[str, Any], path: Path) -> Preset:
     """Validate an already-parsed TOML document; `path` only names the file in errors."""
     top = _Table(path, "", data, _TOP_KEYS)
@@ -315,7 +333,8 @@ def parse_preset(data: dict[str, Any], path: Path) -> Preset:
     hardware = _parse_hardware(path, top.section("hardware"))
     workload = _parse_workload(path, top.section("workload"), hardware)
     predict = _parse_predict(path, top.section("predict"), workload.context_tokens)
-    return Preset(name, description, hardware, workload, predict, source_path=path)
+    benchmark = _parse_benchmark(path, data["benchmark"]) if "benchmark" in data else BenchmarkBudget()
+    return Preset(name, description, hardware, workload, predict, source_path=path, benchmark=benchmark)
 
 
 def load_preset_file(path: Path | str) -> Preset:
@@ -399,13 +418,17 @@ def preset_to_dict(preset: Preset) -> dict[str, Any]:
     if peaks:
         hardware["peak_tflops"] = peaks
     wl, pr = preset.workload, preset.predict
-    return {
+    out = {
         "name": preset.name,
         "description": preset.description,
         "hardware": hardware,
         "workload": {key: getattr(wl, key) for key in _WORKLOAD_KEYS if getattr(wl, key) is not None},
         "predict": {key: getattr(pr, key) for key in _PREDICT_KEYS},
     }
+    bench = {key: getattr(preset.benchmark, key) for key in _BENCHMARK_KEYS if getattr(preset.benchmark, key)}
+    if bench:
+        out["benchmark"] = bench
+    return out
 
 
 def preset_to_toml(preset: Preset) -> str:

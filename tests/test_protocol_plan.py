@@ -14,7 +14,7 @@ from kronos_tune.protocol.stats import Comparison
 
 
 def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> None:
-    specs = plan_trials("cpu")
+    specs = plan_trials("cpu", options=ProtocolOptions(full=True))
     names = [s.name for s in specs]
     assert names[0] == "baseline" and names[-1] == "combined" and names[-2] == "baseline-repeat"
     drift = [s for s in specs if s.stage == "drift"]
@@ -50,11 +50,31 @@ def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> Non
     assert compile_spec.max_warmup_steps > by_name["baseline"].max_warmup_steps
     assert by_name["baseline"].measured_steps == 8 and by_name["baseline"].max_measured_steps == 40
     assert drift[0].measured_steps == drift[0].max_measured_steps == 5
-    every_two = [s.name for s in plan_trials("cpu", options=ProtocolOptions(drift_every=2)) if s.stage == "drift"]
+    every_two = [s.name for s in plan_trials("cpu", options=ProtocolOptions(drift_every=2, full=True))
+                 if s.stage == "drift"]
     assert every_two == ["drift-1", "drift-2", "drift-3"]
     # AdamW creates its state in the first step: at least 2 warm-up steps whatever is asked
     assert {s.warmup_steps for s in plan_trials("cpu", options=ProtocolOptions(warmup=0))} == {2}
     assert not [s for s in plan_trials("cpu", options=ProtocolOptions(drift_every=0)) if s.stage == "drift"]
+
+
+def test_the_quick_run_leaves_out_what_rarely_pays_on_a_cpu_and_says_how_to_add_it() -> None:
+    quick = {s.name: s for s in plan_trials("cpu")}
+    for name in ("compile", "bigger-batch"):
+        assert quick[name].skip_reason.startswith("left out of the quick run: ")
+        assert quick[name].skip_reason.endswith(f"add it with --full, or --only {name}")
+    assert "minutes on a CPU" in quick["compile"].skip_reason
+    assert quick["fused-adamw"].skip_reason is None and quick["dataloader"].skip_reason is None
+    assert quick["compile"].kind.kind == "speed" and quick["bigger-batch"].kind.kind == "optimization"
+    only = {s.name: s for s in plan_trials("cpu", options=ProtocolOptions(only=("compile",)))}
+    assert only["compile"].skip_reason is None  # --only brings one back
+    assert only["fused-adamw"].skip_reason == "not selected by --only"
+    # every train trial's kind is data in the plan, not a list of names in the rule
+    kinds = {s.name: (s.kind.kind, s.group) for s in plan_trials("cpu", options=ProtocolOptions(full=True))}
+    assert kinds["baseline"] == ("reference", None) and kinds["noise-probe"][0] == "baseline-repeat"
+    assert kinds["checkpointing"] == ("memory", "checkpointing") and kinds["accumulation"] == ("memory", "batch")
+    assert kinds["bf16"] == ("speed", "precision") and kinds["combined"] == ("combination", None)
+    assert kinds["drift-1"][0] == "baseline-repeat"
 
 
 def test_cpu_ddp_plans_two_gloo_processes_with_the_batch_split() -> None:

@@ -23,9 +23,11 @@ from kronos_tune.protocol import (
 
 from tiny_preset import write_tiny_preset  # noqa: E402
 
-# compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps
-FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0,
-            skip=("compile", "bigger-batch"))  # bigger-batch: its own search, tested in test_maximize.py
+# compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps (paired: six
+# rounds of a step or two each); full: memory savers too, though memory does not bind here
+FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, block_s=0.02,
+            min_rounds=6, full=True, skip=("compile", "bigger-batch"))  # bigger-batch: its own search, tested in
+#                                                                       test_maximize.py
 TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_s", "tokens_per_s",
               "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
 
@@ -72,14 +74,30 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
         assert trial["stage"] in ("baseline", "single", "combined")
         if trial["status"] == "ok":
             assert set(trial["step_time_s"]) == {"median", "min", "max", "n", "q1", "q3"}
-            assert 2 <= trial["step_time_s"]["n"] == len(trial["step_times_s"]) <= 4  # +1 after the evaluation
-            assert trial["timing"]["stop"] in ("interval", "budget", "max-steps")
+            if trial["name"] == "baseline":  # its own row: measured alone, as every trial was before
+                assert 2 <= trial["step_time_s"]["n"] == len(trial["step_times_s"]) <= 3
+                assert trial["timing"]["stop"] in ("interval", "budget", "max-steps")
+            else:  # paired with the live baseline worker: at least 6 rounds of blocks, every step time kept
+                assert trial["design"] == "paired" and "fit side by side" in trial["design_reason"]
+                steps = trial["timing"]["steps_per_block"]
+                assert len(trial["blocks"]) >= 6 and trial["timing"]["rounds"] == len(trial["blocks"])
+                assert all(len(b["trial_s"]) == len(b["baseline_s"]) == steps for b in trial["blocks"])
+                assert trial["step_time_s"]["n"] == len(trial["step_times_s"]) == steps * len(trial["blocks"])
+                assert trial["timing"]["order"] == [b["first"] for b in trial["blocks"]]
+                assert set(trial["timing"]["order"]) <= {"trial", "baseline"}
+                assert trial["timing"]["stop"] in ("interval", "budget", "max-rounds")
+                assert trial["timing"]["order_seed"] == f"100:{trial['name']}"
             assert len(trial["warmup_times_s"]) == 2  # max_warmup 2
             assert trial["mfu"] is None  # the preset has no peak figure
             assert trial["peak_memory_bytes"] > 0 and trial["val_loss"] > 0
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["name"] for line in lines] == [t["name"] for t in data["trials"]]
-    assert "| configuration |" in (out / "report.md").read_text()
+    assert {json.loads(line)["schema_version"] for line in lines} == {3}
+    markdown = (out / "report.md").read_text()
+    assert "| configuration |" in markdown and "**Resolution**: changes under " in markdown
+    assert "could not be told from noise in this run" in markdown and "Paired design (noise-probe, bf16," in markdown
+    assert data["timing"]["resolution_pct"] is not None and data["decision"]["resolution"] is not None
+    assert data["decision"]["comparisons"]["noise-probe"]["design"] == "paired"
     assert (out / "report.csv").read_text().startswith("name,stage,status,")
     config = TrainConfig.from_toml(out / "recommended.toml")
     assert config.model_size == "tiny" and config.eval_samples == 8
@@ -112,8 +130,11 @@ def test_each_trial_leaves_its_curve_in_jsonl(full_run) -> None:
 def test_every_trial_sees_the_same_tokens_steps_and_is_compared_to_the_baseline(full_run) -> None:
     report, _, events = full_run
     ran = [t for t in report.trials if t.status == "ok"]
-    assert {"baseline", "noise-probe", "bf16", "checkpointing", "accumulation", "dataloader", "fused-adamw",
-            "baseline-repeat"} <= {t.name for t in ran}
+    assert {"baseline", "noise-probe", "bf16", "checkpointing", "accumulation", "dataloader", "fused-adamw"} <= \
+        {t.name for t in ran}
+    # every comparison was paired with the live baseline, so no drift re-measurement was needed
+    repeat = report.trial("baseline-repeat")
+    assert repeat.status == "skipped" and "not needed" in repeat.reason
     assert len({t.tokens_per_step for t in ran}) == 1
     assert len({t.val_loss_step for t in ran}) == 1
     baseline = report.trial("baseline")
@@ -193,3 +214,23 @@ def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> No
     assert report.trial("accumulation").status == "ok"
     assert report.recommended["source"] == "accumulation"  # with no baseline, fitting is what helps
     assert f"{budget / 2**30:.1f} GiB simulated" in report.device_line
+
+
+def test_where_two_workers_do_not_fit_side_by_side_the_comparison_is_sequential_and_the_report_says_why(
+        full_run, tmp_path: Path) -> None:
+    full, _, _ = full_run
+    peak = full.trial("baseline").peak_memory_bytes
+    budget = round(1.5 * peak)  # the baseline fits (and memory does not bind), two workers of its size do not
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe"), "only": ("fused-adamw",),
+                                 "budget_bytes": budget})
+    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    trial = report.trial("fused-adamw")
+    assert trial.status == "ok" and trial.design == "sequential" and trial.blocks == []
+    assert "cannot live side by side" in trial.design_reason and "the simulated device" in trial.design_reason
+    assert report.trial("baseline-repeat").status == "ok"  # the drift check is back, for the sequential comparison
+    assert report.decision["comparisons"]["fused-adamw"]["design"] == "sequential"
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "Sequential design (the trial alone against the baseline's own measurement" in markdown
+    assert "fused-adamw: the trial's worker and a live baseline worker would need about" in markdown
+    assert "changes under" in markdown and "sequential design's threshold" in markdown

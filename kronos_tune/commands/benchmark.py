@@ -27,8 +27,9 @@ from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.protocol import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
 )
+from kronos_tune.protocol.plan import DESIGN_CHOICES
 from kronos_tune.protocol.plot import picture_line
-from kronos_tune.protocol.report import changes_text, fmt_seconds, table
+from kronos_tune.protocol.report import changes_text, fmt_seconds, resolution_line, table
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 EXIT_CANCELLED = 130
@@ -116,13 +117,25 @@ def render(console: Console, report: ProtocolReport) -> None:
         threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
         lines.append(f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
                      f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows")
-        if t.get("threshold_pct") is not None:
+        designs = t.get("designs") or {}
+        paired = [name for name, d in designs.items() if d.get("design") == "paired"]
+        sequential = [f"{name} ({d.get('why')})" for name, d in designs.items() if d.get("design") == "sequential"]
+        if paired:
+            lines.append(f"timing: paired with a live baseline in alternating blocks ({', '.join(paired)}), "
+                         f"threshold ±{t.get('paired_threshold_pct', 0):.1f}%; Δ shows the 95% interval of the "
+                         f"block ratios; ~ = the rule calls it neither faster nor slower")
+        if sequential or (not paired and t.get("threshold_pct") is not None):
             drift = "not measured" if t.get("drift_pct") is None else f"{t['drift_pct']:.1f}%"
-            lines.append(f"timing: decision threshold ±{t['threshold_pct']:.1f}% (drift of the baseline's "
-                         f"re-measurements {drift}); Δ shows the 95% interval of the ratio of medians; ~ = the rule "
-                         f"calls it neither faster nor slower")
+            lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; threshold "
+                         f"±{t.get('threshold_pct', 0):.1f}% (drift of the baseline's re-measurements {drift})")
+        left = t.get("left_out") or {}
+        if left:
+            lines.append(f"left out of this quick run: {', '.join(left)}; add them with --full (or one with --only "
+                         f"NAME)")
         if t.get("noisy"):
-            lines.append("too noisy to decide: the baseline is kept; rerun on a quiet machine")
+            lines.append(f"too noisy to decide: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
+                         f"told from noise (limit {t.get('noisy_limit_pct', 25):g}%); the baseline is kept; rerun on "
+                         f"a quieter machine")
         if report.headroom:
             lines.append(f"memory: {report.headroom['text']}")
         if report.flops:
@@ -132,7 +145,10 @@ def render(console: Console, report: ProtocolReport) -> None:
 
         lines += [escape(line) for line in predict_decision_lines(report)]
     for line in lines:
-        console.print(f"[dim]- {line}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[dim]- {escape(line)}[/]", highlight=False, soft_wrap=True)
+    resolution = resolution_line(report)
+    if resolution:
+        console.print(f"[bold]resolution[/]: {escape(resolution)}", highlight=False, soft_wrap=True)
     if report.recommended:
         rec = report.recommended
         partial = " [yellow](partial run)[/]" if report.partial else ""
@@ -177,17 +193,22 @@ def register(app: typer.Typer) -> None:
         predict_series: Annotated[Optional[int], typer.Option("--predict-series", min=1, metavar="N", help="Predict: series each timed run predicts (default: the preset's series_count).")] = None,
         agreement_series: Annotated[Optional[int], typer.Option("--agreement-series", min=3, metavar="N", help="Predict: series whose outputs the quality check compares (default: at least 100, or all the preset has).")] = None,
         min_spearman: Annotated[float, typer.Option("--min-spearman", metavar="R", help="Predict: the ranking agreement (Spearman) an approximate setting such as bf16 needs.")] = 0.95,
+        full: Annotated[bool, typer.Option("--full", help="Measure every trial the device can run; the default quick run leaves out what rarely pays here (compile and bigger-batch on a CPU, memory savers while memory does not bind) and says so.")] = False,
+        design: Annotated[str, typer.Option("--design", metavar="auto|paired|sequential", help="How trials are timed against the baseline: paired (alternating blocks with a live baseline worker), sequential (one after the other, with drift checks), auto (paired where two workers fit).")] = "auto",
+        block: Annotated[Optional[float], typer.Option("--block", metavar="SECONDS", help="Length of one paired block (default 0.5 s; at least one step).")] = None,
         tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the \\[tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
         helpful ones together; writes the reports and a recommended config into the run folder."""
         if task not in ("train", "predict"):
             raise KronosTuneError(f"--task {task}: use train or predict")
+        if design not in DESIGN_CHOICES:
+            raise KronosTuneError(f"--design {design}: use one of {', '.join(DESIGN_CHOICES)}")
         if resume and out is None:
             raise KronosTuneError("--resume needs --out DIR, the folder of the run to continue")
         if budget_gb is not None and not budget_gb > 0:
             raise KronosTuneError(f"--budget-gb {budget_gb}: give a positive number of GiB")
-        for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget)):
+        for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget), ("--block", block)):
             if value is not None and not value > 0:
                 raise KronosTuneError(f"{flag} {value:g}: give a positive number of seconds")
         if tensorboard:
@@ -202,7 +223,8 @@ def register(app: typer.Typer) -> None:
             trial_timeout_s=trial_timeout, objective=objective, skip=_names(skip), only=_names(only),
             cpu_ddp=cpu_ddp, budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
             predict_repeats=steps or defaults.predict_repeats, predict_series=predict_series,
-            agreement_series=agreement_series, min_spearman=min_spearman)
+            agreement_series=agreement_series, min_spearman=min_spearman, full=full, design=design,
+            block_s=defaults.block_s if block is None else block)
         console = Console(stderr=json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table

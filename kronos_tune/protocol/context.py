@@ -28,10 +28,13 @@ class RunContext(Protocol):
     results: dict[str, TrialResult]
     references: dict[str, Any]  # predict: the reference method's outputs
     trial_timeout_s: float
+    paired: Any  # paired.BaselineWorkers: the live baseline worker of the paired design
+    setup_costs: dict[str, dict[str, float]]  # per trial: one-time costs measured while resolving it (autobatch)
 
     def emit(self, event: Any) -> None: ...
 
     def launch(self, spec: TrialSpec, work: Path, job: dict[str, Any],
-               on_event: Callable[[dict[str, Any]], None]) -> tuple[Outcome, Path]: ...
+               on_event: Callable[[dict[str, Any]], None],
+               deadline: Callable[[], float | None] | None = None) -> tuple[Outcome, Path]: ...
 
     def noise(self) -> float | None: ...

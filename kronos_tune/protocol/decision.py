@@ -2,27 +2,38 @@
 
 The runner (while the protocol runs: which changes go into the combined
 trial) and ``kronos-tune report`` (afterwards, on any machine) call the same
-functions, so a results.jsonl always yields the same recommendation.
+functions, so a results.jsonl always yields the same recommendation. What a
+trial is (a speed change, a memory saver, an optimization change, the
+baseline measured again) comes from the plan, carried in each result
+(``TrialResult.kind``, ``group``, ``losses``, ``redraws_dropout``).
 
 The rule, in order:
 
-1. Timing. Every trial's step times are compared with the baseline's as a
-   ratio of medians with a 95 % bootstrap interval (``stats.compare``). A
-   change is *faster* only when the interval lies below 1 and the ratio is
-   beyond the threshold ``max(floor, drift)``; drift is how far the baseline's
-   own re-measurements (noise-probe, interleaved drift checks,
-   baseline-repeat) moved from the baseline. Past ``NOISY_LIMIT`` the machine
-   is too noisy to decide and the baseline is kept.
+1. Timing. A comparison measured in the paired design (the trial and a live
+   baseline in alternating blocks) is decided from its block ratios
+   (``stats.paired_compare``): faster when their interval lies below 1 and the
+   centre is at least ``max(PAIRED_FLOOR, resolution)`` below 1, the
+   resolution being how far the A/A comparison's interval (the noise-probe
+   against the baseline, interleaved the same way) reaches from 1: the
+   smallest change this run can tell from noise. A sequential comparison (the
+   trial alone, against the baseline's own measurement) is decided from the
+   ratio of medians with a bootstrap interval against ``max(FLOOR, drift)``,
+   drift being how far the baseline's own re-measurements moved. A run whose
+   resolution (or, with no paired A/A, whose drift threshold) is past
+   ``NOISY_LIMIT`` is too noisy to decide and keeps the baseline.
 2. Quality. A change must pass the validation-loss guard and its training
    losses must stay in the class its kind promises (equivalent, close,
    approximate: ``trajectory_check``); one that should be equivalent and is
    not is a defect and is left out.
-3. Speed changes (AMP, TF32, compile, fused AdamW, loader workers, DDP) enter
-   the combination only when faster. Memory changes (activation
-   checkpointing, accumulation, autobatch, FSDP) only when memory binds: the
-   baseline does not fit the budget with its margin, or the user asked for
-   memory (``objective="memory"``).
-4. The recommendation is the fastest measured configuration among the
+3. Time to the answer. A faster change must earn back its one-time cost
+   (warm-up beyond steady steps, e.g. compilation, and an autobatch search)
+   over the preset's workload: the time it saves on the workload's steps has
+   to exceed it (``one_time_costs``).
+4. Speed and optimization changes enter the combination only when faster (and
+   worth it). Memory savers only when memory binds: the baseline does not fit
+   the budget with its margin, or the user asked for memory (``objective =
+   "memory"``). One per group (the fastest).
+5. The recommendation is the fastest measured configuration among the
    baseline, the eligible singles and the combined trial; the combined trial
    only when it is not slower than the best single; the baseline when
    nothing is faster beyond the noise.
@@ -34,28 +45,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kronos_core.units import format_bytes
-from kronos_tune.protocol.records import TrialResult
-from kronos_tune.protocol.stats import Comparison, compare
+from kronos_tune.protocol.costs import duration as _duration
+from kronos_tune.protocol.costs import one_time_costs
+from kronos_tune.protocol.records import NOISE_PROBE, TrialResult
+from kronos_tune.protocol.stats import Comparison, block_ratios, compare, paired_compare
 
-SPEED_CHANGES = ("bf16", "fp16", "tf32", "compile", "compile-cudagraphs", "fused-adamw", "dataloader", "ddp")
-MEMORY_CHANGES = ("checkpointing", "accumulation", "autobatch", "fsdp")
-OPTIMIZATION_CHANGES = ("bigger-batch",)  # change what is trained: only when faster and passing the guard
-BASELINE_REPEATS = ("noise-probe", "baseline-repeat")
 DRIFT_STAGE = "drift"
 OBJECTIVES = ("speed", "memory")
-FLOOR = 0.03  # relative step-time change below which nothing is called faster or slower
-NOISY_LIMIT = 0.25  # a threshold above this: the machine is too noisy to decide
+FLOOR = 0.03  # sequential design: relative step-time change below which nothing is called faster or slower
+PAIRED_FLOOR = 0.02  # paired design: the same, for block ratios (the run's own resolution may raise it)
+NOISY_LIMIT = 0.25  # a resolution (or drift threshold) above this: the machine is too noisy to decide
 DEFAULT_MARGIN = 0.10
-
-# What each change promises about the training losses, step by step against the baseline's.
-EXPECTED_CLASS = {
-    "checkpointing": "equivalent", "accumulation": "equivalent", "autobatch": "equivalent",
-    "dataloader": "equivalent", "ddp": "equivalent", "fsdp": "equivalent",
-    "fused-adamw": "close", "compile": "close", "compile-cudagraphs": "close", "tf32": "close",
-    "bf16": "approximate", "fp16": "approximate",
-}
-# Changes that split or reorder the random draws of dropout: equal only in distribution when the model drops out.
-RNG_SENSITIVE = ("accumulation", "autobatch", "ddp", "fsdp", "compile", "compile-cudagraphs")
 EQUIVALENT_TOLERANCE = 1e-4  # largest relative loss deviation that is float error
 CLOSE_TOLERANCE = 2e-2
 
@@ -69,11 +69,15 @@ class DecisionContext:
     objective: str = "speed"
     floor: float = FLOOR
     model_has_dropout: bool = False
+    paired_floor: float = PAIRED_FLOOR
 
 
 @dataclass
 class Decision:
-    """The rule's answer. ``comparisons``: every timed trial against the baseline."""
+    """The rule's answer. ``comparisons``: every timed trial against the baseline; ``threshold`` the sequential
+    design's (max(floor, drift)), ``paired_threshold`` the paired design's (max(paired floor, resolution));
+    ``resolution``: how far the A/A comparison's interval reaches from 1 (None without a paired A/A);
+    ``costs``: per faster trial, its one-time cost against what it saves over the workload."""
 
     threshold: float
     drift: float | None
@@ -81,17 +85,31 @@ class Decision:
     noisy: bool
     memory_binds: bool
     memory_reason: str
+    resolution: float | None = None
+    paired_threshold: float = PAIRED_FLOOR
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     trajectories: dict[str, dict[str, Any]] = field(default_factory=dict)
+    costs: dict[str, dict[str, Any]] = field(default_factory=dict)
     eligible: list[str] = field(default_factory=list)
     combination: list[str] = field(default_factory=list)
     source: str = "baseline"
     reason: str = ""
 
+    smallest_change: float | None = None  # the resolution, or in a run that paired nothing the sequential threshold
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["comparisons"] = {name: c.to_dict() for name, c in self.comparisons.items()}
         return out
+
+
+def _kind(result: TrialResult) -> str:
+    return result.trial_kind.kind
+
+
+def reference(results: list[TrialResult]) -> TrialResult | None:
+    """The baseline: the first trial of kind reference."""
+    return next((r for r in results if _kind(r) == "reference"), None)
 
 
 def _scale(result: TrialResult, reference: TrialResult | None) -> float:
@@ -116,19 +134,39 @@ def _median(result: TrialResult | None, reference: TrialResult | None = None) ->
 
 def drift_estimate(results: list[TrialResult]) -> tuple[float | None, list[str]]:
     """Largest relative distance of a baseline re-measurement's median from the baseline's median."""
-    base = next((r for r in results if r.name == "baseline" and r.status == "ok"), None)
-    reference = _median(base)
-    if not reference:
+    base = reference(results)
+    reference_median = _median(base) if base is not None and base.status == "ok" else None
+    if not reference_median:
         return None, []
-    repeats = [r for r in results if (r.name in BASELINE_REPEATS or r.stage == DRIFT_STAGE) and r.status == "ok"
+    repeats = [r for r in results if (_kind(r) == "baseline-repeat" or r.stage == DRIFT_STAGE) and r.status == "ok"
                and _median(r)]
     if not repeats:
         return None, []
-    return max(abs(_median(r) / reference - 1) for r in repeats), [r.name for r in repeats]
+    return max(abs(_median(r) / reference_median - 1) for r in repeats), [r.name for r in repeats]
+
+
+def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: float) -> Comparison | None:
+    """The paired verdict from a result's raw blocks (per-token ratios), or None when it has no full round."""
+    ratios = block_ratios(result.blocks)
+    if not ratios:
+        return None
+    factor = _scale(result, base)
+    return paired_compare([r * factor for r in ratios], threshold)
+
+
+def resolution_of(results: list[TrialResult], context: DecisionContext) -> tuple[float | None, Comparison | None]:
+    """The run's resolution: how far the A/A comparison's interval (the noise-probe's paired blocks against the
+    baseline's) reaches from 1; with that comparison, its verdict against the floor alone, so that two workers
+    of one configuration that differ beyond the floor show as such (None, None: no paired A/A)."""
+    probe = next((r for r in results if r.name == NOISE_PROBE and r.status in ("ok", "cancelled")), None)
+    if probe is None or probe.design != "paired":
+        return None, None
+    aa = paired_comparison(probe, reference(results), context.paired_floor)  # against the floor: a bias shows
+    return (None if aa is None else aa.reach), aa
 
 
 def memory_binding(results: list[TrialResult], context: DecisionContext) -> tuple[bool, str]:
-    base = next((r for r in results if r.name == "baseline"), None)
+    base = reference(results)
     if context.objective == "memory":
         return True, "the objective is memory (--objective memory)"
     if base is None:
@@ -149,8 +187,9 @@ def memory_binding(results: list[TrialResult], context: DecisionContext) -> tupl
 
 def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_deviation: float | None,
                      model_has_dropout: bool) -> dict[str, Any] | None:
-    """Classify a change by its training losses against the baseline's over the same steps."""
-    expected = EXPECTED_CLASS.get(result.name)
+    """Classify a change by its training losses against the baseline's over the same steps, against the class
+    its kind promises (``TrialResult.losses``)."""
+    expected = result.trial_kind.losses
     if expected is None or baseline is None or not result.train_losses or not baseline.train_losses:
         return None
     steps = min(len(result.train_losses), len(baseline.train_losses))
@@ -160,7 +199,7 @@ def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_de
                 "close" if deviation <= CLOSE_TOLERANCE else "approximate")
     tolerance = {"equivalent": EQUIVALENT_TOLERANCE, "close": CLOSE_TOLERANCE}.get(expected)
     note = ""
-    if model_has_dropout and result.name in RNG_SENSITIVE and tolerance is not None:
+    if model_has_dropout and result.trial_kind.redraws_dropout and tolerance is not None:
         # Dropout draws its masks per call: another batch split or kernel order draws other masks, so the
         # losses are equal in distribution only; the noise-probe (same model, windows reordered) says how far.
         tolerance = max(tolerance, CLOSE_TOLERANCE if noise_deviation is None else 2 * noise_deviation)
@@ -189,23 +228,39 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.1f} ms" if seconds < 10 else f"{seconds:.2f} s"
 
 
+def compare_to_baseline(result: TrialResult, base: TrialResult, decision: Decision) -> Comparison | None:
+    """The trial against the baseline in the design it was measured in."""
+    if result.design == "paired":
+        return paired_comparison(result, base, decision.paired_threshold)
+    return compare(_times(result, base), _times(base), decision.threshold, _median(result, base), _median(base))
+
+
 def decide(results: list[TrialResult], context: DecisionContext = DecisionContext()) -> Decision:
     """Every verdict, the combination's members and the recommendation, from the results alone."""
-    by_name = {r.name: r for r in results}
-    base = by_name.get("baseline")
+    base = reference(results)
     drift, sources = drift_estimate(results)
     threshold = max(context.floor, drift or 0.0)
+    resolution, aa = resolution_of(results, context)
     binds, why_memory = memory_binding(results, context)
-    decision = Decision(threshold=threshold, drift=drift, drift_sources=sources, noisy=threshold > NOISY_LIMIT,
-                        memory_binds=binds, memory_reason=why_memory)
+    paired = any(r.design == "paired" for r in results)
+    smallest = resolution if resolution is not None else None if paired else threshold
+    decision = Decision(threshold=threshold, drift=drift, drift_sources=sources,
+                        noisy=smallest is not None and smallest > NOISY_LIMIT, memory_binds=binds,
+                        memory_reason=why_memory, resolution=resolution,
+                        paired_threshold=max(context.paired_floor, resolution or 0.0), smallest_change=smallest)
     base_ok = base is not None and base.status == "ok"
+    if aa is not None:
+        decision.comparisons[NOISE_PROBE] = aa
     for result in results:
         if result.stage not in ("single", "combined") or result.status != "ok" or not base_ok:
             continue
-        comparison = compare(_times(result, base), _times(base), threshold, _median(result, base), _median(base))
+        comparison = compare_to_baseline(result, base, decision)
         if comparison is not None:
             decision.comparisons[result.name] = comparison
-    probe = by_name.get("noise-probe")
+            costs = one_time_costs(result, base, comparison)
+            if costs is not None:
+                decision.costs[result.name] = costs
+    probe = next((r for r in results if r.name == NOISE_PROBE), None)
     noise_dev = None
     if probe is not None and base is not None and probe.train_losses and base.train_losses:
         noise_dev = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(probe.train_losses, base.train_losses))
@@ -219,80 +274,116 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
     return decision
 
 
+def _worth_it(result: TrialResult, decision: Decision) -> bool:
+    costs = decision.costs.get(result.name)
+    return costs is None or costs["worth"]
+
+
 def _eligible(result: TrialResult, decision: Decision, base_ok: bool) -> bool:
     if result.status != "ok" or not _quality_ok(result, decision.trajectories):
         return False
-    if result.name in MEMORY_CHANGES:
+    if _kind(result) == "memory":
         return decision.memory_binds
     if not base_ok:  # nothing to be faster than: running within the budget is what counts
         return True
     comparison = decision.comparisons.get(result.name)
-    return comparison is not None and comparison.verdict == "faster" and not decision.noisy
-
-
-def _group(result: TrialResult) -> str:
-    if result.name in ("bf16", "fp16"):
-        return "precision"
-    if result.name in ("accumulation", "autobatch", "bigger-batch"):
-        return "batch"
-    if result.name in ("compile", "compile-cudagraphs"):
-        return "compile"
-    if result.name in ("ddp", "fsdp"):
-        return "parallel"
-    return result.name
+    return (comparison is not None and comparison.verdict == "faster" and not decision.noisy
+            and _worth_it(result, decision))
 
 
 def _combination(results: list[TrialResult], decision: Decision) -> list[str]:
     """The eligible singles, one per group (the fastest of a group)."""
     chosen: dict[str, TrialResult] = {}
-    base = next((r for r in results if r.name == "baseline"), None)
+    base = reference(results)
     for result in results:
         if result.name not in decision.eligible:
             continue
-        key = _group(result)
+        key = result.trial_kind.group or result.name
         best = chosen.get(key)
-        if best is None or (_median(result, base) or float("inf")) < (_median(best, base) or float("inf")):
+        if best is None or _speed(result, base, decision) < _speed(best, base, decision):
             chosen[key] = result
     return [r.name for r in chosen.values()]
 
 
+def _speed(result: TrialResult, base: TrialResult | None, decision: Decision) -> float:
+    """How fast a trial is for ranking: its compared ratio to the baseline, else its per-token median."""
+    comparison = decision.comparisons.get(result.name)
+    if comparison is not None:
+        return comparison.ratio * (_median(base) or 1.0)
+    median = _median(result, base)
+    return median if median is not None else float("inf")
+
+
+def _slower_than(combined: TrialResult, single: TrialResult, base: TrialResult | None,
+                 decision: Decision) -> float | None:
+    """The combined trial's change against the best single's when it is slower beyond doubt, else None."""
+    mine, theirs = decision.comparisons.get(combined.name), decision.comparisons.get(single.name)
+    if combined.design == "paired" and single.design == "paired" and mine is not None and theirs is not None:
+        if mine.low is not None and theirs.high is not None and mine.low > theirs.high:
+            return 100 * (mine.ratio / theirs.ratio - 1)
+        return None
+    versus = compare(_times(combined, base), _times(single, base), decision.threshold, _median(combined, base),
+                     _median(single, base))
+    return versus.pct if versus is not None and versus.verdict == "slower" else None
+
+
+def _noise_text(decision: Decision, context: DecisionContext) -> str:
+    if decision.resolution is not None:
+        return (f"beyond what this run can resolve ({100 * decision.paired_threshold:.1f}%: the A/A comparison's "
+                f"interval reaches {100 * decision.resolution:.1f}% from 1, floor {100 * context.paired_floor:g}%)")
+    return (f"beyond the noise threshold of {100 * decision.threshold:.1f}% (max of the {100 * context.floor:.0f}% "
+            f"floor and the measured drift)")
+
+
+def _cost_text(name: str, costs: dict[str, Any]) -> str:
+    return (f"{name} is faster ({100 * (costs['ratio'] - 1):+.1f}% per step) but its one-time cost "
+            f"({_duration(costs['one_time_s'])} of warm-up and setup) "
+            f"exceeds what it saves over the workload ({_duration(max(0.0, costs['saving_s']))} of "
+            f"{_duration(costs['workload_s'])})")
+
+
 def _recommend(results: list[TrialResult], decision: Decision, context: DecisionContext) -> None:
     by_name = {r.name: r for r in results}
-    base = by_name.get("baseline")
+    base = reference(results)
     base_median = _median(base)
     base_ok = base is not None and base.status == "ok"
-    pct = f"{100 * decision.threshold:.1f}%"
+    decision.source = base.name if base is not None else "baseline"
     if decision.noisy and base_ok:
-        decision.source = "baseline"
-        decision.reason = (f"the timings are too noisy to decide: the baseline's own re-measurements drifted by "
-                           f"{100 * (decision.drift or 0):.1f}% (limit {100 * NOISY_LIMIT:.0f}%), so no change can "
-                           f"be called faster; kept the baseline (rerun on a quiet machine)")
+        if decision.resolution is not None:
+            decision.reason = (f"the timings are too noisy to decide: changes under {100 * decision.resolution:.1f}% "
+                               f"could not be told from noise in this run (the A/A comparison; limit "
+                               f"{100 * NOISY_LIMIT:.0f}%), so no change can be called faster; kept the baseline "
+                               f"(rerun on a quieter machine)")
+        else:
+            decision.reason = (f"the timings are too noisy to decide: the baseline's own re-measurements drifted by "
+                               f"{100 * (decision.drift or 0):.1f}% (limit {100 * NOISY_LIMIT:.0f}%), so no change "
+                               f"can be called faster; kept the baseline (rerun on a quiet machine)")
         return
     candidates = [by_name[name] for name in decision.eligible]
-    combined = by_name.get("combined")
+    combined = next((r for r in results if r.stage == "combined"), None)
     combined_note = ""
     if combined is not None and combined.status == "ok" and _quality_ok(combined, decision.trajectories):
         singles = [r for r in candidates if _median(r, base) is not None]
-        best_single = min(singles, key=lambda r: _median(r, base), default=None)
-        vs_single = None
-        if best_single is not None:
-            vs_single = compare(_times(combined, base), _times(best_single, base), decision.threshold,
-                                _median(combined, base), _median(best_single, base))
-        vs_base = decision.comparisons.get("combined")
-        if vs_single is not None and vs_single.verdict == "slower":
-            combined_note = (f"; the combination ({_ms(_median(combined, base))}/step) was slower than "
-                             f"{best_single.name} alone ({vs_single.pct:+.1f}%)")
+        best_single = min(singles, key=lambda r: _speed(r, base, decision), default=None)
+        slower = None if best_single is None else _slower_than(combined, best_single, base, decision)
+        vs_base = decision.comparisons.get(combined.name)
+        if slower is not None and best_single is not None:
+            combined_note = (f"; the combination ({_ms(_median(combined, base) or 0)}/step) was slower than "
+                             f"{best_single.name} alone ({slower:+.1f}%)")
         elif base_ok and not decision.memory_binds and (vs_base is None or vs_base.verdict != "faster"):
             combined_note = "; the combination was not faster than the baseline beyond the noise"
+        elif base_ok and not _worth_it(combined, decision):
+            combined_note = "; " + _cost_text("the combination", decision.costs[combined.name])
         else:
             candidates.append(combined)
     elif combined is not None and combined.status not in ("ok", "skipped"):
         combined_note = f"; the combination ended {combined.status}"
     if not candidates:
         if base_ok:
-            decision.source = "baseline"
+            costly = [_cost_text(name, decision.costs[name]) for name, c in decision.comparisons.items()
+                      if c.verdict == "faster" and name in decision.costs and not decision.costs[name]["worth"]]
             near = [(n, c) for n, c in decision.comparisons.items() if c.ratio < 1 and n in by_name
-                    and by_name[n].stage == "single"]
+                    and by_name[n].stage == "single" and c.verdict != "faster"]
             best = min(near, key=lambda item: item[1].ratio, default=None)
             hint = ""
             if best is not None:
@@ -300,23 +391,28 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
                 hint = (f"; the closest, {name} at {comparison.pct:+.1f}% ({comparison.interval_text()}), "
                         f"is within it")
             memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
-            decision.reason = (f"no change was faster beyond the noise threshold of {pct} (max of the {100 * context.floor:.0f}% "
-                               f"floor and the measured drift){hint}{memory}{combined_note}")
+            if costly:
+                decision.reason = f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"
+            else:
+                decision.reason = (f"no change was faster {_noise_text(decision, context)}{hint}{memory}"
+                                   f"{combined_note}")
         else:
-            decision.source = "baseline"
             decision.reason = "nothing ran within the budget: this is the reference config, which does not fit either"
         return
-    winner = min(candidates, key=lambda r: _median(r, base) if _median(r, base) is not None else float("inf"))
+    winner = min(candidates, key=lambda r: _speed(r, base, decision))
     decision.source = winner.name
     comparison = decision.comparisons.get(winner.name)
     if decision.memory_binds and not base_ok:
         decision.reason = (f"{winner.name} is the fastest configuration that fits ({decision.memory_reason}): "
                            f"{_ms(_median(winner, base)) if _median(winner, base) else 'n/a'}/step{combined_note}")
         return
-    what = "the combination " + "+".join(decision.combination) if winner.name == "combined" else winner.name
+    what = "the combination " + "+".join(decision.combination) if winner.stage == "combined" else winner.name
+    costs = decision.costs.get(winner.name)
+    paid = "" if costs is None else (f"; over the workload it saves {_duration(max(0.0, costs['saving_s']))} of "
+                                     f"{_duration(costs['workload_s'])}, more than its one-time cost of "
+                                     f"{_duration(costs['one_time_s'])}")
     decision.reason = (f"{what} is the fastest measured configuration: "
                        f"{_describe(winner.name, comparison, base_median, _median(winner, base)).split(': ', 1)[-1]}, "
-                       f"beyond the {pct} noise threshold, quality guard passed"
+                       f"{_noise_text(decision, context)}, quality guard passed{paid}"
                        + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
                        + combined_note)
-

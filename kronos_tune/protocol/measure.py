@@ -87,70 +87,115 @@ class _Stopped(Exception):
     pass
 
 
-def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
-                     on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
-                     meter_always: bool = False, agree_across_ranks: bool = False) -> TrainMeasurement:
-    """Run one trial of `config` by `plan`; out-of-memory (real or simulated) is a result, other errors propagate.
+def spin(seconds: float) -> None:
+    """Keep this thread busy for `seconds` of wall time (the planted delay: work, not a sleep)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
 
-    Warm-up steps run until a step's time is within ``plan.settle_tolerance`` of the one before (between
-    ``min_warmup`` and ``max_warmup`` steps); then one metered step (memory; on the CPU its dispatch mode is
-    slow, so it is never timed); then measured steps until the median's 95 % interval is within
-    ``target_ci`` of the median, ``budget_s`` of measuring is spent or ``max_steps`` ran, and at least
-    ``min_steps`` ran and the evaluation step was reached. The step right after the evaluation is not timed.
-    `should_stop` is polled after every step. With `agree_across_ranks` (DDP) every decision is agreed by an
-    all-reduce: the ranks time their steps on their own clocks, and one rank leaving the warm-up or the
-    measurement a step before the others would leave them waiting in a collective forever.
-    """
-    switch = MeterSwitch(meter, always=meter_always)
-    result = TrainMeasurement(status="ok")
-    trainer: Trainer | None = None
 
-    def record(step: StepRecord) -> None:
-        result.losses.append(step.loss)
-        if on_record is not None:
-            on_record(step)
+class TrialSession:
+    """One trial's trainer, measured in parts: ``warm_up`` (warm-up until settled, then the metered step),
+    then either ``measure`` (the sequential design: measured steps until the median is known well enough) or
+    ``block`` calls (the paired design: a few timed steps at a time, alternating with the baseline's), then
+    ``finish`` (trained on to the evaluation step if the steps so far did not reach it).
 
-    def agreed(choice: int) -> int:
+    The validation loss is taken right after the optimizer step ``plan.eval_step``, wherever that falls; the
+    step after an evaluation pays for its cache effects and is never timed. ``delay`` (a fraction) keeps the
+    thread busy that much longer after every step, counted in its time: the planted effect of the decision
+    benchmark and its tests. Out-of-memory, cancel and every other error are the caller's (``run`` below
+    turns the first two into the measurement's status)."""
+
+    def __init__(self, config: TrainConfig, meter: Any | None, plan: StepPlan,
+                 on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
+                 meter_always: bool = False, agree_across_ranks: bool = False, delay: float = 0.0) -> None:
+        self.config, self.plan, self.on_record, self.should_stop = config, plan, on_record, should_stop
+        self.agree_across_ranks, self.meter_always, self.delay = agree_across_ranks, meter_always, delay
+        self.switch = MeterSwitch(meter, always=meter_always)
+        self.result = TrainMeasurement(status="ok")
+        self.trainer: Trainer | None = None
+        self._last: StepRecord | None = None
+
+    # Steps -------------------------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.trainer = Trainer(self.config, meter=self.switch, callback=self._keep)
+        self.result.tokens_per_step = self.trainer.tokens_per_step
+        self.result.samples_per_step = self.trainer.global_batch_size
+        if self.config.what == "predictor":
+            self.result.flops_per_token = train_flops_per_token(self.trainer.model, self.config.window_length - 1)
+
+    def _keep(self, record: StepRecord) -> None:
+        self._last = record
+
+    def agreed(self, choice: int) -> int:
         """`choice` (0: go on, > 0: a reason to stop) as every rank sees it: the largest any rank made."""
-        if not agree_across_ranks:
+        if not self.agree_across_ranks:
             return choice
-        assert trainer is not None
-        tensor = torch.tensor([float(choice)], device=trainer.device)
-        return int(trainer.dist.all_reduce_max(tensor).item())
+        assert self.trainer is not None
+        tensor = torch.tensor([float(choice)], device=self.trainer.device)
+        return int(self.trainer.dist.all_reduce_max(tensor).item())
 
-    def step() -> StepRecord:
+    def step(self) -> StepRecord:
+        """One optimizer step (its record once any planted delay is spent); evaluates at the evaluation step,
+        then runs the next step untimed."""
+        trainer = self.trainer
         assert trainer is not None
-        done = trainer.train_step()
-        if agreed(int(bool(should_stop()))):
-            result.status, result.reason = "cancelled", f"cancelled after {len(result.losses)} steps"
+        record = self._one()
+        if self.plan.eval_step is not None and trainer.step == self.plan.eval_step:
+            self.result.val_loss = float(trainer.evaluate()["val_loss"])
+            self.result.val_loss_step = trainer.step
+            self._one()  # after the evaluation: its cache effects, never timed
+        return record
+
+    def _one(self) -> StepRecord:
+        trainer = self.trainer
+        assert trainer is not None
+        trainer.train_step()
+        record = self._last
+        assert record is not None
+        if self.delay > 0:
+            extra = self.delay * record.step_time_s
+            spin(extra)
+            record.step_time_s += extra
+        self.result.losses.append(record.loss)
+        if self.on_record is not None:
+            self.on_record(record)
+        if self.agreed(int(bool(self.should_stop()))):
+            self.result.status, self.result.reason = "cancelled", f"cancelled after {len(self.result.losses)} steps"
             raise _Stopped
-        if plan.eval_step is not None and trainer.step == plan.eval_step:
-            result.val_loss = float(trainer.evaluate()["val_loss"])
-            result.val_loss_step = trainer.step
-        return done
+        return record
 
-    try:
-        trainer = Trainer(config, meter=switch, callback=record)
-        result.tokens_per_step = trainer.tokens_per_step
-        result.samples_per_step = trainer.global_batch_size
-        if config.what == "predictor":
-            result.flops_per_token = train_flops_per_token(trainer.model, config.window_length - 1)
+    # The parts of a trial ----------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Warm-up steps until a step's time is within ``plan.settle_tolerance`` of the one before (between
+        ``min_warmup`` and ``max_warmup`` steps), then one metered step (memory; on the CPU its dispatch mode is
+        slow, so it is never timed)."""
+        plan, result = self.plan, self.result
+        assert self.trainer is not None
         started = time.perf_counter()
         settled = False
         while len(result.warmup_times_s) < max(plan.max_warmup, 1):
-            result.warmup_times_s.append(step().step_time_s)
+            result.warmup_times_s.append(self.step().step_time_s)
             times = result.warmup_times_s
-            if agreed(int(len(times) >= max(plan.min_warmup, 1) and len(times) >= 2
-                          and abs(times[-1] / times[-2] - 1) <= plan.settle_tolerance)):
+            if self.agreed(int(len(times) >= max(plan.min_warmup, 1) and len(times) >= 2
+                               and abs(times[-1] / times[-2] - 1) <= plan.settle_tolerance)):
                 settled = True
                 break
         result.warmup_time_s = time.perf_counter() - started
-        switch.start(trainer)
-        step()  # the metered step
-        switch.stop()
-        result.peak_memory_bytes, result.peak_bytes_by_phase = switch.peak_bytes(), switch.peaks()
+        result.timing = {"warmup_steps": len(result.warmup_times_s), "settled": settled,
+                         "settle_tolerance": plan.settle_tolerance}
+        self.switch.start(self.trainer)
+        self.step()  # the metered step
+        self.switch.stop()
+        result.peak_memory_bytes, result.peak_bytes_by_phase = self.switch.peak_bytes(), self.switch.peaks()
+
+    def measure(self) -> None:
+        """The sequential design's measured steps: until the median's 95 % interval is within ``target_ci`` of
+        the median, ``budget_s`` of measuring is spent or ``max_steps`` ran, and at least ``min_steps`` ran and
+        the evaluation step was reached."""
+        plan, result, trainer = self.plan, self.result, self.trainer
+        assert trainer is not None
         measuring, stop_reason, halfwidth = time.perf_counter(), "", float("inf")
-        after_eval = False
         while True:
             times = [r["step_time_s"] for r in result.timed]
             evaluated = plan.eval_step is None or trainer.step >= plan.eval_step
@@ -163,31 +208,63 @@ def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
                     reason = STOP_REASONS.index("budget")
                 elif len(times) >= plan.max_steps:
                     reason = STOP_REASONS.index("max-steps")
-            reason = agreed(reason)
+            reason = self.agreed(reason)
             if reason:
                 stop_reason = STOP_REASONS[reason]
                 break
-            was_eval_step = result.val_loss_step is not None and result.val_loss_step == trainer.step
-            done = step()
-            if was_eval_step and not after_eval:
-                after_eval = True  # the first step after the evaluation pays for its cache effects: untimed
-                continue
-            result.timed.append(done.to_dict())
-        if meter_always:
-            result.peak_memory_bytes, result.peak_bytes_by_phase = switch.peak_bytes(), switch.peaks()
-        result.timing = {"warmup_steps": len(result.warmup_times_s), "settled": settled,
-                         "settle_tolerance": plan.settle_tolerance, "measured_steps": len(result.timed),
-                         "stop": stop_reason, "ci_halfwidth": halfwidth, "target_ci": plan.target_ci,
-                         "budget_s": plan.budget_s, "measure_time_s": time.perf_counter() - measuring}
-        return result
-    except _Stopped:
-        return result
-    except torch.OutOfMemoryError as error:
-        result.status, result.reason = "oom", one_line(error, typed=False)
-        result.peak_memory_bytes = switch.peak_bytes() or None
-        result.peak_bytes_by_phase = switch.peaks()
-        return result
+            result.timed.append(self.step().to_dict())
+        result.timing.update({"measured_steps": len(result.timed), "stop": stop_reason, "ci_halfwidth": halfwidth,
+                              "target_ci": plan.target_ci, "budget_s": plan.budget_s,
+                              "measure_time_s": time.perf_counter() - measuring})
+
+    def block(self, steps: int) -> list[StepRecord]:
+        """`steps` timed steps of the paired design (an evaluation among them adds its untimed step)."""
+        return [self.step() for _ in range(max(1, steps))]
+
+    def finish(self) -> None:
+        """Train on (untimed) to the evaluation step when the steps so far did not reach it."""
+        trainer = self.trainer
+        assert trainer is not None
+        while self.plan.eval_step is not None and trainer.step < self.plan.eval_step:
+            self.step()
+        if self.meter_always:
+            self.result.peak_memory_bytes = self.switch.peak_bytes()
+            self.result.peak_bytes_by_phase = self.switch.peaks()
+
+    def run(self, *parts: Callable[[], Any]) -> TrainMeasurement:
+        """Run `parts` in order; out-of-memory (real or simulated) and a cancel end them as the result's status."""
+        try:
+            for part in parts:
+                part()
+        except _Stopped:
+            pass
+        except torch.OutOfMemoryError as error:
+            self.result.status, self.result.reason = "oom", one_line(error, typed=False)
+            self.result.peak_memory_bytes = self.switch.peak_bytes() or None
+            self.result.peak_bytes_by_phase = self.switch.peaks()
+        finally:
+            self.switch.stop()
+        return self.result
+
+    def close(self) -> None:
+        self.switch.stop()
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+
+
+def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
+                     on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
+                     meter_always: bool = False, agree_across_ranks: bool = False,
+                     delay: float = 0.0) -> TrainMeasurement:
+    """One trial of `config` by `plan`, the sequential design: warm-up, the metered step, measured steps
+    (TrialSession.measure), the evaluation; out-of-memory (real or simulated) is a result, other errors
+    propagate. `should_stop` is polled after every step. With `agree_across_ranks` (DDP) every decision is
+    agreed by an all-reduce: the ranks time their steps on their own clocks, and one rank leaving the warm-up
+    or the measurement a step before the others would leave them waiting in a collective forever.
+    """
+    session = TrialSession(config, meter, plan, on_record, should_stop, meter_always, agree_across_ranks, delay)
+    try:
+        return session.run(session.open, session.warm_up, session.measure, session.finish)
     finally:
-        switch.stop()
-        if trainer is not None:
-            trainer.close()
+        session.close()

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kronos_tune.protocol.decision import BASELINE_REPEATS, DRIFT_STAGE
+from kronos_tune.protocol.decision import DRIFT_STAGE
 from kronos_tune.protocol.records import TrialResult
 
 PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
@@ -84,7 +84,7 @@ def front_staircase(front: Sequence[Point]) -> tuple[list[float], list[float]]:
 
 
 def _is_repeat(trial: TrialResult) -> bool:
-    return trial.name in BASELINE_REPEATS or trial.stage == DRIFT_STAGE
+    return trial.trial_kind.kind == "baseline-repeat" or trial.stage == DRIFT_STAGE
 
 
 def _median(spread: float | None) -> float | None:

@@ -18,7 +18,8 @@ from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
 from kronos_tune.protocol.decision import OBJECTIVES
-from kronos_tune.protocol.records import TASKS, PredictSettings, ProtocolOptions, TrialResult, TrialSpec
+from kronos_tune.protocol.kinds import TrialKind
+from kronos_tune.protocol.records import NOISE_PROBE, TASKS, PredictSettings, ProtocolOptions, TrialResult, TrialSpec
 from kronos_tune.workloads import runnable_device
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
@@ -30,6 +31,13 @@ CPU_DDP_PROCESSES = 2
 MIN_WARMUP = 2  # train: AdamW creates its state in the first step; the metered step comes after the warm-up
 COMPILE_EXTRA_WARMUP = 4  # compile trials may need more steps to settle (recompilations)
 DRIFT_STEPS = 5  # measured steps of one interleaved baseline drift check
+LEFT_OUT = "left out of the quick run"  # the start of the reason of a trial the default run does not measure
+ADD_BACK = "add it with --full, or --only {name}"
+DESIGN_CHOICES = ("auto", "paired", "sequential")
+
+REFERENCE = TrialKind("reference")
+REPEAT = TrialKind("baseline-repeat")
+COMBINATION = TrialKind("combination")
 
 
 def autobatch_available() -> bool:
@@ -64,6 +72,29 @@ def check_names(task: str, options: ProtocolOptions, names: tuple[str, ...]) -> 
         raise KronosTuneError(f"--trial-budget {options.trial_budget_s:g}: give a positive number of seconds")
     if options.objective not in OBJECTIVES:
         raise KronosTuneError(f"--objective {options.objective}: use one of {', '.join(OBJECTIVES)}")
+    if options.design not in DESIGN_CHOICES:
+        raise KronosTuneError(f"--design {options.design}: use one of {', '.join(DESIGN_CHOICES)}")
+    if not options.block_s > 0:
+        raise KronosTuneError(f"--block {options.block_s:g}: give a positive number of seconds per block")
+
+
+def left_out(name: str, why: str) -> str:
+    """The skip reason of a trial the quick (default) run leaves out, with how to add it back."""
+    return f"{LEFT_OUT}: {why}; {ADD_BACK.format(name=name)}"
+
+
+def quick_reason(spec: TrialSpec, options: ProtocolOptions, device: str) -> str | None:
+    """Why the default run leaves `spec` out on this device (None: it runs). --full and --only bring it back.
+    Memory savers are decided once the baseline has run (train_trials.leave_out_memory_savers)."""
+    if options.full or spec.name in options.only or device != "cpu":
+        return None
+    if spec.group == "compile":
+        return left_out(spec.name, "its compilation takes minutes on a CPU, a one-time cost a short finetune "
+                                   "rarely earns back")
+    if spec.kind is not None and spec.kind.kind == "optimization":
+        return left_out(spec.name, "it changes what is trained (a larger effective batch and learning rate) and "
+                                   "needs a batch search first")
+    return None
 
 
 def selection_reason(name: str, options: ProtocolOptions, optional: tuple[str, ...]) -> str | None:
@@ -89,12 +120,12 @@ def baseline_config(preset: Preset, options: ProtocolOptions, device: str) -> Tr
         device=device)
 
 
-def _single(name: str, base: TrainConfig, changes: dict[str, Any], description: str, group: str | None = None,
+def _single(name: str, kind: TrialKind, base: TrainConfig, changes: dict[str, Any], description: str,
             skip: str | None = None, nproc: int = 1, config_changes: dict[str, Any] | None = None) -> TrialSpec:
     config = None
     if skip is None:
         config = base.replace(**(config_changes if config_changes is not None else changes))
-    return TrialSpec(name, "single", changes, config, skip, description, group=group, nproc=nproc)
+    return TrialSpec(name, "single", changes, config, skip, description, nproc=nproc, kind=kind)
 
 
 def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, device: str) -> list[TrialSpec]:
@@ -116,42 +147,48 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
     loader_changes: dict[str, Any] = {"num_workers": 2}
     if device == "cuda":
         loader_changes["pin_memory"] = True
+    parallel_skip = ddp_skip.replace("DDP", "FSDP") if ddp_skip else None
     return [
-        _single("bf16", base, {"amp": "bf16"}, "bf16 autocast", "precision", bf16_skip),
-        _single("fp16", base, {"amp": "fp16"}, "fp16 autocast with GradScaler", "precision",
-                "fp16 autocast needs CUDA" if device != "cuda" else None),
-        _single("tf32", base, {"matmul_precision": "high"}, "TF32 tensor cores for float32 matmuls "
-                "(torch.set_float32_matmul_precision(\"high\"))", "matmul", cuda_only),
-        _single("checkpointing", base, {"activation_checkpointing": "all"},
-                "activation checkpointing of every transformer block"),
-        _single("accumulation", base, {"batch_size": batch // 2, "accumulation_steps": 2},
-                "half the micro-batch, 2 accumulation steps: the same effective batch", "batch", halves),
+        _single("bf16", TrialKind("speed", "precision", "approximate"), base, {"amp": "bf16"}, "bf16 autocast",
+                bf16_skip),
+        _single("fp16", TrialKind("speed", "precision", "approximate"), base, {"amp": "fp16"},
+                "fp16 autocast with GradScaler", "fp16 autocast needs CUDA" if device != "cuda" else None),
+        _single("tf32", TrialKind("speed", "matmul", "close"), base, {"matmul_precision": "high"},
+                "TF32 tensor cores for float32 matmuls (torch.set_float32_matmul_precision(\"high\"))", cuda_only),
+        _single("checkpointing", TrialKind("memory", "checkpointing", "equivalent"), base,
+                {"activation_checkpointing": "all"}, "activation checkpointing of every transformer block"),
+        _single("accumulation", TrialKind("memory", "batch", "equivalent", True), base,
+                {"batch_size": batch // 2, "accumulation_steps": 2},
+                "half the micro-batch, 2 accumulation steps: the same effective batch", halves),
         TrialSpec("autobatch", "single", {"batch_size": "autobatch", "accumulation_steps": "keeps the effective batch"},
                   None, None if autobatch_available() else "autobatch not available",
                   "the largest micro-batch autobatch finds within the budget, accumulation keeping the effective "
-                  "batch", group="batch"),
+                  "batch", kind=TrialKind("memory", "batch", "equivalent", True)),
         TrialSpec("bigger-batch", "single", {"batch_size": "the largest that fits", "lr": "sqrt rule"}, None,
                   None if autobatch_available() else "autobatch not available",
                   "changes the optimization: the effective batch raised to the largest micro-batch that fits (capped "
-                  "by the data), learning rate x sqrt(batch factor); compared at equal samples seen", group="batch"),
-        _single("compile", base, {"compile": "default"}, "torch.compile (mode default); its first steps compile "
-                "and are its own, longer warm-up", "compile"),
-        _single("compile-cudagraphs", base, {"compile": "reduce-overhead"}, "torch.compile with CUDA graphs "
-                "(mode reduce-overhead): kernel launches replayed from a graph", "compile", cuda_only),
-        _single("dataloader", base, loader_changes, "2 DataLoader worker processes" +
-                (" with pinned memory" if device == "cuda" else "") +
+                  "by the data), learning rate x sqrt(batch factor); compared at equal samples seen",
+                  kind=TrialKind("optimization", "batch")),
+        _single("compile", TrialKind("speed", "compile", "close", True), base, {"compile": "default"},
+                "torch.compile (mode default); its first steps compile and are its own, longer warm-up"),
+        _single("compile-cudagraphs", TrialKind("speed", "compile", "close", True), base,
+                {"compile": "reduce-overhead"}, "torch.compile with CUDA graphs (mode reduce-overhead): kernel "
+                "launches replayed from a graph", cuda_only),
+        _single("dataloader", TrialKind("speed", "dataloader", "equivalent"), base, loader_changes,
+                "2 DataLoader worker processes" + (" with pinned memory" if device == "cuda" else "") +
                 "; windows are preloaded in RAM (preload = \"ram\", already the baseline's)"),
-        _single("fused-adamw", base, {"optimizer_impl": "fused"}, "fused AdamW kernel"),
-        _single("ddp", base, {"processes": world if world >= 2 else "2+", "batch_size": ddp_batch},
+        _single("fused-adamw", TrialKind("speed", "optimizer", "close"), base, {"optimizer_impl": "fused"},
+                "fused AdamW kernel"),
+        _single("ddp", TrialKind("speed", "parallel", "equivalent", True), base,
+                {"processes": world if world >= 2 else "2+", "batch_size": ddp_batch},
                 f"DistributedDataParallel over {world} processes ({'gloo' if device == 'cpu' else 'nccl'}), "
-                "the effective batch split between them", "ddp", ddp_skip, nproc=world,
+                "the effective batch split between them", ddp_skip, nproc=world,
                 config_changes={"batch_size": ddp_batch}),
-        _single("fsdp", base, {"parallelism": "fsdp", "processes": world if world >= 2 else "2+",
-                               "batch_size": ddp_batch},
+        _single("fsdp", TrialKind("memory", "parallel", "equivalent", True), base,
+                {"parallelism": "fsdp", "processes": world if world >= 2 else "2+", "batch_size": ddp_batch},
                 f"FSDP2 over {world} processes ({'gloo' if device == 'cpu' else 'nccl'}): parameters, gradients "
-                "and AdamW state sharded per transformer block, the effective batch split between them", "parallel",
-                ddp_skip.replace("DDP", "FSDP") if ddp_skip else None, nproc=world,
-                config_changes={"parallelism": "fsdp", "batch_size": ddp_batch}),
+                "and AdamW state sharded per transformer block, the effective batch split between them",
+                parallel_skip, nproc=world, config_changes={"parallelism": "fsdp", "batch_size": ddp_batch}),
     ]
 
 
@@ -163,14 +200,17 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
               f"{base.batch_size}" if work.accumulation_steps > 1 else "")
     specs = [TrialSpec("baseline", "baseline", {}, base, None, "the preset's workload as the reference trains it: "
                        "fp32, no checkpointing, no accumulation, no compile, torch's default AdamW, no loader "
-                       "workers" + folded),
-             TrialSpec("noise-probe", "baseline", {"seed": base.seed + 1}, base.replace(seed=base.seed + 1), None,
+                       "workers" + folded, kind=REFERENCE),
+             TrialSpec(NOISE_PROBE, "baseline", {"seed": base.seed + 1}, base.replace(seed=base.seed + 1), None,
                        "the baseline again from the same initial weights on the same windows, shuffled with "
-                       "another seed: the run-to-run noise of the validation loss")]
+                       "another seed: the run-to-run noise of the validation loss, and the A/A timing comparison "
+                       "that says how small a change this run can resolve", kind=REPEAT)]
     singles = _train_singles(preset, base, options, device)
     for single in singles:
         if single.skip_reason is None:
             single.skip_reason = selection_reason(single.name, options, optional)
+        if single.skip_reason is None:
+            single.skip_reason = quick_reason(single, options, device)
     runnable = [s.name for s in singles if s.skip_reason is None]
     checks = 0
     for single in singles:
@@ -180,13 +220,15 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
             checks += 1
             specs.append(TrialSpec(f"drift-{checks}", "drift", {}, base, None,
                                    "a short re-measurement of the baseline between single trials: how far the same "
-                                   "step's time drifts while the protocol runs"))
+                                   "step's time drifts while the protocol runs (sequential comparisons only)",
+                                   kind=REPEAT))
     specs.append(TrialSpec("baseline-repeat", "baseline", {}, base, None,
                            "the baseline again, after the single changes: with the noise-probe, how far the same "
-                           "step's time drifts on this machine during the protocol (the timing noise band)"))
+                           "step's time drifts on this machine during the protocol (the timing noise band of "
+                           "sequential comparisons)", kind=REPEAT))
     specs.append(TrialSpec("combined", "combined", {}, None, None,
                            "the single changes that helped and passed the quality guard, together (decided after "
-                           "the single trials)"))
+                           "the single trials)", kind=COMBINATION))
     for spec in specs:
         if spec.skip_reason is None and spec.stage != "drift":
             spec.skip_reason = selection_reason(spec.name, options, optional)
@@ -206,7 +248,7 @@ def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
     compile_max = max(max_warmup + COMPILE_EXTRA_WARMUP, compile_warmup)
     eval_step = 0
     for spec in specs:
-        compiled = spec.name.startswith("compile")
+        compiled = spec.group == "compile"
         spec.warmup_steps = compile_warmup if compiled else warmup
         spec.max_warmup_steps = compile_max if compiled else max_warmup
         spec.measured_steps = min(DRIFT_STEPS, options.steps) if spec.stage == "drift" else options.steps
@@ -333,7 +375,7 @@ def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: Trial
     spec = TrialSpec("combined", "combined", {}, None, template.skip_reason, template.description,
                      warmup_steps=template.warmup_steps, measured_steps=template.measured_steps,
                      max_warmup_steps=template.max_warmup_steps, max_measured_steps=template.max_measured_steps,
-                     eval_step=template.eval_step)
+                     eval_step=template.eval_step, kind=template.kind)
     if spec.skip_reason:
         return spec
     if not names:
@@ -349,7 +391,7 @@ def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: Trial
         for key, value in result.changes.items():
             if key == "processes":
                 nproc = int(value)  # its batch_size is the split below, not a change of its own
-            elif key in values and not (result.name in ("ddp", "fsdp") and key == "batch_size"):
+            elif key in values and not (result.group == "parallel" and key == "batch_size"):
                 values[key] = value
     notes = []
     if nproc > 1:
@@ -364,8 +406,8 @@ def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: Trial
     changes = {k: v for k, v in values.items() if v != base.config.to_dict().get(k)}
     if nproc > 1:
         changes["processes"] = nproc
-    if any(name.startswith("compile") for name in names):
-        compile_spec = next(s for s in specs if s.name.startswith("compile"))
+    if any(result.group == "compile" for result in chosen.values()):
+        compile_spec = next(s for s in specs if s.group == "compile")
         spec.warmup_steps, spec.max_warmup_steps = compile_spec.warmup_steps, compile_spec.max_warmup_steps
     spec.changes, spec.nproc = changes, nproc
     spec.config = TrainConfig.from_dict(values, source="combined")

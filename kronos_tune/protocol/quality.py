@@ -10,9 +10,9 @@ Guard: a change is flagged (and left out of the combination) when
 ``val_loss(change) - val_loss(baseline) > max(noise_factor x noise, floor x val_loss(baseline))``
 (defaults 2 x noise and 0.5 %). Improvements never fail the guard.
 
-Deltas are percent changes vs the baseline. A time/throughput delta is marked
-noise unless the decision rule (decision.py: ratio of medians with a
-bootstrap interval against max(floor, drift)) calls it faster or slower. A
+Deltas are percent changes vs the baseline (a paired trial's time and
+throughput deltas: its paired estimate, per token). A time/throughput delta is
+marked noise unless the decision rule (decision.py) calls it faster or slower. A
 memory delta is noise under MEMORY_NOISE_FRACTION; a val-loss delta when it
 is within the guard's threshold.
 """
@@ -87,9 +87,12 @@ def compute_deltas(result: TrialResult, baseline: TrialResult | None, val_thresh
         return {}
     timing_noise = comparison is None or comparison.verdict not in ("faster", "slower")
     deltas: dict[str, Delta] = {}
+    paired = comparison is not None and comparison.design == "paired" and comparison.ratio > 0
     for key in ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s"):
         mine, theirs = getattr(result, key), getattr(baseline, key)
         pct = None if mine is None or theirs is None else _pct(mine.median, theirs.median)
+        if pct is not None and paired:  # the paired estimate, not two medians measured at different times
+            pct = 100.0 * ((comparison.ratio if key == "step_time_s" else 1 / comparison.ratio) - 1)
         if pct is not None:
             deltas[key] = Delta(pct, timing_noise)
     for key in ("projected_train_time_s", "projected_predict_time_s"):

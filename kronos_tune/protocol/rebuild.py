@@ -16,7 +16,7 @@ from typing import Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.protocol.records import ProtocolReport, TrialResult
+from kronos_tune.protocol.records import NewerSchema, ProtocolReport, TrialResult
 from kronos_tune.protocol.report import RESULTS_FILE
 from kronos_tune.protocol.summary import summarize
 from kronos_tune.runs import RUN_FILE, read_run_file
@@ -61,6 +61,9 @@ def _read_results(path: Path) -> tuple[list[TrialResult], list[str]]:
         try:
             data = json.loads(line)
             result = TrialResult.from_dict(data)
+        except NewerSchema as error:
+            raise KronosTuneError(f"report {path}: line {number} has results of {error}; upgrade kronos-tune "
+                                  f"(pip install -U kronos-tune) to read it") from None
         except (json.JSONDecodeError, TypeError, KeyError, ValueError) as error:
             last = "the last line, cut short" if number == len(lines) else f"line {number}"
             dropped.append(f"{path.name} {last}: {type(error).__name__}")

@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kronos_tune.protocol.kinds import TrialKind, legacy_kind
 from kronos_tune.protocol.stats import quantiles
 
 STAGES = ("baseline", "single", "combined", "drift")
 STATUSES = ("ok", "oom", "failed", "skipped", "cancelled", "timeout")
 TASKS = ("train", "predict")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: kinds, designs and raw block times per trial; 2: raw step times; 1: medians only
+DESIGNS = ("paired", "sequential")
+NOISE_PROBE = "noise-probe"  # the A/A trial: the baseline again (another sampler seed) against the baseline
 
 
 class Spread(float):
@@ -121,6 +124,12 @@ class ProtocolOptions:
     timed runs; agreement_series: series the predict quality check compares (None: at least 100, or all the
     preset has); min_spearman: the ranking agreement an approximate predict setting needs.
     autobatch_estimate: search on fake tensors (None: on the CPU, where real probes are slow).
+    design: how trials are timed against the baseline: auto (paired where two workers fit side by side, else
+    sequential), paired, sequential. block_s: the paired design's block length in seconds (steps per block =
+    block_s / the baseline's step time, at least 1); rounds: at least min_rounds, at most max_rounds, until the
+    interval of the block ratios is within target_ci or trial_budget_s is spent. full: measure every trial the
+    device can run; the default (quick) run leaves out what rarely pays on the device (compile and bigger-batch
+    on a CPU; memory savers while memory does not bind) and says how to add each.
     """
 
     steps: int = 8
@@ -148,6 +157,11 @@ class ProtocolOptions:
     min_spearman: float = 0.95
     autobatch_estimate: bool | None = None
     autobatch_margin: float | None = None  # None: autobatch's default for the device
+    design: str = "auto"
+    block_s: float = 0.5
+    min_rounds: int = 8
+    max_rounds: int = 200
+    full: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -182,6 +196,11 @@ class TrialSpec:
     eval_step: int | None = None  # train: the optimizer step the validation loss is taken at (same for all)
     nproc: int = 1  # processes (DDP)
     group: str | None = None  # trials of one group change the same thing; the combination takes one of them
+    kind: TrialKind | None = None  # what the trial is, for the decision rule (every train trial's is set by the plan)
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.group is None:
+            self.group = self.kind.group
 
     @property
     def total_steps(self) -> int:
@@ -196,10 +215,19 @@ class TrialSpec:
                 "skip_reason": self.skip_reason, "description": self.description,
                 "warmup_steps": self.warmup_steps, "measured_steps": self.measured_steps,
                 "max_warmup_steps": self.max_warmup_steps, "max_measured_steps": self.max_measured_steps,
-                "eval_step": self.eval_step, "nproc": self.nproc, "group": self.group}
+                "eval_step": self.eval_step, "nproc": self.nproc, "group": self.group,
+                "kind": None if self.kind is None else asdict(self.kind)}
 
 
 _SPREAD_FIELDS = ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s")
+
+
+class NewerSchema(ValueError):
+    """A result line written by a newer kronos-tune than this one."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"schema version {version}, newer than the {SCHEMA_VERSION} this kronos-tune reads")
+        self.version = version
 
 
 @dataclass
@@ -243,6 +271,27 @@ class TrialResult:
     nproc: int = 1
     wall_time_s: float = 0.0
     resumed: bool = False  # taken from an earlier run's results.jsonl
+    kind: str | None = None  # KINDS; with group, losses, redraws_dropout: the plan's TrialKind
+    group: str | None = None
+    losses: str | None = None
+    redraws_dropout: bool = False
+    design: str | None = None  # how it was timed against the baseline: paired | sequential (None: not compared)
+    design_reason: str | None = None
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # paired: per round {round, first, trial_s, baseline_s}
+    setup_costs_s: dict[str, float] = field(default_factory=dict)  # one-time costs besides warm-up (autobatch search)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def trial_kind(self) -> TrialKind:
+        """The plan's kind; for a result that carries none (a predict trial), the one its name implies."""
+        if self.kind is None:
+            return legacy_kind(self.name, self.stage, self.task)
+        return TrialKind(self.kind, self.group, self.losses, self.redraws_dropout)
+
+    def set_kind(self, kind: TrialKind | None) -> None:
+        if kind is not None:
+            self.kind, self.group, self.losses, self.redraws_dropout = (kind.kind, kind.group, kind.losses,
+                                                                        kind.redraws_dropout)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -257,12 +306,23 @@ class TrialResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        """A result as results.jsonl keeps it, of this schema or an older one (whose kind is inferred from the
+        name: legacy_kind); a newer schema raises NewerSchema."""
+        version = int(data.get("schema_version") or 2)
+        if version > SCHEMA_VERSION:
+            raise NewerSchema(version)
         known = {spec.name for spec in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         for key in _SPREAD_FIELDS:
             values[key] = Spread.from_dict(values.get(key))
         values["deltas"] = {key: Delta(**delta) for key, delta in (values.get("deltas") or {}).items()}
-        return cls(**values)
+        result = cls(**values)
+        if "kind" not in data:  # written before kinds were kept: inferred from the name, in one place
+            result.set_kind(legacy_kind(result.name, result.stage, result.task))
+        if "design" not in data and result.stage in ("single", "combined"):
+            result.design = "sequential"  # the only design before schema 3
+        result.schema_version = SCHEMA_VERSION
+        return result
 
     @property
     def finished(self) -> bool:

@@ -23,7 +23,8 @@ from kronos_core.errors import one_line
 from kronos_core.files import write_text_atomic
 from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
-from kronos_tune.protocol.records import Delta, ProtocolReport, TrialResult
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.protocol.records import NOISE_PROBE, Delta, NewerSchema, ProtocolReport, TrialResult
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -53,6 +54,9 @@ def load_results(path: str | os.PathLike) -> list[TrialResult]:
             continue
         try:
             result = TrialResult.from_dict(json.loads(line))
+        except NewerSchema as error:
+            raise KronosTuneError(f"{path}: its results are of {error}; continue it with the kronos-tune that "
+                                  f"wrote it, or use another --out") from None
         except (json.JSONDecodeError, TypeError, KeyError):
             continue
         by_name.pop(result.name, None)
@@ -226,22 +230,76 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     return "\n".join(header) + "\n" + text
 
 
+def resolution_line(report: ProtocolReport) -> str | None:
+    """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train)."""
+    t = report.timing or {}
+    if report.task != "train":
+        return None
+    if t.get("resolution_pct") is not None:
+        return (f"changes under {t['resolution_pct']:.1f}% could not be told from noise in this run (the A/A "
+                f"comparison: the noise-probe against the baseline, interleaved the same way)")
+    if t.get("smallest_change_pct") is not None:
+        return (f"changes under {t['smallest_change_pct']:.1f}% could not be told from noise in this run (the "
+                f"sequential design's threshold: the larger of its floor and the drift of the baseline's "
+                f"re-measurements)")
+    if any(d.get("design") == "paired" for d in (t.get("designs") or {}).values()):
+        return (f"this run did not measure its resolution: the noise-probe (the A/A comparison) did not run, so "
+                f"paired verdicts used the {t.get('paired_threshold_pct', 2):g}% floor alone")
+    return None
+
+
 def timing_lines(report: ProtocolReport) -> list[str]:
     """Plain sentences on how the timings were taken and how far they can be trusted (train)."""
     t, opts = report.timing, report.options
     if not t:
         return []
     lines = []
+    resolution = resolution_line(report)
+    if resolution:
+        lines.append(f"**Resolution**: {resolution}.")
+    aa = ((report.decision or {}).get("comparisons") or {}).get(NOISE_PROBE)
+    if aa and aa.get("design") == "paired" and aa.get("verdict") in ("faster", "slower"):
+        lines.append(f"The A/A comparison itself came out {aa['verdict']} ({100 * (aa['ratio'] - 1):+.1f}%): two "
+                     f"workers of one configuration differed beyond the floor, which is why the resolution is as "
+                     f"wide as it is.")
+    designs = t.get("designs") or {}
+    paired = [name for name, d in designs.items() if d.get("design") == "paired"]
+    sequential = {name: d.get("why") for name, d in designs.items() if d.get("design") == "sequential"}
+    if paired:
+        steps = sorted({tr.timing["steps_per_block"] for tr in report.trials if tr.timing.get("steps_per_block")})
+        size = f"{'/'.join(str(n) for n in steps)} step(s)" if steps else f"about {opts.get('block_s', 0.5):g} s"
+        lines.append(f"Paired design ({', '.join(paired)}): each against a live, warmed-up baseline worker in "
+                     f"alternating blocks of {size}, the order within each round drawn "
+                     f"at random (seed {opts.get('seed')} and the trial's name), rounds added until the interval of "
+                     f"the block ratios is within ±{100 * opts.get('target_ci', 0.02):.0f}% or the trial's budget is "
+                     f"spent; decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
+    if sequential:
+        lines.append("Sequential design (the trial alone against the baseline's own measurement, threshold "
+                     f"±{t.get('threshold_pct', 0):.1f}%): " + "; ".join(f"{name}: {why}"
+                                                                          for name, why in sequential.items()) + ".")
     drift = t.get("drift_pct")
-    drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(t.get('drift_sources') or [])})"
-    lines.append(f"Timing: each trial warms up until a step is within {100 * opts.get('settle_tolerance', 0.1):.0f}% "
-                 f"of the one before (at least {opts.get('warmup')} steps), then measures at least "
-                 f"{opts.get('steps')} steps, until the median's 95% interval is within "
-                 f"±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget is spent. Drift of the baseline's "
-                 f"re-measurements: {drift_text}; decision threshold ±{t.get('threshold_pct', 0):.1f}%.")
+    if not paired or sequential or drift is not None:
+        drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(t.get('drift_sources') or [])})"
+        lines.append(f"Timing: each trial warms up until a step is within "
+                     f"{100 * opts.get('settle_tolerance', 0.1):.0f}% of the one before (at least {opts.get('warmup')} "
+                     f"steps); a sequential trial then measures at least {opts.get('steps')} steps, until the "
+                     f"median's 95% interval is within ±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget "
+                     f"is spent. Drift of the baseline's re-measurements: {drift_text}; sequential threshold "
+                     f"±{t.get('threshold_pct', 0):.1f}%.")
     if t.get("noisy"):
-        lines.append("**Too noisy to decide**: the baseline's own re-measurements moved more than the rule can "
-                     "resolve; the baseline is kept. Rerun on a quiet machine.")
+        lines.append(f"**Too noisy to decide**: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
+                     f"told from noise, past the {t.get('noisy_limit_pct', 25):g}% the rule accepts; the baseline "
+                     f"is kept. Rerun on a quieter machine.")
+    costs = t.get("one_time") or {}
+    paid = [f"{name}: {c['one_time_s']:.1f} s once vs {c['saving_s']:+.1f} s saved over the workload"
+            for name, c in costs.items() if c.get("one_time_s", 0) >= 0.5]
+    if paid:
+        lines.append("One-time costs beyond the baseline's (warm-up, compilation, searches) against what each change "
+                     "saves over the preset's workload: " + "; ".join(paid) + ".")
+    left = t.get("left_out") or {}
+    if left:
+        lines.append(f"Left out of this quick run: {', '.join(left)}; add them all with `--full`, or one with "
+                     f"`--only NAME` (each reason is in its row).")
     warm = t.get("warmup") or {}
     if warm:
         parts = []
@@ -251,12 +309,16 @@ def timing_lines(report: ProtocolReport) -> list[str]:
             parts.append(f"{name}: {times} ({state}; first step {item['first_over_median']:.1f}x, last "
                          f"{item['last_over_median']:.2f}x the measured median)")
         lines.append("Warm-up evidence (step times before measuring): " + "; ".join(parts) + ".")
-    stops = [f"{tr.name} n={len(tr.step_times_s)} ({tr.timing.get('stop')}, ±{100 * tr.timing['ci_halfwidth']:.1f}%)"
+    stops = [f"{tr.name} n={_measured_count(tr)} ({tr.timing.get('stop')}, ±{100 * tr.timing['ci_halfwidth']:.1f}%)"
              for tr in report.trials if tr.timing.get("stop") and tr.timing.get("ci_halfwidth") is not None]
     if stops:
-        lines.append("Measured steps and why measuring stopped (interval = the median's 95% interval reached its "
-                     "target, budget = time budget spent, max-steps): " + "; ".join(stops) + ".")
+        lines.append("Measured steps (paired: rounds) and why measuring stopped (interval = the 95% interval reached "
+                     "its target, budget = time budget spent, max-steps/max-rounds): " + "; ".join(stops) + ".")
     return lines
+
+
+def _measured_count(trial: TrialResult) -> int:
+    return len(trial.blocks) if trial.blocks else len(trial.step_times_s)
 
 
 def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
@@ -295,8 +357,10 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         cells = [(c.text + (marks[c.tone] if c.tone == "noise" and c.text.startswith("~") else ""))
                  .replace("|", "\\|") for c in row]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Δ: change vs the baseline, with the 95% interval of the ratio of medians; ~ marks a change the "
-                  "decision rule does not call faster or slower (inside the noise threshold or unresolved).", ""]
+    lines += ["", "Δ: change vs the baseline with its 95% interval (paired: the centre of the block ratios; "
+                  "sequential: the ratio of medians); ~ marks a change the decision rule does not call faster or "
+                  "slower (inside the threshold or unresolved). Projected total: the preset's workload at the "
+                  "trial's speed plus its one-time costs.", ""]
     if picture:
         lines += [picture, ""]
     for t in report.trials:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import tempfile
 import threading
@@ -30,12 +29,12 @@ from typing import Any
 import torch
 
 from kronos_core.errors import one_line
-from kronos_core.launch import LaunchSpec, launch_command
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
 from kronos_tune.protocol import predict_trials, train_trials
-from kronos_tune.protocol.isolation import Outcome, run_watched
+from kronos_tune.protocol.isolation import Outcome, launch_trial
+from kronos_tune.protocol.paired import BaselineWorkers
 from kronos_tune.protocol.plan import plan_trials, resolve
 from kronos_tune.protocol.predict_measure import autobatch_chunk
 from kronos_tune.protocol.quality import noise_estimate
@@ -74,7 +73,10 @@ class ProtocolRun:
         self.previous: dict[str, TrialResult] = {}
         self.started_at, self.started = _now(), time.perf_counter()
         self.references: dict[str, Any] = {}  # predict: the reference method's outputs
-        self.trial_timeout_s = (options.trial_timeout_s or preset.workload.trial_timeout_s
+        self.paired = BaselineWorkers()  # train: the live baseline worker the comparisons are paired with
+        self.setup_costs: dict[str, dict[str, float]] = {}
+        self.trial_timeout_s = (options.trial_timeout_s or preset.benchmark.trial_timeout_s
+                                or preset.workload.trial_timeout_s
                                 or DEFAULT_TRIAL_TIMEOUT_S.get(self.device, 900.0))
         if out_dir is None:
             out_dir = default_run_dir("benchmark", f"{preset.name}-{task}")
@@ -120,18 +122,14 @@ class ProtocolRun:
         return folder / f"{trial}.txt"
 
     def launch(self, spec: TrialSpec, work: Path, job: dict[str, Any],
-               on_event: Callable[[dict[str, Any]], None]) -> tuple[Outcome, Path]:
+               on_event: Callable[[dict[str, Any]], None],
+               deadline: Callable[[], float | None] | None = None) -> tuple[Outcome, Path]:
         """Run `job` in trial_worker processes (torchrun for spec.nproc > 1) through the shared launcher, under
-        the watchdog; `on_event` gets the workers' events."""
-        job_file, stack_file = work / "job.json", self.stack_file(spec.name)
-        job = {**job, "trial": spec.name, "stack_file": str(stack_file)}
-        job_file.write_text(json.dumps(job), encoding="utf-8")
+        the watchdog (the trial timeout, or `deadline` for a serving worker); `on_event` gets its events."""
         processes = spec.nproc if job.get("kind") != "predict" else 1  # predict shards through its own launch
-        command = launch_command(LaunchSpec(nproc=processes), "kronos_tune.protocol.trial_worker",
-                                 ["--job", str(job_file)])
-        outcome = run_watched(command, work / "stderr.txt", on_event, self.cancel, self.trial_timeout_s, stack_file)
-        if not outcome.timed_out and stack_file.is_file() and stack_file.stat().st_size == 0:
-            stack_file.unlink()  # nothing was dumped: the trial ended on its own
+        stack_file = self.stack_file(spec.name)
+        outcome = launch_trial(spec.name, processes, work, job, on_event, self.cancel, self.trial_timeout_s,
+                               stack_file, deadline)
         return outcome, stack_file
 
     def _device_line(self) -> tuple[str, str]:
@@ -184,6 +182,7 @@ class ProtocolRun:
         except KeyboardInterrupt:  # between trials: what finished is reported
             self.cancel.set()
         finally:
+            self.paired.close()
             self.curves.close()
             self.restore_device()
         report = self.build_report()
@@ -220,7 +219,10 @@ class ProtocolRun:
         notes: list[str] = []
 
         def ended(status: str, reason: str) -> TrialResult:
-            return TrialResult(spec.name, spec.stage, status, spec.changes, reason, spec.description, task=self.task)
+            result = TrialResult(spec.name, spec.stage, status, spec.changes, reason, spec.description,
+                                 task=self.task)
+            result.set_kind(spec.kind)
+            return result
 
         try:
             try:
@@ -245,6 +247,8 @@ class ProtocolRun:
                 torch.cuda.empty_cache()
         result.notes[:0] = notes
         result.wall_time_s = time.perf_counter() - started
+        if result.kind is None:
+            result.set_kind(spec.kind)
         return result
 
     def resolve(self, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:

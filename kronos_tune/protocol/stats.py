@@ -12,7 +12,21 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
 - ``compare``: the verdict against a threshold ``max(floor, drift)``: faster
   only when the interval lies below 1 and the ratio itself is beyond the
   threshold; "unresolved" when the interval reaches past the threshold on
-  both sides (the samples cannot tell).
+  both sides (the samples cannot tell). This is the *sequential* design: two
+  configurations measured one after the other, so slow drift between the two
+  measurements is charged to the change; the drift threshold is its guard.
+- ``paired_compare``: the *paired* design. The two configurations ran in short
+  alternating blocks, so each round gives one ratio (trial block / the
+  baseline block next to it) in which whatever moves slowly (load, clocks,
+  temperature) cancels. The estimate is the Hodges-Lehmann centre of the log
+  ratios (the median of their pairwise means: a geometric mean that one block
+  hit by a load burst cannot drag) with the Wilcoxon signed-rank interval,
+  exact and distribution-free (it assumes only that noise is symmetric,
+  which randomizing the order within each round makes true); a round more
+  than five robust standard deviations off the others (its two blocks
+  straddled a change of load) is set aside first. ``resolution``
+  is how far an A/A comparison's interval reaches from 1: the smallest change
+  such a run can tell from noise.
 """
 
 from __future__ import annotations
@@ -95,6 +109,22 @@ class Comparison:
     n_reference: int
     method: str
 
+    design: str = "sequential"  # sequential: ratio of medians of two runs; paired: block ratios (paired_compare)
+
+    @property
+    def halfwidth(self) -> float | None:
+        """Half the interval's width as a fraction of the ratio (None without an interval)."""
+        if self.low is None or self.high is None or self.ratio <= 0:
+            return None
+        return (self.high - self.low) / 2 / self.ratio
+
+    @property
+    def reach(self) -> float | None:
+        """How far the interval reaches from 1 on its farther side (an A/A comparison's: the run's resolution)."""
+        if self.low is None or self.high is None:
+            return None
+        return max(self.high - 1, 1 - self.low, 0.0)
+
     @property
     def pct(self) -> float:
         return 100.0 * (self.ratio - 1.0)
@@ -109,7 +139,10 @@ class Comparison:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Comparison | None:
-        return None if data is None else cls(**data)
+        if data is None:
+            return None
+        known = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 def verdict(ratio: float, low: float | None, high: float | None, threshold: float) -> str:
@@ -140,3 +173,132 @@ def compare(samples: Sequence[float] | None, reference: Sequence[float] | None, 
     ratio = median / reference_median
     return Comparison(ratio, None, None, threshold, verdict(ratio, None, None, threshold),
                       len(samples or ()), len(reference or ()), "ratio of medians only (no raw step times)")
+
+
+# The paired design ------------------------------------------------------------------------------------------
+
+MIN_PAIRS = 6  # below 6 pairs no Wilcoxon interval reaches 95 %
+OUTLIER_SIGMAS = 5.0  # a round this many robust standard deviations off the others measured a load change
+MAX_OUTLIER_SHARE = 0.25  # more rounds than this off: that is the noise itself, and every round is kept
+
+
+def _signed_rank_counts(n: int) -> list[int]:
+    """How many of the 2**n sign patterns give each signed-rank sum W+ = 0 .. n(n+1)/2 (exact, by counting)."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        grown = counts + [0] * rank
+        for total, ways in enumerate(counts):
+            grown[total + rank] += ways
+        counts = grown
+    return counts
+
+
+def signed_rank_cut(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """The number k of Walsh averages left out at each end of the Hodges-Lehmann interval: the largest k with
+    P(W+ <= k - 1) <= (1 - confidence) / 2 under the symmetric null; None when even k = 1 is not allowed
+    (fewer than MIN_PAIRS pairs at 95 %)."""
+    if n < 1:
+        return None
+    if n > 60:  # the normal approximation is within one average of the exact cut here
+        mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+        z = _normal_quantile(1 - (1 - confidence) / 2)
+        return max(1, int(math.floor(mean - z * sd)))
+    counts = _signed_rank_counts(n)
+    total, tail, cut = 2**n, 0, 0
+    for w, ways in enumerate(counts):
+        tail += ways
+        if tail / total > (1 - confidence) / 2:
+            break
+        cut = w + 1
+    return cut or None
+
+
+def _normal_quantile(p: float) -> float:
+    """Inverse of the standard normal CDF by bisection on math.erf (only used past 60 pairs)."""
+    low, high = -10.0, 10.0
+    for _ in range(80):
+        mid = (low + high) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """The centre of paired log ratios and its interval, on the ratio scale (low/high None below MIN_PAIRS);
+    ``n`` pairs used, ``outliers`` set aside."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    n: int
+    outliers: int = 0
+
+    @property
+    def halfwidth(self) -> float:
+        """Half the interval's width as a fraction of the ratio (inf without an interval)."""
+        if self.low is None or self.high is None:
+            return math.inf
+        return (self.high - self.low) / 2 / self.ratio
+
+
+def _without_outliers(logs: np.ndarray) -> np.ndarray:
+    """The log ratios less the rounds OUTLIER_SIGMAS robust standard deviations (1.4826 x the median absolute
+    deviation) from their median: a round whose two blocks straddled a change of load measures the load, and
+    with a periodic load a few rounds do. None are set aside when the deviation is zero or when more than
+    MAX_OUTLIER_SHARE of them would be (then the spread is the noise)."""
+    centre = float(np.median(logs))
+    sigma = 1.4826 * float(np.median(np.abs(logs - centre)))
+    if sigma <= 0:
+        return logs
+    kept = logs[np.abs(logs - centre) <= OUTLIER_SIGMAS * sigma]
+    return kept if kept.size >= max(MIN_PAIRS, (1 - MAX_OUTLIER_SHARE) * logs.size) else logs
+
+
+def paired_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE) -> PairedEstimate:
+    """Hodges-Lehmann estimate of paired ratios (trial / baseline per round) with the Wilcoxon signed-rank
+    interval, both computed on log ratios (outlying rounds set aside first) and returned as ratios."""
+    every = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+    if every.size == 0:
+        raise ValueError("paired_estimate needs at least one positive ratio")
+    logs = _without_outliers(every)
+    n, outliers = int(logs.size), int(every.size - logs.size)
+    rows, cols = np.triu_indices(n)
+    walsh = np.sort((logs[rows] + logs[cols]) / 2)
+    centre = float(np.median(walsh))
+    cut = signed_rank_cut(n, confidence)
+    if cut is None:
+        return PairedEstimate(math.exp(centre), None, None, n, outliers)
+    return PairedEstimate(math.exp(centre), math.exp(float(walsh[cut - 1])), math.exp(float(walsh[-cut])), n,
+                          outliers)
+
+
+def block_ratios(blocks: Sequence[dict[str, Any]]) -> list[float]:
+    """One ratio per round of a paired measurement: the median of the trial block's step times over the median
+    of the baseline block's (blocks as results.jsonl keeps them: ``trial_s`` and ``baseline_s`` lists)."""
+    ratios = []
+    for block in blocks:
+        trial, base = block.get("trial_s") or [], block.get("baseline_s") or []
+        if trial and base:
+            base_median = float(np.median(np.asarray(base, dtype=float)))
+            if base_median > 0:
+                ratios.append(float(np.median(np.asarray(trial, dtype=float))) / base_median)
+    return ratios
+
+
+def paired_compare(ratios: Sequence[float], threshold: float, confidence: float = CONFIDENCE,
+                   what: str = "block") -> Comparison | None:
+    """The paired verdict: faster when the interval of the ratios' centre lies below 1 and the centre is at least
+    `threshold` below 1 (slower mirrored, unresolved when the interval reaches past the threshold on both sides,
+    or with too few pairs for an interval).
+    `ratios`: trial / baseline per pair (step times, or seconds per run for prediction). None without ratios."""
+    if not ratios:
+        return None
+    found = paired_estimate(ratios, confidence)
+    aside = f" ({found.outliers} outlying round(s) set aside)" if found.outliers else ""
+    method = (f"paired: Hodges-Lehmann centre of {found.n} {what} ratios (trial / neighbouring baseline){aside}, "
+              f"{100 * confidence:g}% Wilcoxon signed-rank interval")
+    called = "unresolved" if found.low is None else verdict(found.ratio, found.low, found.high, threshold)
+    return Comparison(found.ratio, found.low, found.high, threshold, called, found.n, found.n, method, "paired")

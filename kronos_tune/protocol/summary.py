@@ -19,22 +19,30 @@ from kronos_core.model import Kronos
 from kronos_core.sizes import SIZES
 from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.presets import Preset
+from kronos_tune.protocol.costs import one_time_s, workload_time_s
 from kronos_tune.protocol.decision import (
-    EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, DecisionContext, decide,
+    EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, reference,
 )
+from kronos_tune.protocol.plan import LEFT_OUT
 from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
     quality_threshold
-from kronos_tune.protocol.records import ProtocolReport, TrialResult
+from kronos_tune.protocol.records import NOISE_PROBE, ProtocolReport, TrialResult
 
 FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
                  "predictor, L transformer layers, H heads, Q head dimension, T tokens per window; the frozen "
                  "tokenizer's encode pass and the causal mask are not counted")
-TIMING_RULE = ("faster/slower from the ratio of median step times (trial / baseline) with a 95% bootstrap "
-               "interval: faster when the interval lies below 1 and the ratio is at least the threshold below 1 "
-               "(slower mirrored); unresolved when the interval reaches past the threshold on both sides; "
-               f"threshold = max({100 * FLOOR:g}% floor, drift), drift = the largest distance of the baseline's "
-               f"re-measurements (noise-probe, drift checks, baseline-repeat) from the baseline's median; above "
-               f"{100 * NOISY_LIMIT:g}% the machine is too noisy to decide and the baseline is kept")
+TIMING_RULE = ("paired comparisons (the trial's worker and a live baseline worker in alternating short blocks, the "
+               "order within each round drawn at random from the run's seed): one ratio per round, the trial "
+               "block's median step time over the baseline block's; the Hodges-Lehmann centre of the ratios with "
+               "its 95% Wilcoxon signed-rank interval; faster when the interval lies below 1 and the centre is at "
+               f"least max({100 * PAIRED_FLOOR:g}%, the run's resolution) below 1 (slower mirrored), the "
+               "resolution being how far the A/A comparison's interval (noise-probe vs baseline, interleaved the "
+               "same way) reaches from 1. Sequential comparisons (the trial alone, where two workers cannot live "
+               "side by side): the ratio of median step times with a 95% bootstrap interval against "
+               f"max({100 * FLOOR:g}% floor, drift), drift = the largest distance of the baseline's "
+               f"re-measurements from its median. Unresolved when the interval reaches past the threshold on both "
+               f"sides. Above {100 * NOISY_LIMIT:g}% (the resolution, or the drift threshold) the run is too noisy "
+               f"to decide and the baseline is kept")
 
 
 def model_has_dropout(model_size: str | None) -> bool:
@@ -64,7 +72,7 @@ def _warmup_evidence(trials: list[TrialResult]) -> dict[str, Any]:
 
 def recommendation(report: ProtocolReport, decision_source: str, reason: str, preset: Preset | None
                    ) -> dict[str, Any]:
-    chosen = _find(report.trials, decision_source) or _find(report.trials, "baseline")
+    chosen = _find(report.trials, decision_source) or reference(report.trials)
     config = dict(chosen.config) if chosen is not None and chosen.config else {}
     if preset is not None:
         config["eval_samples"] = max(1, preset.workload.eval_samples)
@@ -97,11 +105,11 @@ def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, An
 def headroom(report: ProtocolReport) -> dict[str, Any] | None:
     """How much of the budget the baseline uses, and the micro-batch that would fit (from the bigger-batch
     trial's search), e.g. "5.8 of 140 GiB used: batch 50 -> about 1,200 would fit"."""
-    base = _find(report.trials, "baseline")
+    base = reference(report.trials)
     if base is None or not base.peak_memory_bytes or not report.budget_bytes or not base.config:
         return None
     batch = int(base.config.get("batch_size", 0)) * int(base.config.get("accumulation_steps", 1))
-    big = _find(report.trials, "bigger-batch")
+    big = next((t for t in report.trials if t.changes.get("memory_allows")), None)  # bigger-batch's search
     fits = (big.changes.get("memory_allows") if big is not None else None) or None
     used, budget = base.peak_memory_bytes / 2**30, report.budget_bytes / 2**30
     text = f"{used:.2f} of {budget:.1f} GiB used ({100 * used / budget:.0f}%)"
@@ -118,13 +126,13 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
     report.missing = [name for name in report.planned if name not in names]
     report.partial = bool(report.cancelled or report.missing)
     opts = report.options
-    base = next((t for t in trials if t.stage == "baseline"), None)  # train: "baseline"; predict: "recompute"
+    base = reference(trials)  # train: "baseline"; predict: "recompute"
     if report.task != "train":
         from kronos_tune.protocol.predict_summary import summarize_predict
 
         summarize_predict(report)  # the predict task's decision and recommended settings (predict_summary.py)
         return
-    probe = _find(trials, "noise-probe")
+    probe = _find(trials, NOISE_PROBE)
     noise = None
     if base is not None and probe is not None and base.status == "ok" and probe.status == "ok":
         noise = noise_estimate(base.val_loss, probe.val_loss)
@@ -148,7 +156,7 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
         t.deltas = compute_deltas(t, base, threshold, comparison)
     report.quality = {
         "rule": quality_rule(factor, floor), "noise": noise,
-        "noise_source": "noise-probe" if noise is not None else None, "threshold": threshold,
+        "noise_source": NOISE_PROBE if noise is not None else None, "threshold": threshold,
         "threshold_pct": None if threshold is None or base is None or not base.val_loss else
         100 * threshold / base.val_loss,
         "noise_factor": factor, "floor": floor,
@@ -159,12 +167,32 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
                             f"{EQUIVALENT_TOLERANCE:g} relative (float error), close within 2%, else approximate; "
                             f"a change promised equivalent or close that is not is a defect"),
         "defects": [name for name, check in decision.trajectories.items() if check["defect"]]}
+    for t in trials:
+        _projected_total(t, base, decision.costs.get(t.name))
     report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * decision.threshold,
                      "drift_pct": None if decision.drift is None else 100 * decision.drift,
                      "drift_sources": decision.drift_sources, "noisy": decision.noisy,
+                     "resolution_pct": None if decision.resolution is None else 100 * decision.resolution,
+                     "smallest_change_pct": None if decision.smallest_change is None else
+                     100 * decision.smallest_change,
+                     "paired_threshold_pct": 100 * decision.paired_threshold, "noisy_limit_pct": 100 * NOISY_LIMIT,
+                     "designs": {t.name: {"design": t.design, "why": t.design_reason} for t in trials if t.design},
+                     "left_out": {t.name: t.reason for t in trials if t.status == "skipped" and t.reason
+                                  and t.reason.startswith(LEFT_OUT)},
+                     "one_time": decision.costs,
                      "warmup": _warmup_evidence(trials)}
     report.decision = decision.to_dict()
     report.headroom = headroom(report)
     report.flops = flops_section(report, preset)
     report.recommended = recommendation(report, decision.source, decision.reason, preset)
 
+
+def _projected_total(trial: TrialResult, base: TrialResult | None, costs: dict[str, Any] | None) -> None:
+    """The workload's time plus the one-time costs measured in the run: for a compared trial, the baseline's
+    workload time x the compared ratio (the figure the rule decides on), else the trial's own median."""
+    if costs is not None:
+        trial.projected_train_time_s = costs["projected_s"]
+        return
+    workload = workload_time_s(trial)
+    if workload is not None and trial.status in ("ok", "cancelled"):
+        trial.projected_train_time_s = workload + one_time_s(trial)

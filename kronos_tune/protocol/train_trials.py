@@ -1,6 +1,10 @@
-"""The training side of the runner: deciding autobatch/combined/noise-probe trials, running one trial in a
-watched process of its own (alone, or its ranks under torchrun), and turning its measurement into a TrialResult.
-What the results mean (verdicts, the recommendation) is decided in decision.py and summary.py."""
+"""The training side of the runner: deciding autobatch/combined/noise-probe trials (and what the quick run leaves
+out), running one trial in watched processes of its own, and turning its measurement into a TrialResult.
+
+The baseline's worker stays alive after its own measurement; each later comparison is paired with it
+(paired.py: alternating blocks) or, where two workers cannot live side by side, runs alone as today (the
+sequential design: its process measures, evaluates and exits; the drift checks then run too). What the results
+mean (verdicts, the recommendation) is decided in decision.py and summary.py."""
 
 from __future__ import annotations
 
@@ -15,13 +19,15 @@ from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.profiling.flops import mfu
-from kronos_tune.protocol.decision import DecisionContext, decide
-from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
-from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
-from kronos_tune.protocol.plan import combine
-from kronos_tune.protocol.quality import quality_guard
 from kronos_tune.protocol.context import RunContext
-from kronos_tune.protocol.records import Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.protocol.decision import DecisionContext, decide, memory_binding
+from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
+from kronos_tune.protocol.live_worker import LiveWorker, WorkerGone
+from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
+from kronos_tune.protocol.paired import BASELINE_WORKER, Interleaver, choose_design, steps_per_block
+from kronos_tune.protocol.plan import combine, left_out
+from kronos_tune.protocol.quality import quality_guard
+from kronos_tune.protocol.records import NOISE_PROBE, Spread, TrialResult, TrialSpec, TrialStep
 from kronos_tune.protocol.trial_worker import STEP_EVENT
 
 
@@ -49,7 +55,17 @@ def decision_context(run: RunContext) -> DecisionContext:
 
 
 def resolve(run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
-    if spec.name == "combined":
+    if spec.kind is not None and spec.kind.kind == "baseline-repeat" and spec.name != NOISE_PROBE \
+            and not run.paired.sequential_ran:
+        spec.skip_reason = ("not needed: every comparison so far was paired with a live baseline, in which drift "
+                            "cancels; re-measurements of the baseline guard sequential comparisons only")
+        return spec, []
+    if spec.kind is not None and spec.kind.kind == "memory":
+        why = quick_memory_reason(run, spec)
+        if why is not None:
+            spec.skip_reason = why
+            return spec, []
+    if spec.stage == "combined":
         results = list(run.results.values())
         members = decide(results, decision_context(run)).combination
         return combine(run.specs, run.results, _spec(run, "baseline"), members), []
@@ -57,10 +73,23 @@ def resolve(run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, li
         return resolve_autobatch(run, spec)
     if spec.name == "bigger-batch":
         return resolve_bigger_batch(run, spec)
-    if spec.name == "noise-probe":
+    if spec.name == NOISE_PROBE:
         spec.config = materialize_probe(spec.config, _spec(run, "baseline").config, work)
         return spec, []
     return spec, []
+
+
+def quick_memory_reason(run: RunContext, spec: TrialSpec) -> str | None:
+    """Why the quick run leaves a memory saver out: memory does not bind and the objective is speed (None: the
+    saver runs, as with --full, --only or --objective memory)."""
+    options = run.options
+    if options.full or spec.name in options.only or options.objective == "memory":
+        return None
+    base = run.results.get("baseline")
+    if base is None:
+        return None
+    binds, why = memory_binding(list(run.results.values()), decision_context(run))
+    return None if binds else left_out(spec.name, f"a memory saver, and {why}")
 
 
 def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
@@ -71,6 +100,8 @@ def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any
 
     estimate = run.options.autobatch_estimate
     estimate = run.device == "cpu" if estimate is None else estimate
+    if run.device == "cuda" and not estimate:
+        run.paired.close()  # real probes need the card to themselves; the next paired trial starts it again
 
     def on_probe(probe: Any) -> None:
         if run.cancel.is_set():
@@ -92,6 +123,7 @@ def resolve_autobatch(run: RunContext, spec: TrialSpec) -> tuple[TrialSpec, list
     notes = [f"autobatch ({how}, {found.search_time_s:.1f} s, margin {found.margin:g}): "
              f"{found.batch_size} x {found.accumulation_steps}, largest fitting micro-batch {found.max_fit_batch_size}"]
     spec.changes = {"batch_size": found.batch_size, "accumulation_steps": found.accumulation_steps}
+    run.setup_costs[spec.name] = {"autobatch search": float(found.search_time_s)}
     if (found.batch_size, found.accumulation_steps) == (base.batch_size, base.accumulation_steps):
         spec.skip_reason = (f"autobatch keeps {base.batch_size} x {base.accumulation_steps}, the baseline's own "
                             f"split: nothing else to measure")
@@ -111,6 +143,7 @@ def resolve_bigger_batch(run: RunContext, spec: TrialSpec) -> tuple[TrialSpec, l
     found, how = search_batch(run, base, max_batch=max(4 * data_cap(base), effective + 1))
     largest = found.max_fit_batch_size
     notes = [f"autobatch ({how}, {found.search_time_s:.1f} s): largest fitting micro-batch {largest}"]
+    run.setup_costs[spec.name] = {"autobatch search": float(found.search_time_s)}
     config, change = scale_for_batch(base, largest, "sqrt")
     notes += [change.describe(), *change.notes]
     if change.batch_to <= change.batch_from:
@@ -143,30 +176,154 @@ def materialize_probe(config: TrainConfig, base: TrainConfig, work: Path) -> Tra
 
 # Running one trial -----------------------------------------------------------------------------------------
 
-def step_plan(run: RunContext, spec: TrialSpec) -> StepPlan:
+def step_plan(run: RunContext, spec: TrialSpec, budget_s: float | None = None) -> StepPlan:
     options = run.options
-    budget = options.trial_budget_s or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0)
     return StepPlan(min_warmup=spec.warmup_steps, max_warmup=spec.max_warmup_steps,
                     settle_tolerance=options.settle_tolerance, min_steps=spec.measured_steps,
                     max_steps=max(spec.max_measured_steps, spec.measured_steps), target_ci=options.target_ci,
-                    budget_s=budget, eval_step=spec.eval_step)
+                    budget_s=trial_budget(run) if budget_s is None else budget_s, eval_step=spec.eval_step)
+
+
+def trial_budget(run: RunContext) -> float:
+    return (run.options.trial_budget_s or run.preset.benchmark.trial_budget_s
+            or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0))
+
+
+def block_seconds(run: RunContext) -> float:
+    """The paired blocks' length: ``block_s``, or shorter when the trial's budget would not hold ``min_rounds``
+    rounds of two such blocks."""
+    return min(run.options.block_s, trial_budget(run) / (2 * max(1, run.options.min_rounds)))
+
+
+def _job(run: RunContext, spec: TrialSpec, work: Path, budget_s: float | None = None) -> dict[str, Any]:
+    config = spec.config.replace(output_dir=str(work / "run"))
+    return {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec, budget_s).to_dict(),
+            "budget_bytes": run.budget_bytes, "result_file": str(work / "result.json")}
+
+
+def _on_step(run: RunContext, name: str) -> Any:
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == STEP_EVENT:
+            run.emit(TrialStep(name, StepRecord.from_dict(event)))
+    return on_event
+
+
+def _ended(spec: TrialSpec, status: str, reason: str, **figures: Any) -> TrialResult:
+    result = TrialResult(spec.name, spec.stage, status, dict(spec.changes), reason, spec.description, task="train",
+                         config=spec.config.to_dict() if spec.config is not None else None, nproc=spec.nproc,
+                         **figures)
+    result.set_kind(spec.kind)
+    return result
 
 
 def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
-    """The trial in its own process (torchrun for 2+ processes) under the run's watchdog."""
-    config = spec.config.replace(output_dir=str(work / "run"))
-    result_file = work / "result.json"
-    job = {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec).to_dict(),
-           "budget_bytes": run.budget_bytes, "result_file": str(result_file)}
+    """The baseline (its worker kept alive for the comparisons), or one comparison in the design that fits."""
+    if spec.kind is not None and spec.kind.kind == "reference":
+        return run_baseline(run, spec, work)
+    if spec.stage == "drift" or (spec.kind is not None and spec.kind.kind == "baseline-repeat"
+                                 and spec.name != NOISE_PROBE):
+        result = run_sequential(run, spec, work)
+        result.design, result.design_reason = "sequential", "a re-measurement of the baseline on its own"
+        return result
+    design, why = choose_design(run, spec, run.results.get("baseline"))
+    if design == "paired":
+        result = run_paired(run, spec, work)
+    else:
+        run.paired.sequential_ran = True
+        if run.device == "cuda":
+            run.paired.close()  # its cached memory is not for a trial that needs the cards (started again later)
+        result = run_sequential(run, spec, work)
+    result.design, result.design_reason = design, why
+    return result
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event.get("event") == STEP_EVENT:
-            run.emit(TrialStep(spec.name, StepRecord.from_dict(event)))
 
-    outcome, stack_file = run.launch(spec, work, job, on_event)
+def run_baseline(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
+    """The baseline's own row, measured in a worker that then stays alive (paused) for the paired comparisons;
+    measured as a sequential trial when the run pairs nothing."""
+    if run.options.design == "sequential":
+        return run_sequential(run, spec, work)
+    # its own row matters less where every comparison pairs with it: half the measuring budget
+    worker = run.paired.start(run, spec, lambda folder: _job(run, spec, folder, trial_budget(run) / 2))
+    on_step = _on_step(run, spec.name)
+    try:
+        measured = worker.ready(on_step)
+        if measured.status == "ok":
+            measured = worker.measure(on_step)
+    except WorkerGone as gone:
+        run.paired.close()
+        if gone.cancelled:
+            raise KeyboardInterrupt from None
+        status = "timeout" if gone.timed_out else "failed"
+        return _ended(spec, status, gone.reason)
+    if measured.status != "ok":
+        run.paired.close()
+    result = train_result(run, spec, measured)
+    run.paired.step_time_s = result.step_time_s.median if result.step_time_s else None
+    if result.status == "ok" and choose_design(run, spec, result)[0] == "sequential":
+        run.paired.close()  # two baseline-sized workers do not fit: every comparison will run alone
+    return result
+
+
+def baseline_worker(run: RunContext) -> LiveWorker:
+    """The live baseline worker, started again (warm-up, no measurement) when the run has none: after a resume,
+    or after it died in an earlier comparison."""
+    worker = run.paired.alive()
+    if worker is not None:
+        return worker
+    spec = _spec(run, "baseline")
+    worker = run.paired.start(run, spec, lambda folder: _job(run, spec, folder))
+    worker.ready()
+    if run.paired.step_time_s is None:
+        base = run.results.get("baseline")
+        run.paired.step_time_s = base.step_time_s.median if base is not None and base.step_time_s else None
+    return worker
+
+
+def run_paired(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
+    """The trial's worker and the baseline's in alternating blocks (paired.Interleaver), then the trial's
+    evaluation; whatever was measured before a worker died, timed out or was cancelled is kept."""
+    on_step = _on_step(run, spec.name)
+    interleaver = Interleaver(run, spec.name, 1, trial_budget(run))
+    worker: LiveWorker | None = None
+    ready: TrainMeasurement | None = None
+    try:
+        base = baseline_worker(run)
+        interleaver.steps = steps_per_block(run.paired.step_time_s, block_seconds(run))
+        worker = LiveWorker(run, spec, work, _job(run, spec, work))
+        ready = worker.ready(on_step)
+        if ready.status != "ok":
+            return train_result(run, spec, ready)
+        interleaver.measure(base, worker, on_step)
+        if interleaver.stop in ("cancelled", "ended"):
+            measured = worker.measurement() or ready
+            if interleaver.stop == "cancelled" or measured.status == "ok":
+                measured.status, measured.reason = "cancelled", f"cancelled after {len(interleaver.blocks)} rounds"
+        else:
+            measured = worker.finish(on_step)
+    except WorkerGone as gone:
+        if gone.who == BASELINE_WORKER:
+            run.paired.close()  # the next comparison starts a fresh one
+        status = "cancelled" if gone.cancelled else "timeout" if gone.timed_out else "failed"
+        result = _ended(spec, status, gone.reason, blocks=list(interleaver.blocks))
+        if ready is not None:
+            result.peak_memory_bytes, result.warmup_times_s = ready.peak_memory_bytes, list(ready.warmup_times_s)
+        _paired_figures(run, result, interleaver)
+        return result
+    finally:
+        if worker is not None:
+            worker.close()
+    result = train_result(run, spec, measured, interleaver)
+    return result
+
+
+def run_sequential(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
+    """The trial in its own process (torchrun for 2+ processes) under the run's watchdog: warm-up, the metered
+    step, measured steps, the evaluation, exit."""
+    job = _job(run, spec, work)
+    result_file = Path(job["result_file"])
+    outcome, stack_file = run.launch(spec, work, job, _on_step(run, spec.name))
     if outcome.timed_out:
-        return TrialResult(spec.name, spec.stage, "timeout", dict(spec.changes), timeout_reason(run.trial_timeout_s, stack_file),
-                           spec.description, task="train", config=spec.config.to_dict(), nproc=spec.nproc)
+        return _ended(spec, "timeout", timeout_reason(run.trial_timeout_s, stack_file))
     measured = None
     if result_file.is_file():
         measured = TrainMeasurement.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
@@ -187,19 +344,38 @@ def _dtype(config: dict[str, Any]) -> str:
     return "fp32"
 
 
-def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement) -> TrialResult:
+def _paired_figures(run: RunContext, result: TrialResult, interleaver: Interleaver) -> None:
+    """The trial's step times from its blocks, and how they were measured."""
+    times = [t for block in interleaver.blocks for t in block["trial_s"]]
+    result.step_times_s, result.step_time_s = times, Spread.of(times)
+    result.blocks = list(interleaver.blocks)
+    result.timing = {**{k: v for k, v in result.timing.items() if k in ("warmup_steps", "settled",
+                                                                          "settle_tolerance")},
+                     **interleaver.timing()}
+
+
+def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement,
+                 interleaver: Interleaver | None = None) -> TrialResult:
     config = spec.config.to_dict()
-    times = [r["step_time_s"] for r in m.timed]
     device_name = run.device if run.device == "cpu" else torch.cuda.get_device_name(torch.cuda.current_device())
     backend = " (gloo)" if spec.nproc > 1 and run.device == "cpu" else ""
     result = TrialResult(
         spec.name, spec.stage, m.status, dict(spec.changes), m.reason, spec.description, task="train",
-        hardware=f"{spec.nproc} x {device_name}{backend}", step_time_s=Spread.of(times),
-        samples_per_s=Spread.of([r["samples"] / r["step_time_s"] for r in m.timed]),
-        tokens_per_s=Spread.of([r["tokens"] / r["step_time_s"] for r in m.timed]), tokens_per_step=m.tokens_per_step,
+        hardware=f"{spec.nproc} x {device_name}{backend}", tokens_per_step=m.tokens_per_step,
         peak_memory_bytes=m.peak_memory_bytes, peak_bytes_by_phase=m.peak_bytes_by_phase, val_loss=m.val_loss,
         val_loss_step=m.val_loss_step, warmup_time_s=m.warmup_time_s, train_losses=m.losses, config=config,
-        nproc=spec.nproc, step_times_s=times, warmup_times_s=list(m.warmup_times_s), timing=dict(m.timing))
+        nproc=spec.nproc, warmup_times_s=list(m.warmup_times_s), timing=dict(m.timing),
+        setup_costs_s=dict(run.setup_costs.get(spec.name, {})))
+    result.set_kind(spec.kind)
+    if interleaver is not None:
+        _paired_figures(run, result, interleaver)
+    else:
+        result.step_times_s = [r["step_time_s"] for r in m.timed]
+        result.step_time_s = Spread.of(result.step_times_s)
+    times = result.step_times_s
+    if m.samples_per_step and m.tokens_per_step:
+        result.samples_per_s = Spread.of([m.samples_per_step / t for t in times if t > 0])
+        result.tokens_per_s = Spread.of([m.tokens_per_step / t for t in times if t > 0])
     if result.samples_per_s:
         result.projected_train_time_s = config["epochs"] * config["samples_per_epoch"] / result.samples_per_s.median
     peak = run.preset.peak_flops(_dtype(config)) if run.device == run.preset.hardware.device else None
@@ -219,5 +395,3 @@ def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement) -> Trial
         result.quality = quality_guard(base.val_loss, result.val_loss, run.noise(), run.options.noise_factor,
                                        run.options.quality_floor).to_dict()
     return result
-
-

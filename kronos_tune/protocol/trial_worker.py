@@ -23,7 +23,21 @@ step and writes its TrainMeasurement to ``result_file``; a predict trial
 emits ``predict_step`` events. A rank that runs out of memory writes
 ``result_file.rank<r>`` and exits 1 (torchrun then stops the others).
 ``KRONOS_TUNE_FAULT=hang:<trial>`` (a test hook) makes the named trial block
-in its first step, as a deadlocked kernel or loader would.
+in its first step, as a deadlocked kernel or loader would; ``hang-block:<trial>``
+in its third paired block (the second round after the untimed one),
+``die-block:<trial>`` exits with an error there (several faults: comma-separated).
+``KRONOS_TUNE_PLANT=<trial>:<fraction>`` (the decision benchmark's planted
+effect) makes every other trial's steps that much slower, so the named trial is
+truly ``fraction`` faster per step (work, not a sleep: measure.spin).
+
+Serving (the paired design): with ``commands`` in the job (a FIFO), the worker
+warms up, runs the metered step, emits ``ready`` and then waits for one JSON
+command per line, blocked in a read (no CPU, no GPU) between them:
+``{"cmd": "measure"}`` (the sequential measurement, for the baseline's own row:
+emits ``measured``), ``{"cmd": "block", "id": N, "steps": K}`` (K timed steps:
+emits ``block`` with their times), ``{"cmd": "finish"}`` (on to the evaluation
+step, writes ``result_file``, exits) and ``{"cmd": "exit"}``. A SIGTERM while it
+waits ends it at once; during a block, after the step in flight.
 """
 
 from __future__ import annotations
@@ -44,23 +58,34 @@ import torch
 from kronos_core.files import atomic_writer, write_text_atomic
 from kronos_core.launch import emit_event
 from kronos_core.train import StepRecord, TrainConfig
-from kronos_tune.protocol.measure import StepPlan, TrainMeasurement, measure_training
+from kronos_tune.protocol.measure import StepPlan, TrialSession
 
 STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
 FAULT_ENV = "KRONOS_TUNE_FAULT"
+PLANT_ENV = "KRONOS_TUNE_PLANT"
+READY_EVENT, MEASURED_EVENT, BLOCK_EVENT, FINISHED_EVENT = "ready", "measured", "block", "finished"
+FAULT_BLOCK = 3  # the block a hang-block / die-block fault strikes in
+
+
+class _Dismissed(Exception):
+    """A stop signal while the worker waits for its next command."""
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT (the launcher's stop): the trial stops after the step in flight."""
+    """Set by SIGTERM/SIGINT (the launcher's stop): the trial stops after the step in flight; a worker waiting
+    for a command (``idle``) stops at once."""
 
     def __init__(self) -> None:
         self.set = False
+        self.idle = False
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.set = True
+        if self.idle:
+            raise _Dismissed
 
     def __call__(self) -> bool:
         return self.set
@@ -81,9 +106,32 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data))
 
 
+def _fault(trial: str) -> str | None:
+    """The fault KRONOS_TUNE_FAULT plants in `trial` ("kind:trial", several joined by commas)."""
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        kind, _, name = item.strip().partition(":")
+        if kind and name == trial:
+            return kind
+    return None
+
+
 def _injected_hang(trial: str) -> bool:
-    kind, _, name = os.environ.get(FAULT_ENV, "").partition(":")
-    return kind == "hang" and name == trial
+    return _fault(trial) == "hang"
+
+
+def planted_delay(trial: str) -> float:
+    """The extra fraction of step time KRONOS_TUNE_PLANT gives `trial`: 0 for the named one, f / (1 - f) for
+    every other, so that the named one is `f` faster per step."""
+    name, _, fraction = os.environ.get(PLANT_ENV, "").rpartition(":")
+    if not name:
+        return 0.0
+    try:
+        faster = float(fraction)
+    except ValueError:
+        return 0.0
+    if name == trial or not 0 < faster < 1:
+        return 0.0
+    return faster / (1 - faster)
 
 
 def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
@@ -133,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
     result_file = Path(job["result_file"])
     meter = make_rank_meter(config.resolved_device(), job.get("budget_bytes"))
-    hang = _injected_hang(job.get("trial", ""))
+    trial = job.get("trial", "")
+    hang = _injected_hang(trial)
     if hang:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a process stuck in a CUDA or NCCL call does
 
@@ -144,15 +193,81 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             emit_event(STEP_EVENT, **record.to_dict())
 
-    result: TrainMeasurement = measure_training(
-        config, meter, StepPlan.from_dict(job["plan"]), on_record=emit, should_stop=should_stop,
-        meter_always=config.resolved_device() == "cuda", agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1)
+    session = TrialSession(config, meter, StepPlan.from_dict(job["plan"]), on_record=emit, should_stop=should_stop,
+                           meter_always=config.resolved_device() == "cuda",
+                           agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1, delay=planted_delay(trial))
+    try:
+        if job.get("commands"):
+            return serve(session, job, should_stop, result_file)
+        result = session.run(session.open, session.warm_up, session.measure, session.finish)
+    finally:
+        session.close()
     if result.status == "oom":
         write_json(result_file.with_name(f"{result_file.name}.rank{rank}"), result.to_dict())
         return 1
     if rank == 0:
         write_json(result_file, result.to_dict())
     return 0
+
+
+def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, result_file: Path) -> int:
+    """The paired design's worker: warm up, then run the commands read from the FIFO (module docstring)."""
+    fault, blocks = _fault(job.get("trial", "")), 0
+    result = session.run(session.open, session.warm_up)
+    if result.status != "ok":  # out of memory or cancelled before the first command
+        write_json(result_file, result.to_dict())
+        return 0
+    emit_event(READY_EVENT, measurement=result.to_dict())
+    try:
+        with open(job["commands"], encoding="utf-8") as commands:
+            while True:
+                should_stop.idle = True
+                if should_stop.set:
+                    raise _Dismissed
+                line = commands.readline()
+                should_stop.idle = False
+                if not line:
+                    return 0  # the runner is gone
+                command = json.loads(line)
+                kind = command.get("cmd")
+                if kind == "exit":
+                    return 0
+                if kind == "measure":
+                    session.run(session.measure, session.finish)
+                    if result.status != "ok":
+                        write_json(result_file, result.to_dict())
+                    emit_event(MEASURED_EVENT, measurement=result.to_dict())
+                elif kind == "block":
+                    blocks += 1
+                    if blocks == FAULT_BLOCK and fault == "hang-block":
+                        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                        while True:
+                            time.sleep(3600)
+                    if blocks == FAULT_BLOCK and fault == "die-block":
+                        sys.stderr.write(f"RuntimeError: injected fault: the worker died in block {blocks}\n")
+                        sys.stderr.flush()
+                        os._exit(3)
+                    if "delay" in command:
+                        session.delay = float(command["delay"])
+                    records: list[StepRecord] = []
+                    session.run(lambda: records.extend(session.block(int(command.get("steps", 1)))))
+                    if result.status != "ok":  # written before the runner hears of it
+                        write_json(result_file, result.to_dict())
+                    emit_event(BLOCK_EVENT, id=command.get("id"), status=result.status,
+                               times=[r.step_time_s for r in records], steps=[r.step for r in records])
+                elif kind == "finish":
+                    session.run(session.finish)
+                    write_json(result_file, result.to_dict())
+                    emit_event(FINISHED_EVENT, status=result.status)
+                    return 0
+                if result.status != "ok":  # out of memory or cancelled in a part: what it measured is kept
+                    write_json(result_file, result.to_dict())
+                    return 0
+    except _Dismissed:
+        should_stop.idle = False
+        result.status, result.reason = "cancelled", f"cancelled after {len(result.losses)} steps"
+        write_json(result_file, result.to_dict())
+        return 0
 
 
 if __name__ == "__main__":

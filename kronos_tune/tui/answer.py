@@ -28,6 +28,7 @@ class Answer:
     missing: list[str] = field(default_factory=list)
     newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
     headroom: dict[str, Any] | None = None  # ProtocolReport.headroom: peak vs budget, the batch that would fit
+    resolution: str | None = None  # "changes under 3.8% could not be told from noise in this run (...)"
 
     def changes_text(self) -> str:
         return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
@@ -43,6 +44,8 @@ def _figure(result: Any, task: str) -> str:
 
 def answer_from(report: Any) -> Answer:
     """The answer of a finished (or cancelled) protocol run."""
+    from kronos_tune.protocol.report import resolution_line
+
     rec = report.recommended or {}
     best = best_trial(report.trials, report.task)
     missing = list(rec.get("missing") or getattr(report, "missing", []) or [])
@@ -51,7 +54,8 @@ def answer_from(report: Any) -> Answer:
                   recommended=rec.get("source"), changes=dict(rec.get("changes") or {}),
                   reason=str(rec.get("reason") or ""), command=rec.get("command"),
                   best=best.name if best is not None else None, best_figure=_figure(best, report.task),
-                  partial=partial, missing=missing, headroom=getattr(report, "headroom", None))
+                  partial=partial, missing=missing, headroom=getattr(report, "headroom", None),
+                  resolution=resolution_line(report) if getattr(report, "timing", None) else None)
 
 
 def is_complete(report: Any) -> bool:

@@ -71,6 +71,8 @@ class AnswerPanel(Panel):
             if answer.task == "train" and command.cell_len + len(RUN_HERE) <= width:  # t trains; predict: shell
                 command.append(RUN_HERE, style="dim")
             lines.append((0, command))
+        if answer.resolution:
+            lines.append((0, Text.assemble(("resolution ", "bold"), answer.resolution)))
         if answer.headroom:
             lines.append((0, memory_bar(answer.headroom)))
         if answer.partial:

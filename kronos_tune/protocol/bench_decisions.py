@@ -1,0 +1,307 @@
+"""How often the timing rule is right: many short A/A and planted-effect comparisons, paired and sequential.
+
+    python -m kronos_tune.protocol.bench_decisions --quick                 # a few minutes: quiet and periodic load
+    python -m kronos_tune.protocol.bench_decisions --repeats 20 --load periodic
+    python -m kronos_tune.protocol.bench_decisions --load-only --duration 900   # just the load, for another shell
+    python -m kronos_tune.protocol.bench_decisions --protocol-runs 10 --load periodic --plant fused-adamw:0.10
+
+Two live trial workers train the tiny model (the same configuration, so every
+difference between them is noise) and are compared over and over, in the two
+designs the protocol knows: *paired* (alternating short blocks in a seeded
+random order, verdict from the block ratios against the run's resolution,
+exactly as decision.py decides) and *sequential* (the baseline measured, then
+the trial, then the baseline again for the drift threshold, as the protocol
+did before). An effect of 3, 5 or 10 % is planted by keeping the baseline's
+thread busy that much longer per step (trial_worker's planted delay), so the
+trial is truly that much faster. Each repeat runs an A/A comparison for the
+resolution, a second A/A for the false-positive count, then the three planted
+effects. ``--load periodic`` starts a process that keeps one core busy for
+10 s, then idles 10 s, for the whole benchmark.
+
+``--protocol-runs N`` runs `kronos-tune benchmark --preset P` N times (under
+the same load, with KRONOS_TUNE_PLANT when ``--plant`` is given) and tallies
+the verdicts, the stated resolution, the recommendation and the wall time.
+Timings taken on a busy machine say little: run it on a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOAD_CODE = """import time
+while True:
+    end = time.perf_counter() + {busy}
+    while time.perf_counter() < end:
+        pass
+    time.sleep({idle})
+"""
+EFFECTS = (0.03, 0.05, 0.10)
+DESIGNS = ("paired", "sequential")
+
+
+@contextlib.contextmanager
+def background_load(kind: str, busy_s: float = 10.0, idle_s: float = 10.0) -> Iterator[None]:
+    """`kind` "periodic": one process keeping one core busy `busy_s`, then idle `idle_s`, until the block ends."""
+    if kind != "periodic":
+        yield
+        return
+    process = subprocess.Popen([sys.executable, "-c", LOAD_CODE.format(busy=busy_s, idle=idle_s)])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+@dataclass
+class BenchRun:
+    """What LiveWorker and Interleaver need of a run (context.RunContext's launch, watchdog, cancel, options)."""
+
+    folder: Path
+    options: Any
+    trial_timeout_s: float = 300.0
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def launch(self, spec: Any, work: Path, job: dict[str, Any], on_event: Any,
+               deadline: Any = None) -> tuple[Any, Path]:
+        from kronos_tune.protocol.isolation import launch_trial
+
+        stack_file = self.folder / f"{spec.name}-stacks.txt"
+        return launch_trial(spec.name, 1, work, job, on_event, self.cancel, self.trial_timeout_s, stack_file,
+                            deadline), stack_file
+
+
+def tiny_job(name: str, seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
+    """A trial spec and job of the tiny model on synthetic data (no evaluation: only timing matters here)."""
+    from kronos_core.train import TrainConfig
+    from kronos_tune.protocol.measure import StepPlan
+    from kronos_tune.protocol.records import TrialSpec
+
+    config = TrainConfig(what="predictor", model_size="tiny", data=["synthetic"], lookback_window=16,
+                         predict_window=4, batch_size=8, samples_per_epoch=1_000_000, epochs=1, eval_samples=8,
+                         synthetic_series=2, synthetic_rows=200, seed=seed, device="cpu", num_workers=0,
+                         output_dir=str(work / "run"))
+    plan = StepPlan(min_warmup=3, max_warmup=10, eval_step=None)
+    return (TrialSpec(name, "single", {}, config),
+            {"config": config.to_dict(), "plan": plan.to_dict(), "budget_bytes": None,
+             "result_file": str(work / "result.json")})
+
+
+def start_worker(run: BenchRun, name: str, seed: int) -> Any:
+    from kronos_tune.protocol.live_worker import LiveWorker
+
+    work = run.folder / name
+    work.mkdir(parents=True)
+    spec, job = tiny_job(name, seed, work)
+    worker = LiveWorker(run, spec, work, job, who=f"the {name} worker")
+    worker.ready()
+    return worker
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def delay_for(effect: float) -> float:
+    """The baseline's extra step time that makes the trial `effect` faster."""
+    return effect / (1 - effect)
+
+
+def paired_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: float, steps: int,
+                label: str) -> Any:
+    """One paired comparison with `effect` planted: the stats.Comparison estimate (threshold set later)."""
+    from kronos_tune.protocol.paired import Interleaver
+    from kronos_tune.protocol.stats import block_ratios
+
+    trial.block(1, delay=0.0)  # the trial side never carries a delay
+    interleaver = Interleaver(run, label, steps, budget_s)
+    interleaver.measure(base, trial, base_delay=delay_for(effect))
+    return block_ratios(interleaver.blocks)
+
+
+def sequential_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: float, steps: int) -> Any:
+    """The baseline, the trial, the baseline again (each a third of the budget): as the protocol was."""
+    from kronos_tune.protocol.decision import FLOOR
+    from kronos_tune.protocol.stats import compare
+
+    long = steps * max(1, round(budget_s / 3 / max(1e-3, run.options.block_s)))
+    first = base.block(long, delay=delay_for(effect))
+    measured = trial.block(long, delay=0.0)
+    again = base.block(long, delay=delay_for(effect))
+    drift = abs(_median(again) / _median(first) - 1)
+    return compare(measured, first, max(FLOOR, drift))
+
+
+def verdict_counts(rows: list[dict[str, Any]], design: str, load: str) -> dict[str, Any]:
+    mine = [row for row in rows if row["design"] == design and row["load"] == load]
+    null = [row for row in mine if row["effect"] == 0]
+    out: dict[str, Any] = {"load": load, "design": design, "repeats": len(null),
+                           "false_faster": sum(row["verdict"] == "faster" for row in null),
+                           "false_slower": sum(row["verdict"] == "slower" for row in null),
+                           "resolution_median_pct": 100 * _median([row["resolution"] for row in null])}
+    for effect in EFFECTS:
+        hits = [row for row in mine if row["effect"] == effect]
+        out[f"detected_{round(100 * effect)}pct"] = f"{sum(row['verdict'] == 'faster' for row in hits)}/{len(hits)}"
+    return out
+
+
+def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: float, seed: int,
+                    say: Any = print) -> list[dict[str, Any]]:
+    """Every comparison of the benchmark: per load, per repeat, per design: A/A (resolution), A/A (the null
+    test), then the planted effects."""
+    from kronos_tune.protocol.decision import PAIRED_FLOOR
+    from kronos_tune.protocol.paired import steps_per_block
+    from kronos_tune.protocol.records import ProtocolOptions
+    from kronos_tune.protocol.stats import paired_compare
+
+    rows: list[dict[str, Any]] = []
+    folder = Path(tempfile.mkdtemp(prefix="kronos-bench-decisions-"))
+    options = ProtocolOptions(seed=seed, block_s=block_s, min_rounds=8, target_ci=0.0, max_rounds=10_000)
+    run = BenchRun(folder, options)
+    try:
+        base, trial = start_worker(run, "baseline", seed), start_worker(run, "trial", seed)
+        step_s = _median(base.block(20, delay=0.0))
+        steps = steps_per_block(step_s, block_s)
+        say(f"tiny model: {1000 * step_s:.1f} ms/step, {steps} steps per block, {budget_s:g} s per comparison")
+        for load in loads:
+            with background_load(load):
+                for repeat in range(repeats):
+                    for design in DESIGNS:
+                        resolution = None
+                        for index, effect in enumerate((0.0, 0.0, *EFFECTS)):
+                            label = f"{load}-{design}-{repeat}-{index}"
+                            if design == "paired":
+                                ratios = paired_once(run, base, trial, effect, budget_s, steps, label)
+                                if index == 0:
+                                    reach = paired_compare(ratios, PAIRED_FLOOR).reach
+                                    resolution = reach if reach is not None else float("inf")
+                                    continue
+                                found = paired_compare(ratios, max(PAIRED_FLOOR, resolution or 0.0))
+                            else:
+                                found = sequential_once(run, base, trial, effect, budget_s, steps)
+                                if index == 0:
+                                    resolution = found.threshold
+                                    continue
+                            rows.append({"load": load, "design": design, "repeat": repeat, "effect": effect,
+                                         "ratio": found.ratio, "low": found.low, "high": found.high,
+                                         "verdict": found.verdict, "resolution": resolution})
+                    say(f"  {load}: repeat {repeat + 1}/{repeats} done")
+        base.close()
+        trial.close()
+    finally:
+        run.cancel.set()
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: list[str],
+                  say: Any = print) -> dict[str, Any]:
+    """`kronos-tune benchmark --preset P` `count` times; the verdicts, resolutions and wall times."""
+    env = dict(os.environ)
+    if plant:
+        env["KRONOS_TUNE_PLANT"] = plant
+    runs = []
+    for index in range(count):
+        folder = out / f"run-{index + 1}"
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "kronos_tune.cli", "benchmark", "--preset", preset, "--out",
+                               str(folder), "--json", *extra], env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if done.returncode != 0:
+            say(f"  run {index + 1}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        report = json.loads(done.stdout)
+        verdicts = {t["name"]: (t.get("comparison") or {}).get("verdict") for t in report["trials"]
+                    if t.get("comparison")}
+        timing = report.get("timing") or {}
+        runs.append({"wall_s": wall, "recommended": (report.get("recommended") or {}).get("source"),
+                     "verdicts": verdicts, "resolution_pct": timing.get("resolution_pct"),
+                     "noisy": timing.get("noisy")})
+        say(f"  run {index + 1}: {wall:.0f} s, recommended {runs[-1]['recommended']}, resolution "
+            f"{timing.get('resolution_pct')}, verdicts {verdicts}")
+    faster: dict[str, int] = {}
+    for item in runs:
+        for name, verdict in item["verdicts"].items():
+            if verdict == "faster":
+                faster[name] = faster.get(name, 0) + 1
+    walls = [item["wall_s"] for item in runs]
+    return {"runs": len(runs), "called_faster": faster,
+            "recommended": {name: sum(r["recommended"] == name for r in runs) for name in
+                            {r["recommended"] for r in runs}},
+            "noise_probe_same": sum(r["verdicts"].get("noise-probe") == "same" for r in runs),
+            "too_noisy": sum(bool(r["noisy"]) for r in runs),
+            "resolution_pct": sorted(r["resolution_pct"] for r in runs if r["resolution_pct"] is not None),
+            "wall_s": {"median": _median(walls), "min": min(walls, default=float("nan")),
+                       "max": max(walls, default=float("nan"))}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kronos_tune.protocol.bench_decisions",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 2 s comparisons, quiet and periodic")
+    parser.add_argument("--load", choices=("none", "periodic", "both"), default="both")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds per comparison")
+    parser.add_argument("--block", type=float, default=0.05, help="seconds per paired block")
+    parser.add_argument("--seed", type=int, default=100)
+    parser.add_argument("--json", type=Path, help="also write every comparison here")
+    parser.add_argument("--load-only", action="store_true", help="only run the periodic load (Ctrl-C ends it)")
+    parser.add_argument("--duration", type=float, default=3600.0, help="--load-only: seconds")
+    parser.add_argument("--protocol-runs", type=int, default=0, help="run kronos-tune benchmark N times")
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--plant", help="NAME:FRACTION: that trial truly that much faster per step")
+    parser.add_argument("--out", type=Path, help="--protocol-runs: the folder of the runs")
+    args = parser.parse_args(argv)
+    loads = {"none": ["none"], "periodic": ["periodic"], "both": ["none", "periodic"]}[args.load]
+    if args.load_only:
+        with background_load("periodic"):
+            try:
+                time.sleep(args.duration)
+            except KeyboardInterrupt:
+                pass
+        return 0
+    if args.protocol_runs:
+        out = args.out or Path(tempfile.mkdtemp(prefix="kronos-protocol-runs-"))
+        summary = {}
+        for load in loads:
+            with background_load(load):
+                print(f"{args.protocol_runs} x kronos-tune benchmark --preset {args.preset}, load {load}"
+                      + (f", planted {args.plant}" if args.plant else ""), flush=True)
+                summary[load] = protocol_runs(args.protocol_runs, args.preset, args.plant, out / load, [])
+        print(json.dumps(summary, indent=2))
+        return 0
+    repeats, budget = (3, 2.0) if args.quick else (args.repeats, args.budget)
+    rows = run_comparisons(loads, repeats, budget, args.block, args.seed,
+                           say=lambda line: print(line, flush=True))
+    print(f"\n{'load':9} {'design':11} {'repeats':>7} {'A/A faster':>10} {'A/A slower':>10} "
+          f"{'3%':>6} {'5%':>6} {'10%':>6} {'resolution':>10}")
+    for load in loads:
+        for design in DESIGNS:
+            c = verdict_counts(rows, design, load)
+            print(f"{load:9} {design:11} {c['repeats']:7d} {c['false_faster']:10d} {c['false_slower']:10d} "
+                  f"{c['detected_3pct']:>6} {c['detected_5pct']:>6} {c['detected_10pct']:>6} "
+                  f"{c['resolution_median_pct']:9.1f}%")
+    print("A/A faster/slower: an A/A comparison (no effect) called faster/slower (false positives); 3/5/10%: planted "
+          "effects called faster (detections); resolution: the median A/A interval reach (paired) or drift "
+          "threshold (sequential).")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

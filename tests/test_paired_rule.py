@@ -1,0 +1,237 @@
+"""The paired design's statistics and decision on constructed block times (no training here): drift and a periodic
+load cancel in paired block ratios and fool the sequential rule; one-time costs; old and newer result files."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kronos_tune.protocol import Spread, TrialResult
+from kronos_tune.protocol.decision import DecisionContext, decide
+from kronos_tune.protocol.kinds import TrialKind, legacy_kind
+from kronos_tune.protocol.records import SCHEMA_VERSION, NewerSchema
+from kronos_tune.protocol.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
+
+from test_report_cli import run_cli, write_gpu_run  # noqa: E402
+
+GIB = 2**30
+STEP_S = 0.5
+Load = Callable[[float], float]
+
+
+def linear_drift(t: float) -> float:
+    return 1.0 + 0.004 * t  # +24% a minute: a machine warming up, a neighbour ramping up
+
+
+def periodic(t: float) -> float:
+    return 1.6 if (t % 20.0) < 10.0 else 1.0  # one core busy 10 s, idle 10 s
+
+
+class Clock:
+    """Step times of a simulated machine: STEP_S x the load at that moment x (1 - effect) x 1% noise."""
+
+    def __init__(self, load: Load, seed: int) -> None:
+        self.t, self.load, self.rng = 0.0, load, random.Random(seed)
+
+    def steps(self, n: int, effect: float = 0.0) -> list[float]:
+        out = []
+        for _ in range(n):
+            seconds = STEP_S * self.load(self.t) * (1 - effect) * (1 + self.rng.uniform(-0.01, 0.01))
+            out.append(seconds)
+            self.t += seconds
+        return out
+
+
+def _result(name: str, kind: TrialKind, times: list[float], stage: str = "single", **fields) -> TrialResult:
+    result = TrialResult(name, stage, "ok", {}, step_time_s=Spread.of(times), step_times_s=list(times),
+                         samples_per_s=Spread.of([16 / t for t in times]), peak_memory_bytes=GIB // 4, val_loss=2.0,
+                         tokens_per_step=1600, config={"epochs": 2, "samples_per_epoch": 4096, "batch_size": 16},
+                         **fields)
+    result.set_kind(kind)
+    return result
+
+
+def paired_run(load: Load, effect: float, rounds: int = 16, seed: int = 1, steps: int = 1) -> list[TrialResult]:
+    """The baseline's own row, then the noise-probe (A/A) and one speed change, each in alternating blocks (one
+    step of about 0.5 s each, as on the cpu preset) with the baseline, in a seeded random order."""
+    clock, order = Clock(load, seed), random.Random(seed + 1)
+    base = _result("baseline", TrialKind("reference"), clock.steps(8), "baseline")
+    trials = []
+    for name, kind, planted in (("noise-probe", TrialKind("baseline-repeat"), 0.0),
+                                ("fused-adamw", TrialKind("speed", "optimizer"), effect)):
+        blocks = []
+        for index in range(rounds):
+            first = order.choice(["trial", "baseline"])
+            times = {}
+            for side in (first, "baseline" if first == "trial" else "trial"):
+                times[side] = clock.steps(steps, planted if side == "trial" else 0.0)
+            blocks.append({"round": index + 1, "first": first, "trial_s": times["trial"],
+                           "baseline_s": times["baseline"]})
+        times = [t for block in blocks for t in block["trial_s"]]
+        trials.append(_result(name, kind, times, "baseline" if name == "noise-probe" else "single",
+                              design="paired", blocks=blocks))
+    return [base, *trials]
+
+
+def sequential_run(load: Load, effect: float, seed: int = 1, steps: int = 12) -> list[TrialResult]:
+    """The same machine, measured as the protocol did before: baseline, noise-probe, the change, baseline-repeat,
+    each for `steps` steps one after the other."""
+    clock = Clock(load, seed)
+    return [_result("baseline", TrialKind("reference"), clock.steps(steps), "baseline"),
+            _result("noise-probe", TrialKind("baseline-repeat"), clock.steps(steps), "baseline", design="sequential"),
+            _result("fused-adamw", TrialKind("speed", "optimizer"), clock.steps(steps, effect), design="sequential"),
+            _result("baseline-repeat", TrialKind("baseline-repeat"), clock.steps(steps), "baseline",
+                    design="sequential")]
+
+
+CONTEXT = DecisionContext(budget_bytes=8 * GIB)
+
+
+@pytest.mark.parametrize("load", [linear_drift, periodic], ids=["linear-drift", "periodic-load"])
+def test_a_real_10pct_change_is_found_by_the_paired_rule_and_missed_by_the_sequential_one(load: Load) -> None:
+    paired = decide(paired_run(load, 0.10), CONTEXT)
+    assert paired.comparisons["fused-adamw"].verdict == "faster" and paired.source == "fused-adamw"
+    assert paired.comparisons["fused-adamw"].ratio == pytest.approx(0.90, abs=0.02)
+    assert paired.comparisons["noise-probe"].verdict == "same" and not paired.noisy
+    assert paired.resolution is not None and paired.resolution < 0.05
+    sequential = decide(sequential_run(load, 0.10), CONTEXT)
+    # the drift the re-measurements saw swamps the change: not called faster, or the whole run too noisy
+    assert sequential.comparisons["fused-adamw"].verdict != "faster" or sequential.noisy
+    assert sequential.source == "baseline"
+
+
+def test_under_a_periodic_load_the_sequential_rule_sees_an_effect_that_is_not_there() -> None:
+    """No effect at all; the baseline and the noise-probe were measured while the load ran, the change while it
+    paused: their drift is small, the change looks 38% faster."""
+    sequential = decide(sequential_run(periodic, 0.0, seed=3, steps=6)[:3], CONTEXT)  # no late baseline-repeat
+    assert sequential.drift < 0.03 and sequential.comparisons["fused-adamw"].ratio < 0.7
+    assert sequential.comparisons["fused-adamw"].verdict == "faster"  # a false positive
+    paired = decide(paired_run(periodic, 0.0, seed=3), CONTEXT)
+    assert paired.comparisons["fused-adamw"].verdict == "same" and paired.source == "baseline"
+    assert "could not be told" not in paired.reason and "what this run can resolve" in paired.reason
+
+
+def test_the_wilcoxon_cut_and_the_hodges_lehmann_centre() -> None:
+    # two-sided 95% critical values of the signed-rank statistic (tables): n=6: 0, 7: 2, 8: 3, 10: 8, 20: 52
+    assert [signed_rank_cut(n) for n in (5, 6, 7, 8, 10, 20)] == [None, 1, 3, 4, 9, 53]
+    estimate = paired_estimate([0.9] * 5)  # too few pairs for a 95% interval
+    assert estimate.ratio == pytest.approx(0.9) and estimate.low is None and math.isinf(estimate.halfwidth)
+    ratios = [0.90, 0.91, 0.89, 0.90, 0.92, 0.88, 0.90, 0.91, 3.0, 0.2]  # two blocks hit by bursts
+    found = paired_compare(ratios, 0.02)
+    assert found.ratio == pytest.approx(0.90, abs=0.01) and found.high < 1 and found.verdict == "faster"
+    assert found.design == "paired" and "Wilcoxon" in found.method
+    assert block_ratios([{"trial_s": [1.0, 3.0, 2.0], "baseline_s": [4.0]}, {"trial_s": [], "baseline_s": [1.0]}]) \
+        == [0.5]
+
+
+def test_a_run_whose_resolution_is_past_25pct_is_too_noisy_and_says_the_figure() -> None:
+    def wild(t: float) -> float:
+        return 1.0 + 3.0 * abs(math.sin(37.1 * t * t))  # noise far beyond what blocks can pair away
+
+    results = paired_run(wild, 0.10, rounds=8)
+    decision = decide(results, CONTEXT)
+    assert decision.resolution is not None and decision.resolution > 0.25 and decision.noisy
+    assert decision.source == "baseline"
+    assert f"changes under {100 * decision.resolution:.1f}% could not be told from noise" in decision.reason
+
+
+def test_a_one_time_cost_above_the_saving_is_not_recommended_and_the_reason_has_both_numbers() -> None:
+    results = paired_run(linear_drift, 0.10)
+    compiled = results[-1]
+    compiled.name, compiled.group, compiled.losses = "compile", "compile", "close"
+    compiled.warmup_times_s = [60.0, 30.0, 10.0, STEP_S]  # compilation: 100 s before its first steady step
+    results[0].warmup_times_s = [1.0, STEP_S]
+    decision = decide(results, CONTEXT)
+    costs = decision.costs["compile"]
+    assert decision.comparisons["compile"].verdict == "faster" and not costs["worth"]
+    # 2 x 4096 samples at 16 per 0.5 s step = 256 s of workload; 10% of it saved, ~99 s paid once
+    assert costs["workload_s"] == pytest.approx(256, rel=0.05) and costs["saving_s"] == pytest.approx(25.6, rel=0.2)
+    assert costs["one_time_s"] == pytest.approx(98.0, abs=1.0)
+    assert decision.source == "baseline" and "compile" not in decision.eligible
+    assert decision.reason.startswith("no change earns its cost: compile is faster (-10.")
+    assert (f"its one-time cost ({costs['one_time_s']:.1f} s of warm-up and setup) exceeds what it saves over the "
+            f"workload ({costs['saving_s']:.1f} s of 4.3 min)") in decision.reason
+    longer = [r for r in results]
+    for r in longer:
+        r.config = {**r.config, "epochs": 100}  # a workload long enough earns the compilation back
+    worth = decide(longer, CONTEXT)
+    assert worth.source == "compile" and "more than its one-time cost of 9" in worth.reason
+
+
+def test_kinds_come_from_the_results_and_old_files_infer_them_in_one_place() -> None:
+    renamed = paired_run(linear_drift, 0.10)
+    renamed[-1].name = "my-own-change"  # the rule reads the kind, not the name
+    assert decide(renamed, CONTEXT).source == "my-own-change"
+    saver = paired_run(linear_drift, 0.10)
+    saver[-1].set_kind(TrialKind("memory", "checkpointing", "equivalent"))
+    assert decide(saver, CONTEXT).eligible == []  # a memory saver, and memory does not bind
+    old = TrialResult.from_dict({"name": "checkpointing", "stage": "single", "status": "ok"})  # schema 2: no kind
+    assert (old.kind, old.group, old.losses) == ("memory", "checkpointing", "equivalent")
+    assert legacy_kind("drift-3", "drift").kind == "baseline-repeat"
+    assert legacy_kind("kv-cache", "single", "predict").kind == "speed"
+    with pytest.raises(NewerSchema, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
+        TrialResult.from_dict({"name": "x", "stage": "single", "status": "ok", "schema_version": SCHEMA_VERSION + 1})
+
+
+V3_KEYS = ("kind", "group", "losses", "redraws_dropout", "design", "design_reason", "blocks", "setup_costs_s",
+           "schema_version")
+
+
+def test_report_reads_a_results_file_of_the_old_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_gpu_run(tmp_path / "run")
+    lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    old = [{key: value for key, value in line.items() if key not in V3_KEYS} for line in lines]  # as schema 2 wrote
+    (run / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in old))
+    code, out, err = run_cli(["report", str(run), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    by_name = {t["name"]: t for t in data["trials"]}
+    assert by_name["checkpointing"]["kind"] == "memory" and by_name["compile"]["group"] == "compile"
+    assert by_name["checkpointing"]["comparison"]["verdict"] == "slower"
+    assert by_name["checkpointing"]["design"] == "sequential"
+    assert data["timing"]["resolution_pct"] is None and data["timing"]["smallest_change_pct"] > 3
+
+
+def test_report_refuses_a_results_file_of_a_newer_schema_in_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_gpu_run(tmp_path / "run")
+    lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    lines[1]["schema_version"] = SCHEMA_VERSION + 1
+    (run / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = run_cli(["report", str(run)], capsys)
+    assert code == 2
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"line 2 has results of schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}" in line
+    assert "upgrade kronos-tune" in line
+
+
+def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from kronos_tune.commands.benchmark import render
+    from kronos_tune.protocol import ProtocolReport
+    from kronos_tune.protocol.report import report_markdown
+    from kronos_tune.protocol.summary import summarize
+    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.widgets.answer import AnswerPanel
+
+    report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
+                            trials=paired_run(periodic, 0.10), out_dir=str(tmp_path))
+    report.planned = [t.name for t in report.trials]
+    summarize(report, None)
+    figure = report.timing["resolution_pct"]
+    line = f"changes under {figure:.1f}% could not be told from noise in this run"
+    assert line in report_markdown(report)
+    console = Console(record=True, width=200)
+    render(console, report)
+    assert line in console.export_text()
+    panel = AnswerPanel()
+    panel._answer = answer_from(report)
+    assert line in "\n".join(text.plain for _, text in panel.lines(160))
+    assert report.recommended["source"] == "fused-adamw"

@@ -1,0 +1,53 @@
+"""The paired design for real: two live trial workers on the tiny model, paused between blocks, a planted effect.
+
+The decision benchmark's own machinery (bench_decisions: BenchRun, start_worker) drives them, so this also checks
+that `python -m kronos_tune.protocol.bench_decisions` can run. No timing is asserted: a 30% planted effect is
+found (the interval lies below 1), whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kronos_tune.protocol.bench_decisions import BenchRun, paired_once, start_worker, verdict_counts
+from kronos_tune.protocol.records import ProtocolOptions
+from kronos_tune.protocol.stats import paired_compare
+
+
+def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' tiny steps are too small to share; CI's cores are
+    run = BenchRun(tmp_path, ProtocolOptions(seed=7, block_s=0.02, min_rounds=10, target_ci=0.0, max_rounds=40))
+    base, trial = start_worker(run, "baseline", 7), start_worker(run, "trial", 7)
+    try:
+        pids = [p.pid for p in psutil.Process().children(recursive=True) if "trial_worker" in " ".join(p.cmdline())]
+        assert len(pids) == 2
+        time.sleep(0.5)
+        before = [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
+        time.sleep(1.0)  # between blocks both wait in a read of their command pipe, using no CPU
+        after = [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
+        assert all(b - a < 0.05 for a, b in zip(before, after)), (before, after)
+        ratios = paired_once(run, base, trial, 0.30, 3.0, 2, "planted")
+        found = paired_compare(ratios, 0.02)
+        assert len(ratios) >= 10 and found.verdict == "faster" and found.high < 1
+        assert found.ratio == pytest.approx(0.70, abs=0.12)
+    finally:
+        base.close()
+        trial.close()
+    assert not base.alive and not trial.alive
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_the_benchmark_table_counts_false_positives_and_detections() -> None:
+    rows = [{"load": "none", "design": "paired", "effect": 0.0, "verdict": "same", "resolution": 0.02},
+            {"load": "none", "design": "paired", "effect": 0.0, "verdict": "faster", "resolution": 0.04},
+            {"load": "none", "design": "paired", "effect": 0.10, "verdict": "faster", "resolution": 0.02},
+            {"load": "none", "design": "paired", "effect": 0.03, "verdict": "same", "resolution": 0.02}]
+    counts = verdict_counts(rows, "paired", "none")
+    assert counts["repeats"] == 2 and counts["false_faster"] == 1 and counts["false_slower"] == 0
+    assert counts["detected_10pct"] == "1/1" and counts["detected_3pct"] == "0/1" and counts["detected_5pct"] == "0/0"
+    assert counts["resolution_median_pct"] == pytest.approx(3.0)
