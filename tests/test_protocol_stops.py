@@ -106,52 +106,44 @@ def _trial_processes(pid: int) -> list:
                          ids=["in-its-first-step", "in-a-paired-block"])
 def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_protocol_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, frame: str) -> None:
-    """Both failures in one run (every trial is a process of its own; one more baseline would add nothing):
+    """The failures in one run (every trial is a process of its own; one more baseline would add nothing):
     checkpointing blocks ignoring SIGTERM (in its first step, or in its second paired round) and passes its
-    watchdog, accumulation crashes, and fused-adamw after them still runs."""
+    watchdog, accumulation crashes at its start; with a hung block, fused-adamw's worker also dies in its second
+    round; the trial after them still runs."""
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    # blocks in its first step (or in its second paired round), ignoring SIGTERM: the watchdog's deadline runs
-    # for each unit of work of a live worker, its start-up and warm-up and every block
-    monkeypatch.setenv("KRONOS_TUNE_FAULT", f"{fault}:checkpointing")
+    # the watchdog's deadline runs for each unit of work of a live worker: its start-up and warm-up, every block
+    faults = f"{fault}:checkpointing" + (",die-block:fused-adamw" if fault == "hang-block" else "")
+    monkeypatch.setenv("KRONOS_TUNE_FAULT", faults)
+    last = "dataloader" if fault == "hang-block" else "fused-adamw"
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
-                                 "only": ("checkpointing", "accumulation", "fused-adamw"), "trial_timeout_s": 30.0})
+                                 "only": ("checkpointing", "accumulation", "fused-adamw", last),
+                                 "trial_timeout_s": 30.0})
     run = ProtocolRun(preset, "train", options, tmp_path / "out", False, None, None)
     broken = next(s for s in run.specs if s.name == "accumulation")
     broken.config = broken.config.replace(predictor_dir=str(tmp_path / "no-weights-here"))  # a real crash
     report = run.run()
+    kept = {r.name: r for r in load_results(tmp_path / "out")}
 
     failed = report.trial("accumulation")  # the crash
     assert failed.status == "failed" and failed.reason and "\n" not in failed.reason
     assert report.trial("combined") is not None and not report.cancelled
-    assert {r.name: r.status for r in load_results(tmp_path / "out")}["accumulation"] == "failed"
+    assert kept["accumulation"].status == "failed"
 
     hung = report.trial("checkpointing")  # the watchdog
     assert hung.status == "timeout" and "watchdog" in hung.reason and "30 s" in hung.reason
     stacks = (tmp_path / "out" / "stacks" / "checkpointing.txt").read_text()
     assert "watchdog" in stacks and "trial_worker" in stacks  # the process tree
     assert 'File "' in stacks and frame in stacks  # faulthandler's frames of the blocked thread
-    if fault == "hang-block":  # the round it measured before it hung is kept
-        assert "block 3 (round 2)" in hung.reason and len(hung.blocks) == 1
-    assert report.trial("fused-adamw").status == "ok" and not report.cancelled  # the run went on after both
-    assert "checkpointing" not in report.decision["eligible"]
-    assert {r.name: r.status for r in load_results(tmp_path / "out")}["checkpointing"] == "timeout"
+    assert kept["checkpointing"].status == "timeout" and "checkpointing" not in report.decision["eligible"]
+    if fault == "hang-block":  # the round measured before the hang is kept
+        assert "block 3 (round 2)" in hung.reason and len(kept["checkpointing"].blocks) == 1
+        died = report.trial("fused-adamw")  # a worker that dies mid-block: failed with its last error line
+        assert died.status == "failed" and "\n" not in died.reason
+        assert "died during block 3 (round 2)" in died.reason and "injected fault" in died.reason
+        assert kept["fused-adamw"].status == "failed" and len(kept["fused-adamw"].blocks) == 1
+        assert kept["fused-adamw"].peak_memory_bytes and kept["fused-adamw"].warmup_times_s
+    assert report.trial(last).status == "ok" and report.trial(last).design == "paired"  # the run went on
     import psutil
 
     assert not [p for p in psutil.process_iter(["cmdline"]) if "trial_worker" in " ".join(p.info["cmdline"] or [])
                 and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-
-
-def test_a_worker_that_dies_mid_block_is_failed_with_its_stderr_and_keeps_what_it_measured(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    preset = resolve_preset(write_preset(tmp_path / "presets"))
-    monkeypatch.setenv("KRONOS_TUNE_FAULT", "die-block:fused-adamw")  # exits with an error in its second round
-    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
-                                 "only": ("fused-adamw", "dataloader")})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
-    died = report.trial("fused-adamw")
-    assert died.status == "failed" and "\n" not in died.reason
-    assert "died during block 3 (round 2)" in died.reason and "injected fault" in died.reason
-    assert report.trial("dataloader").status == "ok" and report.trial("dataloader").design == "paired"
-    kept = {r.name: r for r in load_results(tmp_path / "out")}["fused-adamw"]
-    assert kept.status == "failed" and len(kept.blocks) == 1  # the round before it died is kept
-    assert kept.peak_memory_bytes and kept.warmup_times_s  # and its warm-up and metered step
