@@ -39,7 +39,7 @@ from kronos_tune.protocol.plan import plan_trials, resolve
 from kronos_tune.protocol.predict_measure import autobatch_chunk
 from kronos_tune.protocol.quality import noise_estimate
 from kronos_tune.protocol.records import (
-    ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialResult, TrialSpec, TrialStarted,
+    NOISE_PROBE, ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialResult, TrialSpec, TrialStarted,
 )
 from kronos_tune.protocol.report import RESULTS_FILE, append_result, load_results, write_reports
 from kronos_tune.protocol.summary import summarize
@@ -170,7 +170,7 @@ class ProtocolRun:
         self.emit(TrialFinished(result))
 
     def noise(self) -> float | None:
-        base, probe = self.results.get("baseline"), self.results.get("noise-probe")
+        base, probe = self.results.get("baseline"), self.results.get(NOISE_PROBE)
         if base is None or probe is None or base.status != "ok" or probe.status != "ok":
             return None
         return noise_estimate(base.val_loss, probe.val_loss)
