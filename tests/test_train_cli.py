@@ -74,7 +74,7 @@ def test_preset_sets_the_workload(tmp_path: Path) -> None:
     out = tmp_path / "cpu"
     assert run_cli(["train", "--preset", "cpu", "--steps", "1", "--out", str(out), "--device", "cpu"]) == 0
     written = tomllib.loads((out / "config.toml").read_text())
-    assert written["model_size"] == "mini" and written["batch_size"] == 16 and written["samples_per_epoch"] == 256
+    assert written["model_size"] == "mini" and written["batch_size"] == 16 and written["samples_per_epoch"] == 4096
     assert load_checkpoint(out)["step"] == 1
 
 

@@ -83,7 +83,8 @@ def _assert_all_on_screen(app: DashboardApp, results: list) -> str:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("drift_every", [3, 1], ids=["cpu-plan", "drift-after-every-single"])
 async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50(drift_every: int) -> None:
-    names = tuple(s.name for s in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions(drift_every=drift_every)))
+    names = tuple(s.name for s in plan_trials(resolve_preset("cpu"), "train",
+                                            ProtocolOptions(drift_every=drift_every, full=True)))  # every trial
     results, report = full_protocol(names=names)
     report.recommended["reason"] = LONG_REASON
     report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16, "fits_batch": 240,
