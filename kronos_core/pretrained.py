@@ -1,6 +1,8 @@
 """`from_pretrained` / `save_pretrained` in the published folder format.
 
-A pretrained folder holds `config.json` (the constructor keywords) and
+`from_pretrained` takes a folder or a Hugging Face hub id (`NeoQuasar/Kronos-small`,
+`...@revision`; resolved by `kronos_core.hub`: the local cache first, a download when
+online). A pretrained folder holds `config.json` (the constructor keywords) and
 `model.safetensors` (the state dict). Loading builds the module with its weight
 matrices on the meta device (no storage, no random init), checks every key and
 shape against the file's header and names the first mismatch, then assigns the
@@ -24,10 +26,8 @@ from torch.overrides import TorchFunctionMode
 
 from kronos_core.errors import KronosError
 from kronos_core.files import write_text_atomic
+from kronos_core.hub import CONFIG_NAME, WEIGHTS_NAME, resolve_pretrained
 from kronos_core.safetensors_io import load_safetensors, save_safetensors
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 
 M = TypeVar("M", bound="PretrainedMixin")
 
@@ -104,12 +104,19 @@ class PretrainedMixin:
 
     @classmethod
     def from_pretrained(cls: type[M], directory: str | os.PathLike, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | None = None) -> M:
+                        dtype: torch.dtype | None = None, *, revision: str | None = None,
+                        local_files_only: bool | None = None) -> M:
         """Build the module from `config.json` and load `model.safetensors` strictly onto `device`.
 
+        `directory`: a folder, or a hub id such as "NeoQuasar/Kronos-small" (optionally "...@revision", or
+        `revision=`); `local_files_only=True` never downloads (default: HF_HUB_OFFLINE decides).
         Floating-point weights become `dtype` (default: the module's own, float32); integer buffers keep theirs.
         """
-        directory = Path(directory)
+        if revision is not None:
+            if "@" in os.fspath(directory):
+                raise KronosError(f"{os.fspath(directory)}: give the revision once, as @revision or revision=")
+            directory = f"{os.fspath(directory)}@{revision}"
+        directory = resolve_pretrained(directory, offline=local_files_only).path
         config = cls.read_config(directory)
         weights = directory / WEIGHTS_NAME
         if not weights.is_file():

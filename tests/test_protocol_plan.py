@@ -88,6 +88,29 @@ def test_predict_plan_compares_against_full_recompute() -> None:
     assert specs[-1].skip_reason == "sharding series needs 2+ devices"
 
 
+def test_predict_plan_times_the_presets_series_and_skips_bf16_as_train_does(tmp_path) -> None:
+    from tiny_preset import write_tiny_preset
+
+    specs = {s.name: s for s in plan_trials("cpu", task="predict")}  # 100 series, 400 + 30 steps, no bf16
+    cached = specs["kv-cache"].config
+    assert cached.measured_series == 100 and cached.quality_series == 100 and specs["kv-cache"].warmup_steps == 1
+    reference = specs["recompute"].config  # timed on the first series whose passes hold 4096 tokens
+    assert reference.measured_series == 10 and reference.quality_series == 10
+    assert "timed and metered on the first 10 of the 100 series" in specs["recompute"].description
+    train_bf16 = next(s for s in plan_trials("cpu", task="train") if s.name == "bf16")
+    assert specs["bf16"].skip_reason == train_bf16.skip_reason == \
+        "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    folder = write_tiny_preset(tmp_path, "tiny-bf16", bf16_supported=True, series_count=200)
+    small = {s.name: s for s in plan_trials(str(folder / "tiny-bf16.toml"), task="predict",
+                                            options=ProtocolOptions(predict_series=20))}
+    assert small["bf16"].skip_reason is None and small["bf16"].config.amp == "bf16"
+    # 20 timed, quality over 100 of the 200 (one more untimed run), the reference all 20 (36-token windows)
+    assert small["bf16"].config.measured_series == 20 and small["bf16"].config.quality_series == 100
+    assert small["bf16"].warmup_steps == 2 and small["recompute"].config.measured_series == 20
+    with pytest.raises(KronosTuneError, match="--min-spearman 1.5: a Spearman correlation is between -1 and 1"):
+        plan_trials("cpu", task="predict", options=ProtocolOptions(min_spearman=1.5))
+
+
 def test_quality_guard_with_given_numbers() -> None:
     # noise 0.01 -> threshold max(2 x 0.01, 0.5% of 2.0) = 0.02
     assert quality_threshold(2.0, 0.01) == pytest.approx(0.02)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kronos_tune.cli import app
+from kronos_tune.cli import app, main
+from kronos_tune.predict.config_file import read_predict_file
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
 from kronos_tune.protocol import ProtocolOptions, TrialStarted, TrialStep, run_protocol
@@ -22,10 +23,11 @@ from test_protocol_run import FAST, Events, write_preset  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
-    preset = resolve_preset(write_preset(tmp_path / "presets"))
+def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(tmp_path: Path, capsys) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))  # 6 series; bf16 supported
     events = Events()
-    report = run_protocol(preset, task="predict", options=ProtocolOptions(predict_repeats=2, predict_series=3),
+    report = run_protocol(preset, task="predict", options=ProtocolOptions(predict_repeats=2, predict_series=3,
+                                                                          agreement_series=5),
                           out_dir=tmp_path / "out", on_event=events)
     assert [t.name for t in report.trials] == ["recompute", "kv-cache", "bf16", "autobatch", "sharding"]
     reference, cached = report.trial("recompute"), report.trial("kv-cache")
@@ -34,18 +36,40 @@ def test_predict_protocol_reports_the_cache_speedup_row(tmp_path: Path) -> None:
         assert row.peak_memory_bytes > 0
     assert cached.speedup > 0 and "series_per_s" in cached.deltas
     assert cached.output_max_abs_diff == 0.0  # greedy: the cache reproduces the reference exactly
-    assert cached.quality == {"spearman": 1.0, "series": 3, "measure": "rank agreement"}  # the same ranking
+    # 3 series timed, the quality check over the 5 asked for (one more untimed run each): kv-cache against the
+    # recompute on the 3 both predicted, the later trials against kv-cache's (proved identical) over all 5
+    assert cached.quality["spearman"] == 1.0 and cached.quality["series"] == 3
+    assert cached.quality["reference"] == "recompute" and cached.quality["class"] == "exact"
+    assert cached.quality["passed"] and any("identical to the recompute's output on the 3" in n for n in cached.notes)
+    bf16 = report.trial("bf16").quality
+    assert bf16["series"] == 5 and bf16["reference"] == "kv-cache" and bf16["class"] == "approximate"
     assert report.trial("sharding").status == "skipped"
     assert report.trial("autobatch").status == "ok" and report.trial("autobatch").changes["max_batch_size"] >= 1
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
-    assert not (tmp_path / "out" / "recommended.toml").exists()
-    assert "| kv-cache (use_cache=True) |" in (tmp_path / "out" / "report.md").read_text()
-    # Progress counts what the trial announced: the metered warm-up run, then the timed runs.
+    assert set(data["decision"]["verdicts"]) == {"kv-cache", "bf16", "autobatch"}
+    assert data["recommended"]["source"] == report.recommended["source"] in ("recompute", "kv-cache", "bf16",
+                                                                              "autobatch")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| kv-cache (use_cache=True) |" in markdown
+    assert f"Recommended: **{report.recommended['source']}**" in markdown and "kv-cache (exact): " in markdown
+    # Progress counts what the trial announced: the metered warm-up run, the timed runs, the quality run.
     started = next(e.spec for e in events.events if isinstance(e, TrialStarted) and e.spec.name == "kv-cache")
     steps = [e.record for e in events.events if isinstance(e, TrialStep) and e.trial_name == "kv-cache"]
-    assert [(r.step, r.total, r.timed) for r in steps] == [(1, 3, False), (2, 3, True), (3, 3, True)]
-    assert started.total_steps == 3
+    assert [(r.step, r.total, r.timed, r.series) for r in steps] == [(1, 4, False, 3), (2, 4, True, 3),
+                                                                     (3, 4, True, 3), (4, 4, False, 5)]
+    assert started.total_steps == 4
+    # recommended.toml holds the prediction settings, and `kronos-tune predict --config` runs them
+    recommended = tmp_path / "out" / "recommended.toml"
+    settings = read_predict_file(recommended)
+    assert settings["size"] == "tiny" and settings["lookback"] == 32 and settings["pred_len"] == 4
+    assert settings["kv_cache"] is (report.recommended["source"] != "recompute") and settings["nproc"] == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--config", str(recommended), "--synthetic", "2", "--json"])
+    assert exit_info.value.code in (0, None)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["series"] == 2  # ran: --size (tiny), --lookback and --pred-len came from the file
+    assert [len(item["close"]) for item in printed["predictions"]] == [4, 4]  # the file's pred_len
 
 
 def test_cli_renders_the_table_and_json_and_never_reuses_a_run_folder(tmp_path: Path,

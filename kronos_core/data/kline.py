@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.errors import KronosError, one_line
+# TIME_COLUMN_ALIASES, lower_columns and time_column are also imported from here.
+from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, TIME_COLUMN_ALIASES, absolute_ns,  # noqa: F401
+                                     file_name, first_data_line, format_stamp, ignored_columns_note, lower_columns,
+                                     order_rows, parse_timestamps, read_table, row_label, time_column, time_values)
+from kronos_core.errors import KronosError
 
 PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
 FEATURE_COLUMNS: tuple[str, ...] = PRICE_COLUMNS + ("volume", "amount")
 TIME_FEATURES: tuple[str, ...] = ("minute", "hour", "weekday", "day", "month")
 
-TIME_COLUMN = "timestamps"
-# Accepted spellings of the time column, in order of preference.
-TIME_COLUMN_ALIASES: tuple[str, ...] = ("timestamps", "timestamp", "date", "datetime", "time")
 DATA_SUFFIXES: tuple[str, ...] = (".csv", ".parquet")
 
 _NORM_EPS = 1e-5
@@ -156,99 +157,17 @@ def normalize_window(
     return x_norm.astype(np.float32, copy=False), mean, std
 
 
-def _fmt_ts(ts: object) -> str:
-    return "NaT" if pd.isna(ts) else str(pd.Timestamp(ts))
-
-
-def _at(row: int, first_line: int | None) -> str:
-    """'row N' (0-based data row) or, for a text file whose first data row is `first_line`, 'line N'."""
-    return f"row {row}" if first_line is None else f"line {row + first_line}"
-
-
-def _parse_timestamps(values: pd.Series, source: str, first_line: int | None = None) -> pd.Series:
-    """Parse a time column to datetime64, or raise naming the first bad row."""
-    if pd.api.types.is_datetime64_any_dtype(values):
-        parsed = values
-    elif pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
-        # Only YYYYMMDD integers are unambiguous; epoch numbers need a unit we can't guess.
-        as_int = values.dropna()
-        if len(as_int) and ((as_int % 1 == 0) & (as_int >= 1900_01_01) & (as_int <= 2199_12_31)).all():
-            parsed = pd.to_datetime(values.astype("Int64").astype(str), format="%Y%m%d", errors="coerce")
-        else:
-            raise KronosError(
-                f"{source}: column '{TIME_COLUMN}' holds numbers, not dates; "
-                "write dates like 2024-01-02 09:35:00 (or YYYYMMDD)"
-            )
-    else:
-        try:
-            parsed = pd.to_datetime(values)
-        except (ValueError, TypeError, OverflowError):
-            try:
-                parsed = pd.to_datetime(values, errors="coerce", format="mixed")
-            except (ValueError, TypeError, OverflowError) as exc:
-                raise KronosError(
-                    f"{source}: column '{TIME_COLUMN}' could not be parsed as dates ({one_line(exc, typed=False)}); "
-                    "use one format like 2024-01-02 09:35:00"
-                ) from None
-    parsed = pd.Series(parsed, index=values.index, name=TIME_COLUMN)
-    bad = parsed.isna().to_numpy()
-    if bad.any():
-        row = int(np.argmax(bad))
-        raw = values.iloc[row]
-        what = "is empty" if pd.isna(raw) else f"has unparseable value {str(raw)[:40]!r}"
-        raise KronosError(f"{source}: column '{TIME_COLUMN}' {what} at {_at(row, first_line)}; "
-                          "fix or drop that row")
-    if not pd.api.types.is_datetime64_any_dtype(parsed):
-        # e.g. mixed UTC offsets come back as objects
-        raise KronosError(
-            f"{source}: column '{TIME_COLUMN}' mixes time zones or formats; use one time zone and format"
-        )
-    return parsed
-
-
 def _where(df: pd.DataFrame, row: int, first_line: int | None = None) -> str:
     if TIME_COLUMN in df.columns:
-        return f"{_at(row, first_line)} ({_fmt_ts(df[TIME_COLUMN].iloc[row])})"
-    return _at(row, first_line)
+        return f"{row_label(row, first_line)} ({format_stamp(df[TIME_COLUMN].iloc[row])})"
+    return row_label(row, first_line)
 
 
-def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | None = None) -> list[str]:
-    """Check a K-line frame; raise KronosError on errors, return warnings.
-
-    Errors (the data would train or predict on garbage):
-      - no rows, no ``timestamps`` column, or a missing price column
-        (open/high/low/close; the message lists the columns found);
-      - unparseable or empty timestamps;
-      - a non-numeric value in a feature column (column, first bad row);
-      - NaN or +/-inf in a feature column (column, first row and timestamp);
-      - timestamps duplicated or not strictly increasing (first offender);
-      - a price <= 0 (column, first row and timestamp).
-    Warnings (real data has these; usable as is):
-      - high below max(open, close) or low above min(open, close)
-        (count and first timestamp);
-      - negative volume or amount.
-    Gaps in time (nights, weekends, holidays, halts) are normal and not reported.
-    ``volume``/``amount`` are optional. Rows are named "row N" from 0, or "line N" of the file
-    when ``first_line`` (the file line of data row 0: 2 for a CSV with one header line) is given.
-    """
-    if not isinstance(df, pd.DataFrame):
-        raise KronosError(f"{source}: expected a pandas DataFrame, got {type(df).__name__}")
-    found = ", ".join(map(str, df.columns)) or "none"
-    if TIME_COLUMN not in df.columns:
-        raise KronosError(
-            f"{source}: no '{TIME_COLUMN}' column (found: {found}); add or rename the time column"
-        )
-    for col in PRICE_COLUMNS:
-        if col not in df.columns:
-            raise KronosError(f"{source}: missing price column '{col}' (found: {found}); add or rename it")
-    if len(df) == 0:
-        raise KronosError(f"{source}: no data rows; give at least one K-line")
-
-    ts = _parse_timestamps(df[TIME_COLUMN], source, first_line)
-    checked = pd.DataFrame({TIME_COLUMN: ts.to_numpy()})
-    present = [c for c in FEATURE_COLUMNS if c in df.columns]
+def _feature_values(df: pd.DataFrame, checked: pd.DataFrame, source: str,
+                    first_line: int | None) -> dict[str, np.ndarray]:
+    """Every feature column present as float64, or KronosError at its first non-numeric or non-finite value."""
     values: dict[str, np.ndarray] = {}
-    for col in present:
+    for col in (c for c in FEATURE_COLUMNS if c in df.columns):
         raw = df[col]
         if pd.api.types.is_bool_dtype(raw):
             raise KronosError(
@@ -276,24 +195,10 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | N
                 "fill or drop those rows"
             )
         values[col] = num
+    return values
 
-    ts_ns = ts.to_numpy()
-    if len(ts_ns) > 1:
-        step_ok = ts_ns[1:] > ts_ns[:-1]
-        if not step_ok.all():
-            row = int(np.argmax(~step_ok)) + 1
-            if ts_ns[row] == ts_ns[row - 1]:
-                raise KronosError(
-                    f"{source}: duplicate timestamp {_fmt_ts(ts.iloc[row])} at "
-                    f"{'rows' if first_line is None else 'lines'} "
-                    f"{row - 1 + (first_line or 0)} and {row + (first_line or 0)}; "
-                    "drop duplicates"
-                )
-            raise KronosError(
-                f"{source}: timestamps not increasing at {_at(row, first_line)} ({_fmt_ts(ts.iloc[row])} after "
-                f"{_fmt_ts(ts.iloc[row - 1])}); sort the rows by time"
-            )
 
+def _check_prices(values: dict[str, np.ndarray], checked: pd.DataFrame, source: str, first_line: int | None) -> None:
     for col in PRICE_COLUMNS:
         nonpos = values[col] <= 0
         if nonpos.any():
@@ -303,14 +208,17 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | N
                 f"{_where(checked, row, first_line)}; prices must be > 0"
             )
 
-    found_warnings: list[str] = []
+
+def _data_warnings(values: dict[str, np.ndarray], checked: pd.DataFrame, source: str,
+                   first_line: int | None) -> list[str]:
+    found: list[str] = []
     o, h, lo, c = (values[col] for col in PRICE_COLUMNS)
     # Tiny relative tolerance so float noise from conversions is not reported.
     tol = 1e-9 * np.maximum(np.abs(o), np.abs(c))
     inconsistent = (h < np.maximum(o, c) - tol) | (lo > np.minimum(o, c) + tol)
     if inconsistent.any():
         row = int(np.argmax(inconsistent))
-        found_warnings.append(
+        found.append(
             f"{source}: {int(inconsistent.sum())} rows have high below max(open, close) or low above "
             f"min(open, close), first at {_where(checked, row, first_line)}"
         )
@@ -319,53 +227,85 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | N
             neg = values[col] < 0
             if neg.any():
                 row = int(np.argmax(neg))
-                found_warnings.append(
+                found.append(
                     f"{source}: {int(neg.sum())} rows have negative {col}, "
                     f"first at {_where(checked, row, first_line)}"
                 )
-    return found_warnings
-
-
-def _read_table(path: Path) -> pd.DataFrame:
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        try:
-            return pd.read_csv(path)
-        except pd.errors.EmptyDataError:
-            raise KronosError(f"{path}: file is empty; give a CSV with a header row and data") from None
-        except (OSError, ValueError, UnicodeDecodeError) as exc:
-            raise KronosError(f"{path}: could not read CSV ({one_line(exc, typed=False)}); check the file") from None
-    if suffix == ".parquet":
-        try:
-            import pyarrow  # noqa: F401  (only to give a clear message when it is missing)
-        except ImportError:
-            raise KronosError(f"{path}: reading Parquet needs pyarrow; pip install pyarrow") from None
-        try:
-            return pd.read_parquet(path)
-        except (OSError, ValueError) as exc:
-            raise KronosError(f"{path}: could not read Parquet ({one_line(exc, typed=False)}); "
-                              "check the file") from None
-    raise KronosError(f"{path}: unsupported file type '{path.suffix}'; use .csv or .parquet")
-
-
-def lower_columns(frame: pd.DataFrame, source: object) -> list[str]:
-    """Strip and lower-case the frame's column names in place and return them; two names that differ only in
-    case or spaces are an error naming ``source``."""
-    names = [str(c).strip().lower() for c in frame.columns]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise KronosError(f"{source}: columns {dupes} appear more than once (names ignore case); keep one of each")
-    frame.columns = names
-    return names
-
-
-def time_column(names: Sequence[str], source: object) -> str:
-    """The first accepted spelling of the time column among ``names``."""
-    found = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
-    if found is None:
-        raise KronosError(f"{source}: no time column (found: {', '.join(names) or 'none'}); "
-                          f"name it one of {', '.join(TIME_COLUMN_ALIASES)}")
     return found
+
+
+def check_values(df: pd.DataFrame, source: str, first_line: int | None = None) -> tuple[dict[str, np.ndarray],
+                                                                                        list[str]]:
+    """The feature columns of `df` (parsed TIME_COLUMN + features, rows in file order) as float64 arrays after
+    the value checks of `validate_kline` (numbers, finite, prices > 0), and its warnings."""
+    checked = df[[TIME_COLUMN]]
+    values = _feature_values(df, checked, source, first_line)
+    _check_prices(values, checked, source, first_line)
+    return values, _data_warnings(values, checked, source, first_line)
+
+
+def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | None = None) -> list[str]:
+    """Check a K-line frame; raise KronosError on errors, return warnings.
+
+    Errors (the data would train or predict on garbage):
+      - no rows, no ``timestamps`` column, or a missing price column
+        (open/high/low/close; the message lists the columns found);
+      - unparseable or empty timestamps;
+      - a non-numeric value in a feature column (column, first bad row);
+      - NaN or +/-inf in a feature column (column, first row and timestamp);
+      - timestamps duplicated or not strictly increasing (first offender);
+      - a price <= 0 (column, first row and timestamp).
+    Warnings (real data has these; usable as is):
+      - high below max(open, close) or low above min(open, close)
+        (count and first timestamp);
+      - negative volume or amount.
+    Gaps in time (nights, weekends, holidays, halts) are normal and not reported.
+    ``volume``/``amount`` are optional. Rows are named "row N" from 0, or "line N" of the file
+    when ``first_line`` (the file line of data row 0: 2 for a CSV with one header line) is given.
+    (`read_kline` repairs what it can first: rows newest first, exact repeats; see kronos_core.data.tables.)
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise KronosError(f"{source}: expected a pandas DataFrame, got {type(df).__name__}")
+    found = ", ".join(map(str, df.columns)) or "none"
+    if TIME_COLUMN not in df.columns:
+        raise KronosError(
+            f"{source}: no '{TIME_COLUMN}' column (found: {found}); add or rename the time column"
+        )
+    for col in PRICE_COLUMNS:
+        if col not in df.columns:
+            raise KronosError(f"{source}: missing price column '{col}' (found: {found}); add or rename it")
+    if len(df) == 0:
+        raise KronosError(f"{source}: no data rows; give at least one K-line")
+
+    ts = parse_timestamps(df[TIME_COLUMN], source, first_line)
+    checked = pd.DataFrame({TIME_COLUMN: ts.to_numpy()})
+    values = _feature_values(df, checked, source, first_line)
+    ts_ns = ts.to_numpy()
+    if len(ts_ns) > 1:
+        step_ok = ts_ns[1:] > ts_ns[:-1]
+        if not step_ok.all():
+            row = int(np.argmax(~step_ok)) + 1
+            if ts_ns[row] == ts_ns[row - 1]:
+                raise KronosError(
+                    f"{source}: duplicate timestamp {format_stamp(ts.iloc[row])} at "
+                    f"{'rows' if first_line is None else 'lines'} "
+                    f"{row - 1 + (first_line or 0)} and {row + (first_line or 0)}; "
+                    "drop duplicates"
+                )
+            raise KronosError(
+                f"{source}: timestamps not increasing at {row_label(row, first_line)} ({format_stamp(ts.iloc[row])} "
+                f"after {format_stamp(ts.iloc[row - 1])}); sort the rows by time"
+            )
+    _check_prices(values, checked, source, first_line)
+    return _data_warnings(values, checked, source, first_line)
+
+
+def _panel_hint(names: Sequence[str], raw: pd.DataFrame) -> str:
+    symbol = next((n for n in names if n in SYMBOL_COLUMN_NAMES), None)
+    if symbol is None:
+        return ""
+    spelled = file_name(raw, symbol)
+    return f"; or, as the file has a '{spelled}' column, read it as a panel (--symbol-column {spelled})"
 
 
 def read_kline(path: str | Path) -> pd.DataFrame:
@@ -373,13 +313,18 @@ def read_kline(path: str | Path) -> pd.DataFrame:
 
     Column names are matched case-insensitively after stripping spaces, in any
     order; the time column may be named timestamps, timestamp, date, datetime
-    or time (separate ``date`` and ``time`` columns are joined; a Parquet
+    or time, or have no name at all as the first column (a written index);
+    separate ``date`` and ``time`` columns are joined; a Parquet
     datetime index also works; YYYYMMDD integers are read as dates, other
-    numbers are refused since their unit is unknown). Other columns are dropped.
+    numbers are refused since their unit is unknown; mixed UTC offsets are converted to UTC.
+    Other columns are ignored. Rows newest first are put in time order and rows repeating the row
+    before them exactly are dropped (see kronos_core.data.tables).
     Returns ``timestamps`` + FEATURE_COLUMNS (volume/amount filled with
     :func:`fill_volume_amount`), float64 features, index 0..n-1. Warnings from
     :func:`validate_kline` are issued as KlineDataWarning and kept in
-    ``df.attrs["warnings"]``; ``df.attrs["source"]`` is the path; ``df.attrs["filled_columns"]`` lists
+    ``df.attrs["warnings"]``; what was done to the file (columns ignored, stamps converted, rows reordered
+    or dropped) is one line each in ``df.attrs["notes"]`` (not issued: the caller says them);
+    ``df.attrs["source"]`` is the path; ``df.attrs["filled_columns"]`` lists
     the feature columns the file lacked (volume and/or amount), filled by the reference rule. Errors in
     a CSV name file lines (the header is line 1), in a Parquet file 0-based rows.
     """
@@ -388,38 +333,48 @@ def read_kline(path: str | Path) -> pd.DataFrame:
         raise KronosError(f"{path}: file not found; check the path")
     if not path.is_file():
         raise KronosError(f"{path}: not a file; give a .csv or .parquet file")
-    raw = _read_table(path)
+    raw = read_table(path)
 
     if TIME_COLUMN not in {str(c).strip().lower() for c in raw.columns} and isinstance(
         raw.index, pd.DatetimeIndex
     ):
         raw = raw.reset_index(names=TIME_COLUMN)
     names = lower_columns(raw, path)
-    time_col = time_column(names, path)
-    keep = [time_col] + [c for c in FEATURE_COLUMNS if c in names]
-    df = raw[keep].rename(columns={time_col: TIME_COLUMN})
-    if time_col == "date" and "time" in names:
-        # Separate date and time-of-day columns, as many exports write them.
-        df[TIME_COLUMN] = raw["date"].astype(str).str.strip() + " " + raw["time"].astype(str).str.strip()
+    notes: list[str] = []
+    stamps, column, used = time_values(raw, names, path, notes)
     # Checked here (not only in validate_kline) so the message lists the file's own columns.
     for col in PRICE_COLUMNS:
-        if col not in df.columns:
+        if col not in names:
             found = ", ".join(names)
             raise KronosError(f"{path}: missing price column '{col}' (found: {found}); add or rename it")
+    present = [c for c in FEATURE_COLUMNS if c in names]
+    used.update(present)
+    ignored = ignored_columns_note(names, used, path)
+    if ignored is not None:
+        notes.insert(0, ignored)
 
     source = str(path)
-    first_line = 2 if path.suffix.lower() == ".csv" else None  # CSV: line 1 is the header
-    df[TIME_COLUMN] = _parse_timestamps(df[TIME_COLUMN], source, first_line)
-    found_warnings = validate_kline(df, source=source, first_line=first_line)
-    filled = [c for c in ("volume", "amount") if c not in df.columns]
-    for col in FEATURE_COLUMNS:
-        if col in df.columns:
-            df[col] = pd.to_numeric(df[col]).astype(np.float64)
+    first_line = first_data_line(path)
+    if len(raw) == 0:
+        raise KronosError(f"{source}: no data rows; give at least one K-line")
+    ts = parse_timestamps(stamps, source, first_line, column=column, notes=notes)
+    frame = pd.DataFrame({TIME_COLUMN: ts.reset_index(drop=True), **{c: raw[c].to_numpy() for c in present}})
+    values, found_warnings = check_values(frame, source, first_line)
+    matrix = np.stack([values[c] for c in present], axis=1)
+    try:
+        keep = order_rows(np.zeros(len(frame), dtype=np.int64), absolute_ns(frame[TIME_COLUMN]), matrix,
+                          frame[TIME_COLUMN], source, first_line, notes=notes)
+    except KronosError as error:
+        raise KronosError(f"{error}{_panel_hint(names, raw)}") from None
+    df = pd.DataFrame({TIME_COLUMN: frame[TIME_COLUMN].take(keep).reset_index(drop=True),
+                       **{c: values[c][keep] for c in present}})
+    filled = [c for c in ("volume", "amount") if c not in present]
     df = fill_volume_amount(df)[[TIME_COLUMN, *FEATURE_COLUMNS]].reset_index(drop=True)
     for message in found_warnings:
         warnings.warn(message, KlineDataWarning, stacklevel=2)
     df.attrs["source"] = source
     df.attrs["warnings"] = found_warnings
+    df.attrs["notes"] = notes
     df.attrs["filled_columns"] = filled
     return df
 

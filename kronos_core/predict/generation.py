@@ -13,12 +13,19 @@ last `max_context` tokens with positions restarting at 0.
   new tokens keep rotating at increasing positions. RoPE scores depend only on relative distance, so the
   only approximation is that cached states still carry the influence of the
   tokens that left the window.
+
+`generate_tokens` picks its stepper once (`RecomputeStepper`, `CachedStepper`,
+or `StaticStepper` for the fixed-shape and CUDA-graph steps), and a
+`DecodeWindow` says at each step which tokens to feed and whether the cache is
+re-filled or its oldest position dropped; the loop itself only windows, steps,
+samples, writes and reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -67,31 +74,124 @@ def sample_tokens(logits: Tensor, params: SamplingParams, generator: torch.Gener
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _recompute_step(model: Kronos, s1: Tensor, s2: Tensor, stamp: Tensor, params: SamplingParams,
-                    generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """One step the reference way: the whole window through decode_s1 / decode_s2."""
-    s1_logits, context = model.decode_s1(s1, s2, stamp)
-    next_s1 = sample_tokens(s1_logits[:, -1], params, generator)
-    s2_logits = model.decode_s2(context, next_s1.unsqueeze(-1))
-    next_s2 = sample_tokens(s2_logits[:, -1], params, generator)
-    return next_s1, next_s2
+@dataclass(frozen=True)
+class WindowStep:
+    """One step of a DecodeWindow."""
+
+    tokens: slice  # what the step feeds the model: the window on a refill, else the newest token
+    end: int  # where the sampled token goes
+    refill: bool  # (re-)fill a new cache from `tokens`
+    drop_oldest: bool  # the cache is full: drop its oldest position before appending
+    capacity: int  # positions of the cache a refill makes
+    appends: int  # on a refill: one-token steps that follow before the next refill
 
 
-def _cached_step(model: Kronos, cache: KronosCache, s1: Tensor, s2: Tensor, stamp: Tensor,
-                 params: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Append tokens [B, T] to the cache and sample the next (s1, s2)."""
-    s1_logits, last_hidden = model.extend_cache(s1, s2, stamp, cache)
-    next_s1 = sample_tokens(s1_logits, params, generator)
-    next_s2 = sample_tokens(model.s2_logits_cached(last_hidden, next_s1, cache), params, generator)
-    return next_s1, next_s2
+class DecodeWindow:
+    """Which tokens each step feeds the model, and what happens to the cache (the module doc's rules).
+
+    Step `step` writes token `end = history + step` and sees the window [start, end), start =
+    max(0, end - max_context). `mode` "recompute" feeds the whole window at every step. With a cache
+    ("refill", "shift") the first step fills it from the window; a later step feeds only the newest token,
+    except in "refill" mode once the window has slid: then the cache is re-filled from the new window at
+    each step (positions restart at 0). In "shift" mode the oldest cached position is dropped first once
+    the cache is full, and positions keep increasing.
+    """
+
+    def __init__(self, history: int, pred_len: int, max_context: int, mode: str) -> None:
+        self.history, self.pred_len, self.max_context, self.mode = history, pred_len, max_context, mode
+        self._cache_start = -1  # absolute index of the first token held in the cache
+        self._capacity = 0
+
+    def at(self, step: int) -> WindowStep:
+        end = self.history + step
+        start = max(0, end - self.max_context)
+        if self._cache_start < 0 or self.mode == "recompute" or (self.mode == "refill" and start != self._cache_start):
+            self._cache_start = start
+            self._capacity = min(self.max_context, self.history + self.pred_len) if start == 0 else self.max_context
+            return WindowStep(slice(start, end), end, True, False, self._capacity, self._appends_after(step, start))
+        drop = end - 1 - self._cache_start == self._capacity  # the cache holds tokens [cache_start, end - 1)
+        self._cache_start += drop
+        return WindowStep(slice(end - 1, end), end, False, drop, self._capacity, 0)
+
+    def _appends_after(self, step: int, start: int) -> int:
+        """One-token steps after a refill at `step` before the next refill."""
+        if self.mode == "shift":
+            return self.pred_len - 1 - step
+        if self.mode == "recompute" or start > 0:  # after the slide, refill mode refills at every step
+            return 0
+        return max(0, min(self.pred_len - 1, self.max_context - self.history) - step)  # until the window slides
 
 
-def _one_token_steps(step: int, pred_len: int, history: int, max_context: int, cache_start: int,
-                     window_mode: str) -> int:
-    """One-token steps from `step` on before the cache is re-filled (refill mode re-fills once the window slides)."""
-    if window_mode == "shift":
-        return pred_len - step
-    return sum(1 for later in range(step, pred_len) if max(0, history + later - max_context) == cache_start)
+class RecomputeStepper:
+    """The reference: the whole window through decode_s1 / decode_s2 at every step."""
+
+    def __init__(self, model: Kronos) -> None:
+        self.model = model
+        self._context: Tensor | None = None
+
+    def step(self, s1: Tensor, s2: Tensor, stamp: Tensor, at: WindowStep) -> Tensor:
+        """s1 logits [B, V] of the next position."""
+        s1_logits, self._context = self.model.decode_s1(s1, s2, stamp)
+        return s1_logits[:, -1]
+
+    def s2_logits(self, s1_ids: Tensor) -> Tensor:
+        """s2 logits [B, V2] of the position `step` just predicted, given its sampled s1 ids [B]."""
+        return self.model.decode_s2(self._context, s1_ids.unsqueeze(-1))[:, -1]
+
+
+class CachedStepper:
+    """Key/value cache; every step appends to it through `Kronos.extend_cache` (a view of the filled slots)."""
+
+    def __init__(self, model: Kronos, batch: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.batch, self.device, self.dtype = model, batch, device, dtype
+        self.cache: KronosCache | None = None
+        self._s2_logits: Callable[[Tensor], Tensor] | None = None
+
+    def step(self, s1: Tensor, s2: Tensor, stamp: Tensor, at: WindowStep) -> Tensor:
+        if at.refill:
+            self.cache = self.model.new_cache(self.batch, at.capacity, self.device, self.dtype)
+            self._refilled(at)
+            return self._extend(s1, s2, stamp)
+        if at.drop_oldest:
+            self.cache.drop_oldest()
+        return self._append_one(s1, s2, stamp)
+
+    def s2_logits(self, s1_ids: Tensor) -> Tensor:
+        return self._s2_logits(s1_ids)
+
+    def _refilled(self, at: WindowStep) -> None:
+        pass
+
+    def _append_one(self, s1: Tensor, s2: Tensor, stamp: Tensor) -> Tensor:
+        return self._extend(s1, s2, stamp)
+
+    def _extend(self, s1: Tensor, s2: Tensor, stamp: Tensor) -> Tensor:
+        s1_logits, last_hidden = self.model.extend_cache(s1, s2, stamp, self.cache)
+        self._s2_logits = partial(self.model.s2_logits_cached, last_hidden, cache=self.cache)
+        return s1_logits
+
+
+class StaticStepper(CachedStepper):
+    """Fills the cache as CachedStepper does; one-token steps run with fixed shapes (static_cache.StaticStep),
+    eagerly or, with `graphs`, as CUDA graphs when at least GRAPH_MIN_STEPS of them follow the fill."""
+
+    def __init__(self, model: Kronos, batch: int, device: torch.device, dtype: torch.dtype,
+                 stamp_dtype: torch.dtype, max_positions: int, graphs: bool) -> None:
+        super().__init__(model, batch, device, dtype)
+        self.stamp_dtype, self.max_positions, self.graphs = stamp_dtype, max_positions, graphs
+        self._static: StaticStep | None = None
+        self._appends = 0
+
+    def _refilled(self, at: WindowStep) -> None:
+        self._static, self._appends = None, at.appends
+
+    def _append_one(self, s1: Tensor, s2: Tensor, stamp: Tensor) -> Tensor:
+        if self._static is None:
+            self._static = StaticStep(self.model, self.cache, self.stamp_dtype, self.max_positions,
+                                      use_graph=self.graphs and self._appends >= GRAPH_MIN_STEPS)
+        s1_logits, hidden = self._static.s1_step(s1, s2, stamp)
+        self._s2_logits = partial(self._static.s2_logits, hidden)
+        return s1_logits
 
 
 def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_len: int, max_context: int,
@@ -118,42 +218,28 @@ def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_
     tokens_s2 = torch.empty_like(tokens_s1)
     tokens_s1[:, :history] = s1
     tokens_s2[:, :history] = s2
-    cache: KronosCache | None = None
-    static: StaticStep | None = None
-    cache_start = -1  # absolute index of the first token held in the cache
-    dtype = cache_dtype or next(model.parameters()).dtype
+    window = DecodeWindow(history, pred_len, max_context, window_mode if use_cache else "recompute")
+    stepper = _stepper(model, use_cache, decode_step, batch, s1.device, cache_dtype, stamps.dtype,
+                       history + pred_len + 1)
 
     for step in range(pred_len):
-        end = history + step
-        start = max(0, end - max_context)
-        if not use_cache:
-            next_s1, next_s2 = _recompute_step(model, tokens_s1[:, start:end], tokens_s2[:, start:end],
-                                               stamps[:, start:end], params, generator)
-        else:
-            fresh = cache is None or (start != cache_start and window_mode == "refill")
-            if fresh:
-                capacity = min(max_context, history + pred_len) if start == 0 else max_context
-                cache = model.new_cache(batch, capacity, s1.device, dtype)
-                cache_start, begin, static = start, start, None
-            else:
-                begin = end - 1
-                if cache.length == cache.dep.capacity:
-                    cache.drop_oldest()
-                    cache_start += 1
-            if fresh or decode_step == "dynamic":
-                next_s1, next_s2 = _cached_step(model, cache, tokens_s1[:, begin:end], tokens_s2[:, begin:end],
-                                                stamps[:, begin:end], params, generator)
-            else:
-                if static is None:
-                    following = _one_token_steps(step, pred_len, history, max_context, cache_start, window_mode)
-                    static = StaticStep(model, cache, stamps.dtype, history + pred_len + 1,
-                                        use_graph=decode_step == "graph" and following >= GRAPH_MIN_STEPS)
-                logits, hidden = static.s1_step(tokens_s1[:, begin:end], tokens_s2[:, begin:end],
-                                                stamps[:, begin:end])
-                next_s1 = sample_tokens(logits, params, generator)
-                next_s2 = sample_tokens(static.s2_logits(hidden, next_s1), params, generator)
-        tokens_s1[:, end] = next_s1
-        tokens_s2[:, end] = next_s2
+        at = window.at(step)
+        s1_logits = stepper.step(tokens_s1[:, at.tokens], tokens_s2[:, at.tokens], stamps[:, at.tokens], at)
+        next_s1 = sample_tokens(s1_logits, params, generator)
+        next_s2 = sample_tokens(stepper.s2_logits(next_s1), params, generator)
+        tokens_s1[:, at.end] = next_s1
+        tokens_s2[:, at.end] = next_s2
         if on_step is not None:
             on_step(step)
     return tokens_s1[:, history:], tokens_s2[:, history:]
+
+
+def _stepper(model: Kronos, use_cache: bool, decode_step: str, batch: int, device: torch.device,
+             cache_dtype: torch.dtype | None, stamp_dtype: torch.dtype,
+             max_positions: int) -> RecomputeStepper | CachedStepper:
+    if not use_cache:
+        return RecomputeStepper(model)
+    dtype = cache_dtype or next(model.parameters()).dtype
+    if decode_step == "dynamic":
+        return CachedStepper(model, batch, device, dtype)
+    return StaticStepper(model, batch, device, dtype, stamp_dtype, max_positions, graphs=decode_step == "graph")

@@ -15,24 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import pandas as pd
 
-from kronos_core.data.kline import (
-    FEATURE_COLUMNS,
-    NAT_NS,
-    PRICE_COLUMNS,
-    TIME_COLUMN,
-    _parse_timestamps,
-    _read_table,
-    calendar_features_ns,
-    lower_columns,
-    time_column,
-    wall_clock_ns,
-)
+from kronos_core.data.kline import FEATURE_COLUMNS, NAT_NS, TIME_COLUMN, calendar_features_ns, wall_clock_ns
+from kronos_core.data.panels import read_panel
+from kronos_core.data.tables import parse_timestamps
 from kronos_core.errors import KronosError
 from kronos_core.predict.arrays import SeriesGroup, frame_values
 
@@ -54,6 +44,7 @@ class PanelInputs:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (symbol, reason)
     actual: np.ndarray | None = None  # [n, P, 6] the held-out rows (holdout > 0)
     filled_columns: tuple[str, ...] = ()  # volume/amount the panel lacked (filled by the reference rule)
+    notes: list[str] = field(default_factory=list)  # what was done to the input (read_panel's and the stamps')
 
     @property
     def pred_len(self) -> int:
@@ -124,6 +115,10 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     codes, names = pd.factorize(symbols_raw, sort=False)
     names = [str(n) for n in names]
     times = panel[time_col]
+    notes: list[str] = list(panel.attrs.get("notes", ()))
+    if not pd.api.types.is_datetime64_any_dtype(times):
+        # YYYYMMDD integers are dates, not nanoseconds; strings with mixed UTC offsets become UTC
+        times = parse_timestamps(times.reset_index(drop=True), source, column=time_col, notes=notes)
     tz = getattr(times.dtype, "tz", None)
     try:
         ns = wall_clock_ns(times)
@@ -133,7 +128,9 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     if (ns == NAT_NS).any():
         row = int(np.argmax(ns == NAT_NS))
         raise KronosError(f"{source}: symbol {names[codes[row]]}: empty timestamp at row {row}; fill or drop it")
-    values = frame_values(panel.drop(columns=[symbol_col, time_col]), source, check_finite=False)
+    features = panel.drop(columns=[symbol_col, time_col])
+    features.columns = [str(c).strip().lower() for c in features.columns]  # "Close" as a file spells it is close
+    values = frame_values(features, source, check_finite=False)
     if np.all(codes[1:] >= codes[:-1]) and np.all((ns[1:] > ns[:-1]) | (codes[1:] != codes[:-1])):
         order = np.arange(len(ns))  # already grouped by symbol and sorted by time: no sort, no copies
     else:
@@ -169,7 +166,7 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     calendar = calendar_features_ns(np.concatenate([ns[rows], future_ns], axis=1))
     group = SeriesGroup(list(range(len(kept))), values[rows], calendar[:, :lookback], calendar[:, lookback:])
     filled = tuple(c for c in ("volume", "amount") if c not in panel.columns)
-    return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled)
+    return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled, notes)
 
 
 def _check_steps(codes: np.ndarray, ns: np.ndarray, names: list[str], source: str) -> None:
@@ -207,29 +204,6 @@ def _check_finite(values: np.ndarray, codes: np.ndarray, ns: np.ndarray, names: 
         position, column = np.argwhere(~finite)[0]
         raise KronosError(f"{source}: symbol {names[codes[position]]}: {FEATURE_COLUMNS[column]} is NaN or inf at "
                           f"{pd.Timestamp(int(ns[position]))} (row {int(order[position])}); fill or drop it")
-
-
-def read_panel(path: str | Path, symbol_col: str = "symbol") -> pd.DataFrame:
-    """Read a panel file (.csv or .parquet): the symbol column, the time column (any accepted spelling) and
-    the feature columns, names matched without case; timestamps parsed (errors name file and line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise KronosError(f"{path}: file not found; check the path")
-    raw = _read_table(path)
-    names = lower_columns(raw, path)
-    key = symbol_col.strip().lower()
-    if key not in names:
-        raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {', '.join(names) or 'none'}); "
-                          f"pass the column that names each series with --symbol-column")
-    time_col = time_column(names, path)
-    for column in PRICE_COLUMNS:
-        if column not in names:
-            raise KronosError(f"{path}: missing price column '{column}' (found: {', '.join(names)}); add or rename it")
-    keep = [key, time_col, *(c for c in FEATURE_COLUMNS if c in names)]
-    frame = raw[keep].rename(columns={key: "symbol", time_col: TIME_COLUMN})
-    first_line = 2 if path.suffix.lower() == ".csv" else None
-    frame[TIME_COLUMN] = _parse_timestamps(frame[TIME_COLUMN], str(path), first_line)
-    return frame
 
 
 def panel_frame(inputs: PanelInputs, values: np.ndarray, symbol_col: str = "symbol",

@@ -194,13 +194,15 @@ class KronosPredictor:
     def predict_arrays(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
                        y_stamp: np.ndarray | torch.Tensor, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
                        sample_count: int = 1, verbose: bool = False, max_batch_size: int | None = None,
-                       mean_only: bool = False, on_progress: ProgressCallback | None = None) -> np.ndarray:
+                       mean_only: bool = False, on_progress: ProgressCallback | None = None,
+                       mean_and_samples: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predict N series of one history length from arrays; every sample path, de-normalized.
 
         x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
         calendar features (`kronos_core.data.kline.calendar_features_ns` makes them from timestamps).
         Returns float32 [N, sample_count, P, 6], or with `mean_only` the mean path [N, P, 6] exactly as
-        `predict_batch` computes it (mean in normalized space, then de-normalized).
+        `predict_batch` computes it (mean in normalized space, then de-normalized), or with
+        `mean_and_samples` both (mean path, sample paths) from the same run.
         """
         if x.ndim != 3 or x.shape[2] != len(FEATURE_COLUMNS):
             raise KronosError(f"x must be [N, L, {len(FEATURE_COLUMNS)}], got {list(x.shape)}")
@@ -223,8 +225,10 @@ class KronosPredictor:
         chunks = -(-x.shape[0] // per_chunk)
         with _progress(on_progress, chunks * pred_len, x.shape[0]) as advance:
             mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_chunk,
-                                           not mean_only, on_step=lambda _step: advance(0, 1),
+                                           mean_and_samples or not mean_only, on_step=lambda _step: advance(0, 1),
                                            on_chunk=lambda done: advance(done, 0))
+        if mean_and_samples:
+            return mean_path, samples
         return mean_path if mean_only else samples
 
     # Internals ---------------------------------------------------------------------------

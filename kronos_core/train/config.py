@@ -18,6 +18,7 @@ import torch
 
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.sizes import SIZES
+from kronos_core.train.data_span import parse_train_until
 from kronos_core.validate import NO_EXAMPLE, check_known_keys, check_value, field_types
 from kronos_core.files import dumps_toml, load_toml, write_text_atomic
 
@@ -62,8 +63,10 @@ class TrainConfig:
     tokenizer_dir: str | None = None
     predictor_dir: str | None = None
     data: list[str] = field(default_factory=lambda: [SYNTHETIC])
+    symbol_column: str | None = None  # data files are panels (one long table); this column names each series
     synthetic_series: int = 8
     synthetic_rows: int = 2000
+    train_until: str | None = None    # train on bars up to this date, or this fraction of the timeline
     val_fraction: float = 0.1
     lookback_window: int = 90
     predict_window: int = 10
@@ -139,6 +142,10 @@ class TrainConfig:
     @classmethod
     def from_toml(cls, path: str | os.PathLike) -> TrainConfig:
         data = load_toml(path, what="training config")
+        if isinstance(data.get("predict"), dict):  # e.g. the predict benchmark's recommended.toml
+            raise KronosError(f"{path}: a prediction config (a [predict] table), not a training config; predict "
+                              f"with `kronos-tune predict --config {path}`, or give train a file of TrainConfig "
+                              f"keys (`kronos-tune config keys`)")
         for key, value in data.items():
             if isinstance(value, dict):
                 raise KronosError(f"{path}: [{key}] is a table; a training config is flat key = value lines, "
@@ -209,6 +216,8 @@ class TrainConfig:
             value = getattr(self, key)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, key, os.fspath(value))
+        if isinstance(self.train_until, (int, float)) and not isinstance(self.train_until, bool):
+            object.__setattr__(self, "train_until", str(self.train_until))  # TOML: train_until = 0.75
         data = self.data
         if isinstance(data, (str, os.PathLike)):
             data = [data]
@@ -252,6 +261,14 @@ class TrainConfig:
             raise self._fail("data", "is empty", f"give CSV/Parquet files or folders, or \"{SYNTHETIC}\"")
         if SYNTHETIC in self.data and len(self.data) > 1:
             raise self._fail("data", f"mixes \"{SYNTHETIC}\" with files", f"use either \"{SYNTHETIC}\" or paths")
+        if self.symbol_column is not None and (self.is_synthetic or not self.symbol_column.strip()):
+            raise self._fail("symbol_column", "needs panel files in data" if self.is_synthetic else "is empty",
+                             "give data = [\"panel.csv\"] or leave symbol_column out")
+        if self.train_until is not None:
+            try:
+                parse_train_until(self.train_until)
+            except KronosError as error:
+                raise KronosError(f"{self._source}: {error}") from None
         if self.is_synthetic and self.synthetic_rows < 2 * self.window_length:
             raise self._fail("synthetic_rows", f"is too short for a training and a validation window of "
                              f"{self.window_length} rows each", f"use at least {2 * self.window_length}")

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait as wait_ready
 
@@ -24,22 +25,61 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kronos_core.data.kline import find_data_files, read_kline
+from kronos_core.data.panels import read_panel, split_panel
 from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
+from kronos_core.train.data_span import DataSpan, cut_frames
 
 
 def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
+    """The training series: synthetic ones, one per file, or one per symbol of panel files (`symbol_column`).
+    What reading did to a file (columns ignored, stamps converted, ...) and the symbols too short for one
+    window are each one KronosWarning line."""
     if config.is_synthetic:
         return synthetic_series(config.synthetic_series, n_rows=config.synthetic_rows, seed=config.seed)
-    return [read_kline(path) for path in find_data_files(config.data)]
+    frames: list[pd.DataFrame] = []
+    for path in find_data_files(config.data):
+        if config.symbol_column is None:
+            frame = read_kline(path)
+            _say(frame.attrs.get("notes", ()))
+            frames.append(frame)
+            continue
+        panel = read_panel(path, config.symbol_column)
+        _say([*panel.attrs.get("notes", ()), *panel.attrs.get("warnings", ())])
+        for symbol, frame in split_panel(panel):
+            frame.attrs["symbol"] = symbol
+            frames.append(frame)
+    return frames
 
 
-def build_datasets(config: TrainConfig) -> tuple[KlineWindowDataset, KlineEvalDataset]:
-    """Split every series in time (last `val_fraction` validates) and build both datasets."""
+def _say(lines) -> None:
+    for line in lines:
+        warnings.warn(line, KronosWarning, stacklevel=3)
+
+
+def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpan]:
+    """The series cut at `train_until` (whole without it) and the span they cover (kronos_core.train.data_span)."""
     frames = load_frames(config)
+    paths = [] if config.is_synthetic else find_data_files(config.data)
+    return cut_frames(frames, config.train_until, paths, config.is_synthetic, config.symbol_column,
+                      config.val_fraction)
+
+
+def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None,
+                   ) -> tuple[KlineWindowDataset, KlineEvalDataset]:
+    """Split every series in time (last `val_fraction` validates) and build both datasets; `frames`: the
+    series to use (default: `load_training_data`, cut at `train_until`)."""
+    if frames is None:
+        frames, _ = load_training_data(config)
     train, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
+    short = [frame.attrs.get("symbol") or frame.attrs.get("source") or f"series {k}"
+             for k, (frame, part) in enumerate(zip(frames, train)) if len(part) < config.window_length]
+    if short and config.symbol_column is not None:
+        shown = ", ".join(map(str, short[:5])) + (f" and {len(short) - 5} more" if len(short) > 5 else "")
+        _say([f"{len(short)} of {len(frames)} symbols are too short for a training window ({config.window_length} "
+              f"rows, lookback_window + predict_window + 1, before the last val_fraction): {shown}"])
     common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
                   preload=config.preload)
     train_set = KlineWindowDataset(train, samples_per_epoch=config.samples_per_epoch, seed=config.seed, **common)

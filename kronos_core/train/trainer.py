@@ -8,9 +8,10 @@ PhaseMeter. Rank 0 writes
 everything under ``output_dir``::
 
     config.toml            the run's TrainConfig
+    data_span.json         which bars it reads (files, train_until cut, first/last bar; data_span.py)
     checkpoints/last.pt    resumable state (Trainer(config, resume=output_dir)); FSDP runs keep model
                            and optimizer shards in a DCP folder beside it (sharded_checkpoint.py)
-    best/                  lowest validation loss so far, published folder format
+    best/                  lowest validation loss so far, published folder format, with its data_span.json
     tokenizer/             predictor runs on a random-init tokenizer: that tokenizer
 """
 
@@ -43,7 +44,10 @@ from kronos_core.train.train_state import (
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
 from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
-from kronos_core.train.loading import GlobalBatchSampler, build_datasets, close_loader, eval_loader, train_loader
+from kronos_core.train.data_span import check_same_span, read_data_span, write_data_span
+from kronos_core.train.loading import (
+    GlobalBatchSampler, build_datasets, close_loader, eval_loader, load_training_data, train_loader,
+)
 from kronos_core.train.records import EvalRecord, PhaseClock, PhaseMeter, StepRecord, TrainSummary
 from kronos_core.train.sharded_checkpoint import (
     SHARDED_KEY, load_sharded_checkpoint, load_whole_into_sharded, save_sharded_checkpoint,
@@ -88,7 +92,9 @@ class Trainer:
         self.output_dir = Path(config.output_dir)
         self._seed(config.seed)
 
-        train_set, val_set = build_datasets(config)
+        frames, self.data_span = load_training_data(config)
+        train_set, val_set = build_datasets(config, frames)
+        del frames
         self.sampler = GlobalBatchSampler(config.samples_per_epoch, config.batch_size, config.accumulation_steps,
                                           dist.world_size, dist.rank)
         self.steps_per_epoch = self.sampler.steps_per_epoch
@@ -138,9 +144,11 @@ class Trainer:
         # Dropout / sampled-s1 randomness differs per rank; a single process is rank 0.
         torch.manual_seed(config.seed + dist.rank)
         if resume is not None:
+            check_same_span(read_data_span(self.output_dir), self.data_span, self.output_dir)
             self._load(resume)
         if dist.is_main:
             config.to_toml(self.output_dir / "config.toml")
+            write_data_span(self.output_dir, {**self.data_span.to_dict(), "what": config.what})
             if tokenizer is not None and not config.tokenizer_dir and not (self.output_dir / "tokenizer").exists():
                 tokenizer.save_pretrained(self.output_dir / "tokenizer")
 
@@ -359,6 +367,7 @@ class Trainer:
             if self.dist.is_main:
                 info = {"step": self.step, "what": self.config.what, **metrics}
                 write_text_atomic(best / "metrics.json", json.dumps(info, indent=2) + "\n")
+                write_data_span(best, {**self.data_span.to_dict(), "what": self.config.what, "step": self.step})
         if self.eval_callback is not None:
             epoch = max(self.step - 1, 0) // self.steps_per_epoch
             self.eval_callback(EvalRecord(self.step, epoch, dict(metrics), improved, scheduled))

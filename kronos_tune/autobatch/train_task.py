@@ -133,10 +133,15 @@ class TrainTask:
         return self._current[1]
 
     # estimate probes (fake-safe replica of Trainer.train_step) -----------------------------
-    def estimate_step_factory(self, batch_size: int) -> ProbeStep:
+    def estimate_step_factory(self, batch_size: int, layers: int | None = None) -> ProbeStep:
+        """A fake-safe step at `batch_size`; `layers` keeps only the first so many Transformer blocks of the
+        predictor (memory planning traces shallow copies and extrapolates by depth)."""
         config = self.probe_config(batch_size, estimate=True)
         cpu = torch.device("cpu")
         model, tokenizer = build_models(config)
+        if layers is not None and tokenizer is not None:
+            del model.transformer[layers:]
+            model.n_layers = len(model.transformer)
         model.set_activation_checkpointing(config.activation_checkpointing_blocks)
         if config.parallelism == "fsdp":
             if self.mesh is None:
@@ -150,14 +155,15 @@ class TrainTask:
         length = config.window_length
         clip = config.effective_grad_clip
 
-        def batch() -> Any:
-            return steps.prepare(torch.randn(batch_size, length, 6), torch.zeros(batch_size, length, 5))
+        def batch(size: int = batch_size) -> Any:
+            return steps.prepare(torch.randn(size, length, 6), torch.zeros(size, length, 5))
 
-        def run(meter: Any = None) -> None:
+        def run(meter: Any = None, size: int = batch_size) -> None:
+            """One step at `size` (the factory's batch size unless given: nothing else depends on it)."""
             slot.meter = meter
             model.train()
             with slot.phase("data"):
-                micro = batch()
+                micro = batch(size)
             with slot.phase("forward"), autocast_context(config, cpu):
                 loss = steps.loss(model, model, micro)
             with slot.phase("backward"):

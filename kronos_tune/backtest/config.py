@@ -4,7 +4,8 @@ A `PredictionSetting` is everything about *how* the predictor runs that may
 change its output (window mode, autocast, sampling, context). `--compare SPEC`
 derives a second setting from the first: SPEC is comma-separated ``key=value``
 pairs (keys: window-mode, amp, sample-count, T, top-p, sample-top-k,
-max-context) or the shorthands exact, shift, fp32, bf16, fp16.
+max-context, and checkpoint / tokenizer for another model on the same origins) or the shorthands exact,
+shift, fp32, bf16, fp16.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class PredictionSetting:
     top_p: float = 0.9
     sample_top_k: int = 0
     max_context: int | None = None  # None: the model size's context (512 for checkpoints)
+    checkpoint: str | None = None   # another model (--compare checkpoint=DIR); None: the run's --checkpoint/--size
+    tokenizer: str | None = None    # that model's tokenizer; None: found beside its training run, or --tokenizer
 
     def label(self) -> str:
         """Short name for tables: only what differs from the defaults, e.g. 'shift bf16'."""
@@ -45,16 +48,28 @@ class PredictionSetting:
             value = getattr(self, name)
             if value != default:
                 parts.append(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}")
+        if self.checkpoint is not None:
+            parts.append(f"checkpoint={short_model_name(self.checkpoint)}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        for name in ("checkpoint", "tokenizer"):  # only when set, so runs made before these existed still resume
+            if values[name] is None:
+                del values[name]
+        return values
+
+
+def short_model_name(checkpoint: str | Path) -> str:
+    """A checkpoint folder's name for tables; a training run's best/ keeps its run's name ('run-1/best')."""
+    path = Path(str(checkpoint))
+    return f"{path.parent.name}/{path.name}" if path.name == "best" and path.parent.name else path.name or str(path)
 
 
 SETTING_KEYS: dict[str, tuple[str, type]] = {
     "window-mode": ("window_mode", str), "amp": ("amp", str), "sample-count": ("sample_count", int),
     "t": ("temperature", float), "top-p": ("top_p", float), "sample-top-k": ("sample_top_k", int),
-    "max-context": ("max_context", int),
+    "max-context": ("max_context", int), "checkpoint": ("checkpoint", str), "tokenizer": ("tokenizer", str),
 }
 SHORTHANDS: dict[str, tuple[str, str]] = {
     "exact": ("window_mode", "refill"), "refill": ("window_mode", "refill"), "shift": ("window_mode", "shift"),
@@ -125,6 +140,8 @@ class BacktestConfig(InputSpec):
     resume: bool = False
     overwrite: bool = False
     calendar: str | None = None  # exchange calendar for the model's future stamps; None: each symbol's own bars
+    symbol_column: str | None = None  # --data files are panels with this column (None: detected, see universe.py)
+    allow_overlap: bool = False  # score origins inside a checkpoint's training span (marked in-sample)
 
     @property
     def every_bars(self) -> int | str:
@@ -148,7 +165,24 @@ class BacktestConfig(InputSpec):
             "compare": None if self.compare is None else self.compare.to_dict(),
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
+            **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
+            **({"allow_overlap": True} if self.allow_overlap else {}),
         }
+
+    def model_name(self, setting: PredictionSetting) -> str:
+        """Which weights a setting predicts with, for tables: a checkpoint's short name or 'random SIZE'."""
+        if setting.checkpoint is not None:
+            return short_model_name(setting.checkpoint)
+        return short_model_name(self.checkpoint) if self.checkpoint is not None else f"random {self.size}"
+
+    def titles(self, settings: list[PredictionSetting]) -> list[str]:
+        """Column titles: the settings' labels, or the model names when the settings differ in the model."""
+        labels = [s.label() for s in settings]
+        if not any(s.checkpoint is not None for s in settings):
+            return labels
+        plain = [replace(s, checkpoint=None, tokenizer=None).label() for s in settings]
+        names = [self.model_name(s) for s in settings]
+        return names if len(set(plain)) == 1 else [f"{n} ({p})" for n, p in zip(names, plain)]
 
 
 def check_config(config: BacktestConfig, device: str) -> None:
@@ -157,6 +191,8 @@ def check_config(config: BacktestConfig, device: str) -> None:
     if not config.data and config.synthetic is None:
         raise KronosTuneError("no universe: give --data (a folder of per-symbol files or one panel file with a "
                               "symbol column) or --synthetic N")
+    if config.symbol_column is not None and not config.data:
+        raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.synthetic is not None and config.synthetic < 2:
         raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
     for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k)):

@@ -1,7 +1,8 @@
 """Forecasters: turn the windows of an origin into predicted closes at the end of the horizon.
 
-A forecaster is any callable ``forecaster(windows, pred_len) -> np.ndarray``
-(one predicted close per window). `KronosForecaster` runs the model through
+A forecaster is any callable ``forecaster(windows, pred_len) -> np.ndarray``:
+one predicted close per window, or ``[windows, N]`` sampled closes (N >= 2: the
+point forecast is their mean, and the backtest scores the band's calibration). `KronosForecaster` runs the model through
 `KronosPredictor.predict_arrays` (the array path: no DataFrame per series) in
 calls of ``batch_size`` series;
 `OracleForecaster` returns the realized close (a perfect predictor, to check
@@ -81,11 +82,12 @@ class KronosForecaster:
                 samples = self.predictor.predict_arrays(
                     x, x_stamp, y_stamp, T=self.setting.temperature, top_k=self.setting.sample_top_k,
                     top_p=self.setting.top_p, sample_count=self.setting.sample_count, verbose=False)
-            # [series, samples, pred_len, 6]: the mean path's close at the end of the horizon.
-            closes.extend(samples[:, :, -1, CLOSE].astype(np.float64).mean(axis=1))
+            # [series, samples, pred_len, 6]: every sample's close at the end of the horizon.
+            closes.append(samples[:, :, -1, CLOSE].astype(np.float64))
             if self.on_chunk is not None:
                 self.on_chunk(len(chunk))
-        return np.asarray(closes, dtype=np.float64)
+        final = np.concatenate(closes) if closes else np.zeros((0, self.setting.sample_count))
+        return final if self.setting.sample_count >= 2 else final.mean(axis=1)
 
 
 class OracleForecaster:

@@ -1,10 +1,12 @@
-"""The backtest picture: cumulative curves on top, the IC / RankIC series below (matplotlib, the `plot` extra)."""
+"""The backtest picture: cumulative curves on top, the IC / RankIC series below, and with sample paths the band's
+coverage per origin against its nominal level (matplotlib, the `plot` extra). In-sample origins are shaded."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+from kronos_tune.backtest.calibration import INTERVALS, interval_name
 from kronos_tune.backtest.portfolio import equity_curve
 from kronos_tune.backtest.scoring import BacktestResult, SettingScores
 from kronos_tune.figures import new_figure, save_figure
@@ -14,17 +16,20 @@ MISSING_NOTE = "no picture: matplotlib is not installed (pip install 'kronos-tun
 
 def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str], None]) -> Path | None:
     """Write the picture to `path` and return it; without matplotlib say so in one note and return None."""
-    figure = new_figure(figsize=(10, 7))
+    banded = [s for s in result.scores if s.calibration is not None]
+    figure = new_figure(figsize=(10, 9.5 if banded else 7))
     if figure is None:
         note("note", MISSING_NOTE)
         return None
     # Origins evenly spaced (nights and weekends would otherwise squeeze the intraday ones together).
     times = list(range(len(result.plan.origins)))
-    curves, ics = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    panels = figure.subplots(3 if banded else 2, 1, sharex=True, height_ratios=(3, 2, 2) if banded else (3, 2))
+    curves, ics = panels[0], panels[1]
     main = result.scores[0]
     mode = "long-only" if result.config.long_only else "long-short"
+    titles = dict(zip((s.slot for s in result.scores), result.config.titles([s.setting for s in result.scores])))
     for scores in result.scores:
-        label = f"{mode} top {result.config.top_k}, {result.config.cost_bps:g} bps ({scores.setting.label()})"
+        label = f"{mode} top {result.config.top_k}, {result.config.cost_bps:g} bps ({titles[scores.slot]})"
         curves.plot(times, scores.net_equity.to_numpy() - 1.0, marker=".", label=label)
     curves.plot(times, _benchmark(main), color="grey", linestyle="--",
                 label="equal-weight universe")
@@ -34,21 +39,51 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins"
     if result.config.checkpoint is None:
         title += " (random weights)"
+    if result.overlap.origins_in_span:
+        title += f"; {result.overlap.origins_in_span} origins IN-SAMPLE (--allow-overlap)"
+        cut = sum(o.timestamp < result.overlap.cut for o in result.plan.origins) - 0.5
+        for axis in panels:
+            axis.axvspan(-0.5, cut, color="red", alpha=0.08, label=None)
     curves.set_title(title)
     for scores, style in zip(result.scores, ("-", ":")):
-        suffix = f" ({scores.setting.label()})" if len(result.scores) > 1 else ""
+        suffix = f" ({titles[scores.slot]})" if len(result.scores) > 1 else ""
         ics.plot(times, [q.ic for q in scores.quality], style, marker="o", markersize=3, label="IC" + suffix)
         ics.plot(times, [q.rank_ic for q in scores.quality], style, marker="s", markersize=3,
                  label="RankIC" + suffix)
     ics.axhline(0.0, color="black", linewidth=0.6)
     ics.set_ylabel("correlation")
-    ics.set_xlabel("origin")
     ics.legend(loc="best", fontsize=8)
+    if banded:
+        _plot_coverage(panels[2], times, banded, titles, len(result.scores) > 1)
+    panels[-1].set_xlabel("origin")
     ticks = times[::max(1, len(times) // 8)]
-    ics.set_xticks(ticks, [result.plan.origins[i].timestamp.strftime("%Y-%m-%d %H:%M") for i in ticks])
+    panels[-1].set_xticks(ticks, [result.plan.origins[i].timestamp.strftime("%Y-%m-%d %H:%M") for i in ticks])
     figure.autofmt_xdate()
     figure.tight_layout()
     return save_figure(figure, path)
+
+
+def _plot_coverage(axis, times: list[int], banded: list[SettingScores], titles: dict[str, str],
+                   several: bool) -> None:
+    """Per-origin coverage of each central interval against its nominal level, and the CRPS on a second axis."""
+    crps_axis = axis.twinx()
+    for scores, style in zip(banded, ("-", ":")):
+        suffix = f" ({titles[scores.slot]})" if several else ""
+        per_origin = scores.calibration.per_origin  # type: ignore[union-attr]
+        for (low, high), marker in zip(INTERVALS, ("o", "s")):
+            name = interval_name(low, high)
+            axis.plot(times, [v[name] for v in per_origin], style, marker=marker, markersize=3,
+                      label=f"P{low * 100:.0f}-P{high * 100:.0f} coverage{suffix}")
+        crps_axis.plot(times, [v["crps"] for v in per_origin], style, color="grey", marker="x", markersize=3,
+                       label=f"CRPS / last close{suffix}")
+    for (low, high), color in zip(INTERVALS, ("C0", "C1")):
+        axis.axhline(high - low, color=color, linestyle="--", linewidth=0.8)
+    axis.set_ylim(-0.05, 1.05)
+    axis.set_ylabel("coverage (dashed: nominal)")
+    crps_axis.set_ylabel("CRPS / last close")
+    lines, labels = axis.get_legend_handles_labels()
+    more, more_labels = crps_axis.get_legend_handles_labels()
+    axis.legend(lines + more, labels + more_labels, loc="best", fontsize=8)
 
 
 def _benchmark(scores: SettingScores) -> list[float]:

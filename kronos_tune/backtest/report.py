@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from kronos_core.files import write_text_atomic
+from kronos_tune.backtest.calibration import conventions
 from kronos_tune.backtest.portfolio import LONG_ONLY, LONG_SHORT
 from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference
 
@@ -33,11 +34,30 @@ def _finite(value: Any) -> Any:
     return value
 
 
+CONVENTIONS = {
+    "ic": "cross-sectional Pearson correlation of predicted and realized returns, per origin (Qlib calc_ic: ic)",
+    "rank_ic": "cross-sectional Spearman correlation per origin (Qlib calc_ic: ric; alphalens "
+               "factor_information_coefficient)",
+    "icir": "mean / std (ddof 1) of the per-origin IC over origins; rank_icir the same of RankIC",
+    "ic_t": "mean / (std / sqrt(origins)) of the per-origin IC",
+    "hit_rate": "share of (symbol, origin) whose predicted return has the realized return's sign",
+    "returns": "predicted close (mean of the sample paths) / last close - 1 at the end of the horizon",
+    "portfolio": "after costs: cost_bps per unit of turnover subtracted at every rebalance",
+    "agreement": "per-origin Spearman correlation of the two settings' predicted returns",
+}
+
+
+def _ratio(mean: float, std: float) -> float:
+    return mean / std if math.isfinite(mean) and math.isfinite(std) and std > 0 else math.nan
+
+
 def headline(scores: SettingScores) -> dict[str, Any]:
     """The named scores of one setting."""
     return {
         "ic_mean": scores.ic.mean, "ic_std": scores.ic.std, "ic_t": scores.ic.t,
+        "icir": _ratio(scores.ic.mean, scores.ic.std),
         "rank_ic_mean": scores.rank_ic.mean, "rank_ic_std": scores.rank_ic.std, "rank_ic_t": scores.rank_ic.t,
+        "rank_icir": _ratio(scores.rank_ic.mean, scores.rank_ic.std),
         "hit_rate": scores.hit_rate, "mae_return": scores.mae_return,
         "cumulative_return": scores.curve.cumulative_return, "annualized_return": scores.curve.annualized_return,
         "annualized_volatility": scores.curve.annualized_volatility, "sharpe": scores.curve.sharpe,
@@ -47,8 +67,26 @@ def headline(scores: SettingScores) -> dict[str, Any]:
     }
 
 
+def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str, Any] | None:
+    """The band's calibration of one setting: overall, per origin, and how each figure is defined."""
+    band = scores.calibration
+    if band is None:
+        return None
+    per_origin = [{"origin": o.index, "timestamp": str(o.timestamp), **values}
+                  for o, values in zip(result.plan.origins, band.per_origin)]
+    return {"samples": band.samples, **band.overall, "per_origin": per_origin, "conventions": conventions()}
+
+
+def row(scores: SettingScores, result: BacktestResult, title: str) -> dict[str, Any]:
+    """One setting's line of the side-by-side table."""
+    band = scores.calibration
+    return {"title": title, "label": scores.setting.label(), "model": result.config.model_name(scores.setting),
+            **headline(scores), **({} if band is None else {"calibration": band.overall})}
+
+
 def to_json_dict(result: BacktestResult) -> dict[str, Any]:
     config, plan, main = result.config, result.plan, result.scores[0]
+    titles = config.titles([s.setting for s in result.scores])
     report: dict[str, Any] = {
         **headline(main),
         "origins": len(plan.origins),
@@ -71,7 +109,15 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
         "pred_len": config.pred_len,
         "every": config.every_bars,
         "seed": config.seed,
+        "rows": [row(scores, result, title) for scores, title in zip(result.scores, titles)],
+        "training_span": result.overlap.to_dict(),
+        "conventions": CONVENTIONS,
     }
+    if result.overlap.origins_in_span:
+        report["in_sample_origins"] = result.overlap.origins_in_span
+    calibration = calibration_dict(main, result)
+    if calibration is not None:
+        report["calibration"] = calibration
     if result.agreement is not None:
         other = result.scores[1]
         report["compare"] = {
@@ -82,6 +128,9 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
             "rank_ic_mean_diff": other.rank_ic.mean - main.rank_ic.mean,
             **curve_difference(main, other),
         }
+        calibration = calibration_dict(other, result)
+        if calibration is not None:
+            report["compare"]["calibration"] = calibration
     return _finite(report)
 
 
@@ -102,9 +151,14 @@ def origins_table(result: BacktestResult) -> pd.DataFrame:
             "benchmark_return": [p.benchmark_return for p in scores.periods],
             "cumulative_return": scores.net_equity.to_numpy() - 1.0,
         })
+        if scores.calibration is not None:
+            band = pd.DataFrame(scores.calibration.per_origin).drop(columns="rows")
+            part = pd.concat([part, band], axis=1)
         table = pd.concat([table, part.add_prefix(prefix)], axis=1)
     if result.agreement is not None:
         table["agreement_spearman"] = result.agreement.per_origin
+    if result.overlap.cut is not None:
+        table["in_sample"] = [o.timestamp < result.overlap.cut for o in result.plan.origins]
     return table
 
 

@@ -24,8 +24,9 @@ import torch
 from kronos_core.errors import one_line
 from kronos_core.predict.predictor import default_device
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
-                                         raise_top_k)
+                                         raise_top_k, short_model_name)
 from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_windows
+from kronos_tune.backtest.leakage import check_spans, plan_out_of_sample, resolve_models
 from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginPlan, parse_every, plan_origins
 from kronos_tune.backtest.report import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, score_run
@@ -105,20 +106,26 @@ def work_units(origins: list[Origin], batch_size: int) -> list[list[Origin]]:
     return units
 
 
-def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback) -> ForecasterFactory:
-    """Load the weights once (on first use) and build one KronosPredictor per setting on them."""
-    loaded: dict[str, object] = {}
+def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback,
+                   weights: dict | None = None) -> ForecasterFactory:
+    """Load each model's weights once (on first use) and build one KronosPredictor per setting on them;
+    `weights`: the --checkpoint/--tokenizer folders already resolved (kronos_tune.predict.job.resolve_weights)."""
+    loaded: dict[tuple[str | None, str | None], object] = {}
 
     def make(setting: PredictionSetting, on_chunk: Callable[[int], None]) -> Forecaster:
         from kronos_core.predict.predictor import KronosPredictor
         from kronos_tune.predict.job import PredictConfig, load_predictor
 
-        if "base" not in loaded:
-            base_config = PredictConfig(lookback=config.lookback, pred_len=config.pred_len, size=config.size,
-                                        checkpoint=config.checkpoint, tokenizer=config.tokenizer, device=device,
-                                        seed=config.seed)
-            loaded["base"] = load_predictor(base_config, note)
-        base = loaded["base"]
+        key = (setting.checkpoint, setting.tokenizer)
+        if key not in loaded:
+            model = dict(size=config.size, checkpoint=config.checkpoint, tokenizer=config.tokenizer)
+            resolved = weights
+            if setting.checkpoint is not None:  # --compare checkpoint=...: another model
+                model = dict(size=None, checkpoint=Path(setting.checkpoint), tokenizer=Path(str(setting.tokenizer)))
+                resolved = None
+            loaded[key] = load_predictor(PredictConfig(lookback=config.lookback, pred_len=config.pred_len, **model,
+                                                       device=device, seed=config.seed), note, resolved)
+        base = loaded[key]
         predictor = KronosPredictor(base.model, base.tokenizer, device=device,  # type: ignore[attr-defined]
                                     max_context=config.max_context(setting),
                                     amp=None if setting.amp == "none" else setting.amp,
@@ -143,7 +150,7 @@ def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
 
 
 def _label(config: BacktestConfig) -> str:
-    model = config.size if config.size is not None else Path(str(config.checkpoint)).name
+    model = config.size if config.size is not None else short_model_name(str(config.checkpoint)).replace("/", "-")
     data = f"synthetic{config.synthetic}" if config.synthetic is not None else Path(config.data[0]).stem
     return f"{model}-{data}"
 
@@ -160,7 +167,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
             on_note(level, message)
 
     device = resolve_device(config.device)
-    config = _with_every(config)
+    config = resolve_models(_with_every(config))
     check_config(config, device)
     if config.checkpoint is None and forecaster_factory is None:
         note("warning", RANDOM_WEIGHTS_NOTE)
@@ -168,9 +175,13 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     if config.synthetic is not None and origins_wanted is None:
         origins_wanted = DEFAULT_SYNTHETIC_ORIGINS
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
+    weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any data or folder
     rows = synthetic_rows(config, origins_wanted or 1)
-    universe = load_universe(config.data, config.synthetic, rows, config.seed, note)
-    plan = _plan(config, universe, origins_wanted)
+    universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column)
+    overlap = check_spans(config, universe.synthetic, note)
+    plan = plan_out_of_sample(lambda count: _plan(config, universe, count), origins_wanted, overlap, note)
+    if overlap.marking() is not None:
+        note("warning", overlap.marking())
     if plan.skipped_symbols:
         shown = ", ".join(plan.skipped_symbols[:5]) + (" ..." if len(plan.skipped_symbols) > 5 else "")
         note("note", f"skipped {len(plan.skipped_symbols)} of {len(universe.symbols)} symbols with too little "
@@ -182,13 +193,15 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
     note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
-    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols))
-    factory = forecaster_factory or kronos_factory(config, device, note)
+    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols),
+             **({"weights": {label: source.to_dict() for label, source in weights.items()}} if weights else {}))
+    factory = forecaster_factory or kronos_factory(config, device, note, weights)
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     try:
         for slot, setting in zip(SLOTS, settings):
             _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress, futures)
         result = score_run(config, universe, plan, run.path, settings)
+        result.overlap = overlap
         result.notes = session.notes
         result.session_predicted = session.predicted
         result.session_predict_seconds = session.predict_seconds
@@ -201,6 +214,12 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         raise
     run.mark("complete", **_timing(session))
     return result
+
+
+def _resolve_weights(config: BacktestConfig, note: NoteCallback) -> dict:
+    from kronos_tune.predict.job import resolve_weights
+
+    return resolve_weights(config, note)
 
 
 def _with_every(config: BacktestConfig) -> BacktestConfig:
@@ -259,7 +278,9 @@ def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, 
                                                            None if futures is None else futures[o.index])]
         torch.manual_seed(config.seed * 1_000_003 + unit[0].index)
         before, unit_started = state.predicted, time.perf_counter()
-        closes = forecaster(windows, config.pred_len)
+        output = np.asarray(forecaster(windows, config.pred_len), dtype=np.float64)
+        samples = output if output.ndim == 2 and output.shape[1] >= 2 else None
+        closes = output.mean(axis=1) if output.ndim == 2 else output
         session.predict_seconds += time.perf_counter() - unit_started
         session.predicted += len(windows)
         state.predicted = before + len(windows)  # also when the forecaster does not report chunks
@@ -267,7 +288,8 @@ def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, 
         for origin in unit:
             count = len(origin.members)
             if origin.index not in done:
-                frame = origin_frame(windows[offset:offset + count], origin.timestamp, closes[offset:offset + count])
+                frame = origin_frame(windows[offset:offset + count], origin.timestamp, closes[offset:offset + count],
+                                     None if samples is None else samples[offset:offset + count])
                 write_origin(origin_path(run.path, slot, origin.index), frame)
                 state.origins_done += 1
             offset += count

@@ -10,13 +10,33 @@ import numpy as np
 import pandas as pd
 
 from kronos_tune.backtest.agreement import RankingAgreement, ranking_agreement
+from kronos_tune.backtest.calibration import summarize_calibration
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
+from kronos_tune.backtest.leakage import OverlapCheck
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, SeriesSummary, origin_quality, summarize
 from kronos_tune.backtest.origins import OriginPlan
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
-from kronos_tune.backtest.store import origin_path, read_origin
+from kronos_tune.backtest.store import has_band, origin_path, read_origin
 from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
+
+
+@dataclass(frozen=True)
+class BandCalibration:
+    """Coverage, pinball loss and CRPS of the sample band (kronos_tune.backtest.calibration), per origin and
+    over every (symbol, origin)."""
+
+    samples: int
+    per_origin: list[dict[str, float]]
+    overall: dict[str, float]
+
+
+def band_calibration(predictions: list[pd.DataFrame], samples: int) -> BandCalibration | None:
+    """None unless every origin holds the band's columns."""
+    if not predictions or not all(has_band(frame) for frame in predictions):
+        return None
+    return BandCalibration(samples, [summarize_calibration(frame) for frame in predictions],
+                           summarize_calibration(pd.concat(predictions, ignore_index=True)))
 
 
 @dataclass
@@ -34,6 +54,7 @@ class SettingScores:
     mae_return: float  # over every (symbol, origin)
     curve: CurveStats
     benchmark: CurveStats  # the equal-weight universe, no costs
+    calibration: BandCalibration | None = None  # with sample paths (--sample-count >= 2)
 
     @property
     def net_equity(self) -> pd.Series:
@@ -50,6 +71,7 @@ class BacktestResult:
     plan: OriginPlan
     scores: list[SettingScores]
     agreement: RankingAgreement | None = None
+    overlap: OverlapCheck = field(default_factory=OverlapCheck)
     notes: list[tuple[str, str]] = field(default_factory=list)
     session_predicted: int = 0
     session_predict_seconds: float = 0.0
@@ -74,6 +96,7 @@ def score_setting(slot: str, setting: PredictionSetting, predictions: list[pd.Da
         hit_rate=float(hits.mean()), mae_return=float((pooled[PREDICTED] - pooled[REALIZED]).abs().mean()),
         curve=curve_stats([p.net_return for p in periods], [p.turnover for p in periods], periods_per_year),
         benchmark=curve_stats([p.benchmark_return for p in periods], [0.0] * len(periods), periods_per_year),
+        calibration=band_calibration(predictions, setting.sample_count),
     )
 
 

@@ -2,8 +2,9 @@
 
 Two file layouts:
 - a folder of (or several) per-symbol .csv/.parquet files: the symbol is the file name;
-- one panel file with a symbol column (``symbol``, ``ticker``, ``code``, ``instrument`` or ``stock``):
-  rows of every symbol, each symbol's rows in time order.
+- panel files (``--symbol-column NAME``, or one file with a column ``symbol``, ``ticker``, ``code``,
+  ``instrument`` or ``stock``): rows of every symbol, read by `kronos_core.data.panels.read_panel`
+  (checked on arrays over the whole file; what it did to the file and its warnings are one note each).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
-                              read_kline, time_column, validate_kline)
+                                    read_kline, time_column, validate_kline)
+from kronos_core.data.panels import read_panel, split_panel
+from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
 from kronos_core.errors import KronosError
-from kronos_core.data.synthetic import SYMBOL_COLUMN, synthetic_universe
+from kronos_core.data.synthetic import synthetic_universe
 from kronos_tune.errors import KronosTuneError
 
-SYMBOL_ALIASES: tuple[str, ...] = (SYMBOL_COLUMN, "ticker", "code", "instrument", "stock")
+SYMBOL_ALIASES: tuple[str, ...] = SYMBOL_COLUMN_NAMES
 
 NoteCallback = Callable[[str, str], None]
 
@@ -95,25 +98,37 @@ def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
     return Universe(symbols, source)
 
 
-def _read_panel_if_any(path: Path) -> pd.DataFrame | None:
-    """The file as a frame when it has a symbol column, else None (a single-symbol file)."""
-    if path.suffix.lower() == ".csv":
-        try:
-            header = pd.read_csv(path, nrows=0)
-        except (OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
-            return None  # read_kline gives the precise message
-        if not {str(c).strip().lower() for c in header.columns} & set(SYMBOL_ALIASES):
-            return None
-        try:
-            return pd.read_csv(path)
-        except (OSError, ValueError, UnicodeDecodeError) as error:
-            reason = " ".join(str(error).split())[:200]
-            raise KronosTuneError(f"{path}: could not read the panel CSV ({reason}); check the file") from None
+def _panel_column(path: Path) -> str | None:
+    """The file's symbol column when its header has one of SYMBOL_ALIASES, else None (a single-symbol file)."""
     try:
-        frame = pd.read_parquet(path)
-    except (ImportError, OSError, ValueError):
-        return None
-    return frame if {str(c).strip().lower() for c in frame.columns} & set(SYMBOL_ALIASES) else None
+        if path.suffix.lower() == ".csv":
+            columns = list(pd.read_csv(path, nrows=0).columns)
+        else:
+            import pyarrow.parquet as parquet
+
+            columns = list(parquet.read_schema(path).names)
+    except (ImportError, OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
+        return None  # read_kline gives the precise message
+    return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_ALIASES), None)
+
+
+def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCallback) -> Universe:
+    """Panel files: every symbol of every file (a symbol in two files is refused), sorted by name."""
+    symbols: dict[str, SymbolSeries] = {}
+    where: dict[str, Path] = {}
+    for path in paths:
+        panel = read_panel(path, symbol_column)
+        for message in panel.attrs.get("notes", ()):
+            on_note("note", message)
+        for message in panel.attrs.get("warnings", ()):
+            on_note("warning", message)
+        for symbol, frame in split_panel(panel):
+            if symbol in symbols:
+                raise KronosTuneError(f"{path}: symbol {symbol} is also in {where[symbol]}; give each symbol's rows "
+                                      "in one file")
+            symbols[symbol], where[symbol] = _symbol_series(symbol, frame), path
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
+    return Universe([symbols[name] for name in sorted(symbols)], source)
 
 
 def _unique_names(paths: list[Path]) -> list[str]:
@@ -122,8 +137,9 @@ def _unique_names(paths: list[Path]) -> list[str]:
 
 
 def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows: int, seed: int,
-                  on_note: NoteCallback) -> Universe:
-    """Read --data (per-symbol files or one panel file) or make --synthetic N symbols."""
+                  on_note: NoteCallback, symbol_column: str | None = None) -> Universe:
+    """Read --data (per-symbol files, panel files with `symbol_column`, or one file with a symbol column of
+    SYMBOL_ALIASES) or make --synthetic N symbols."""
     if not data:
         count = synthetic if synthetic is not None else 0
         panel = synthetic_universe(count, n_rows=synthetic_rows, seed=seed)
@@ -134,15 +150,19 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
         paths = find_data_files(list(data))
     except KronosError as error:
         raise KronosTuneError(f"--data: {error}") from None
+    if symbol_column is not None:
+        return universe_from_files(paths, symbol_column, on_note)
     if len(paths) == 1:
-        panel = _read_panel_if_any(paths[0])
-        if panel is not None:
-            return universe_from_panel(panel, str(paths[0]), on_note=on_note)
+        found = _panel_column(paths[0])
+        if found is not None:
+            return universe_from_files(paths, found, on_note)
     symbols = []
     for name, path in zip(_unique_names(paths), paths):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             frame = read_kline(path)
+        for message in frame.attrs.get("notes", ()):
+            on_note("note", message)
         for warning in caught:
             on_note("warning", str(warning.message))
         symbols.append(_symbol_series(name, frame))

@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, LiveProgress,
-                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
-                                         WindowModeOption)
+                                         OfflineOption, SampleCountOption, SeedOption, SizeOption, TemperatureOption,
+                                         TopPOption, WindowModeOption)
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -32,21 +32,32 @@ def _pct(value: float | None, signed: bool = True) -> str:
     return f"{100 * value:+.2f} %" if signed else f"{100 * value:.2f} %"
 
 
+BAND_ROWS = (
+    ("coverage P10-P90 (nominal 80 %)", lambda b: _pct(b["coverage_p10_p90"], signed=False)),
+    ("coverage P25-P75 (nominal 50 %)", lambda b: _pct(b["coverage_p25_p75"], signed=False)),
+    ("pinball P10 / P50 / P90 / last close", lambda b: " / ".join(_num(b[f"pinball_p{q}"], 5) for q in (10, 50, 90))),
+    ("CRPS / last close", lambda b: _num(b["crps"], 5)),
+)
+
+
 def results_table(result: BacktestResult) -> Table:
     from kronos_tune.backtest.report import headline
 
-    table = Table(title=f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins"
+    if result.overlap.origins_in_span:
+        title += f" ({result.overlap.origins_in_span} IN-SAMPLE, --allow-overlap)"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("score")
     columns = [headline(scores) for scores in result.scores]
-    for scores in result.scores:
-        table.add_column(scores.setting.label(), justify="right")
+    for name in result.config.titles([scores.setting for scores in result.scores]):
+        table.add_column(name, justify="right")
     rows = [("IC mean (std, t)", lambda h: f"{_num(h['ic_mean'])} ({_num(h['ic_std'])}, {_num(h['ic_t'], 2)})"),
             ("RankIC mean (std, t)",
              lambda h: f"{_num(h['rank_ic_mean'])} ({_num(h['rank_ic_std'])}, {_num(h['rank_ic_t'], 2)})"),
+            ("ICIR / RankICIR", lambda h: f"{_num(h['icir'], 3)} / {_num(h['rank_icir'], 3)}"),
             ("hit rate", lambda h: _num(h["hit_rate"], 3)),
             ("MAE of returns", lambda h: _num(h["mae_return"], 5)),
-            ("cumulative return", lambda h: _pct(h["cumulative_return"])),
+            ("cumulative return, after costs", lambda h: _pct(h["cumulative_return"])),
             ("annualized return", lambda h: _pct(h["annualized_return"])),
             ("annualized volatility", lambda h: _pct(h["annualized_volatility"], signed=False)),
             ("Sharpe", lambda h: _num(h["sharpe"], 2)),
@@ -55,6 +66,12 @@ def results_table(result: BacktestResult) -> Table:
             ("equal-weight universe", lambda h: _pct(h["benchmark_cumulative_return"]))]
     for name, cell in rows:
         table.add_row(name, *(cell(h) for h in columns))
+    if result.agreement is not None:
+        table.add_row("ranking agreement (Spearman)", "", _num(result.agreement.spearman.mean))
+    bands = [scores.calibration.overall if scores.calibration is not None else None for scores in result.scores]
+    if any(band is not None for band in bands):
+        for name, cell in BAND_ROWS:
+            table.add_row(name, *("n/a" if band is None else cell(band) for band in bands))
     return table
 
 
@@ -63,7 +80,8 @@ def agreement_line(result: BacktestResult) -> str | None:
         return None
     a, b = result.scores
     agreement = result.agreement
-    return (f"ranking agreement {b.setting.label()} vs {a.setting.label()}: Spearman of predicted returns "
+    title_a, title_b = result.config.titles([a.setting, b.setting])
+    return (f"ranking agreement {title_b} vs {title_a}: Spearman of predicted returns "
             f"mean {_num(agreement.spearman.mean)} (std {_num(agreement.spearman.std)}, min "
             f"{_num(agreement.spearman_min)}, max {_num(agreement.spearman_max)}, {agreement.spearman.n} origins); "
             f"IC diff {_num(b.ic.mean - a.ic.mean)}, RankIC diff {_num(b.rank_ic.mean - a.rank_ic.mean)}, "
@@ -97,9 +115,13 @@ def backtest_command(
     pred_len: Annotated[int, typer.Option("--pred-len", help="Bars predicted at each origin (the horizon).")],
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Tokenizer folder.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option(
+        "--tokenizer", help="Tokenizer folder or hub id (NeoQuasar/Kronos-Tokenizer-base).")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A folder of per-symbol .csv/.parquet files, or one panel file with a symbol column.")] = None,
+    symbol_column: Annotated[Optional[str], typer.Option(
+        "--symbol-column", help="--data files are panels; this column names each symbol (default: a column "
+                                "named symbol, ticker, code, instrument or stock).")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="A synthetic universe of N symbols (market + sector factors) instead of files.")] = None,
     origins: Annotated[Optional[int], typer.Option(
@@ -126,7 +148,11 @@ def backtest_command(
         "--sample-top-k", help="Top-k sampling of tokens (0 off, 1 greedy); --top-k is the portfolio's.")] = 0,
     compare: Annotated[Optional[str], typer.Option(
         "--compare", help="A second setting on the same origins, e.g. shift, bf16, sample-count=10, "
-                          "'window-mode=shift,max-context=256'.")] = None,
+                          "'window-mode=shift,max-context=256', or another model: checkpoint=DIR[,tokenizer=DIR] "
+                          "(a training run's folder works).")] = None,
+    allow_overlap: Annotated[bool, typer.Option(
+        "--allow-overlap", help="Also score origins inside a checkpoint's training span (data_span.json); the "
+                                "report marks them in-sample.")] = False,
     periods_per_year: Annotated[Optional[float], typer.Option(
         "--periods-per-year", help="Rebalances per year for annualizing (default: 252 trading days x bars/day "
                                    "/ --every).")] = None,
@@ -137,6 +163,7 @@ def backtest_command(
                       ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
     calendar: CalendarOption = None,
+    offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print backtest.json.")] = False,
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
@@ -157,7 +184,8 @@ def backtest_command(
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
         long_only=long_only, batch_size=batch_size, device=device, setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
-        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar)
+        periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
+        offline=offline, symbol_column=symbol_column, allow_overlap=allow_overlap)
     try:
         if as_json:
             result = run_backtest(config, on_note=on_note)
@@ -173,9 +201,9 @@ def backtest_command(
         typer.echo((result.run_path / JSON_NAME).read_text(encoding="utf-8").strip())
         return
     console.print(results_table(result))
-    line = agreement_line(result)
-    if line is not None:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in (agreement_line(result), result.overlap.marking()):
+        if line is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     rate = result.symbol_origins_per_s
     console.print(f"predicted {result.session_predicted} symbol-origins in {result.session_predict_seconds:.1f} s"
                   + (f" ({rate:,.2f} symbols x origins per s)" if rate is not None else " (all were saved already)")

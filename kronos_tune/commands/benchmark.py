@@ -127,6 +127,10 @@ def render(console: Console, report: ProtocolReport) -> None:
             lines.append(f"memory: {report.headroom['text']}")
         if report.flops:
             lines.append(f"MFU: {report.flops['formula']}")
+    if report.task == "predict":
+        from kronos_tune.protocol.predict_summary import predict_decision_lines
+
+        lines += [escape(line) for line in predict_decision_lines(report)]
     for line in lines:
         console.print(f"[dim]- {line}[/]", highlight=False, soft_wrap=True)
     if report.recommended:
@@ -170,6 +174,9 @@ def register(app: typer.Typer) -> None:
         budget_gb: Annotated[Optional[float], typer.Option("--budget-gb", metavar="GIB", help="Per-device memory budget in GiB (default: the preset's).")] = None,
         preset_dir: Annotated[Optional[list[Path]], typer.Option("--preset-dir", metavar="DIR", help="Extra folder of preset TOML files.")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (progress goes to stderr).")] = False,
+        predict_series: Annotated[Optional[int], typer.Option("--predict-series", min=1, metavar="N", help="Predict: series each timed run predicts (default: the preset's series_count).")] = None,
+        agreement_series: Annotated[Optional[int], typer.Option("--agreement-series", min=3, metavar="N", help="Predict: series whose outputs the quality check compares (default: at least 100, or all the preset has).")] = None,
+        min_spearman: Annotated[float, typer.Option("--min-spearman", metavar="R", help="Predict: the ranking agreement (Spearman) an approximate setting such as bf16 needs.")] = 0.95,
         tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the \\[tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
@@ -194,7 +201,8 @@ def register(app: typer.Typer) -> None:
             warmup=defaults.warmup if warmup is None else warmup, trial_budget_s=trial_budget,
             trial_timeout_s=trial_timeout, objective=objective, skip=_names(skip), only=_names(only),
             cpu_ddp=cpu_ddp, budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
-            predict_repeats=steps or defaults.predict_repeats)
+            predict_repeats=steps or defaults.predict_repeats, predict_series=predict_series,
+            agreement_series=agreement_series, min_spearman=min_spearman)
         console = Console(stderr=json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table

@@ -8,7 +8,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 CheckpointOption = Annotated[Optional[Path], typer.Option(
-    "--checkpoint", help="Predictor folder (config.json + model.safetensors); needs --tokenizer.")]
+    "--checkpoint", help="Predictor folder (config.json + model.safetensors) or Hugging Face hub id, e.g. "
+                         "NeoQuasar/Kronos-small or ...@REVISION (needs the \\[hub] extra); needs --tokenizer.")]
+OfflineOption = Annotated[bool, typer.Option(
+    "--offline", help="Hub ids from the local Hugging Face cache only, never downloaded (as HF_HUB_OFFLINE=1).")]
 SizeOption = Annotated[Optional[str], typer.Option(
     "--size", help="Random-init model of a named size (agreement/timing only), e.g. tiny, mini, small, base.")]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]

@@ -16,10 +16,12 @@ from rich.table import Table
 DESCRIPTIONS: dict[str, str] = {
     "what": "which model to train: the predictor, or the tokenizer",
     "model_size": "Kronos size (published: mini with context 2048; small and base with context 512)",
-    "tokenizer_dir": "folder of a published or trained tokenizer (config.json + model.safetensors); "
-                     "left out: a random-init tokenizer",
-    "predictor_dir": "folder of a published predictor to finetune (e.g. Kronos-small); left out: random init",
+    "tokenizer_dir": "folder of a published or trained tokenizer (config.json + model.safetensors), or a hub id "
+                     "(NeoQuasar/Kronos-Tokenizer-base[@revision]); left out: a random-init tokenizer",
+    "predictor_dir": "folder or hub id of a published predictor to finetune (e.g. NeoQuasar/Kronos-small); "
+                     "left out: random init",
     "data": "CSV/Parquet files or folders of K-lines, or [\"synthetic\"]",
+    "symbol_column": "data files are panels (one long table of many symbols); this column names each series",
     "synthetic_series": "synthetic data: number of series",
     "synthetic_rows": "synthetic data: rows per series",
     "val_fraction": "share of each series kept for validation (its last rows)",

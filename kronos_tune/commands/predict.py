@@ -15,8 +15,16 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, SampleCountOption,
-                                         SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption)
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, OfflineOption,
+                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
+                                         WindowModeOption)
+
+try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
+    from typer._click.core import ParameterSource
+    from typer._click.exceptions import MissingParameter
+except ImportError:  # pragma: no cover - older typer on click
+    from click.core import ParameterSource  # type: ignore[no-redef]
+    from click.exceptions import MissingParameter  # type: ignore[no-redef]
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predict.predictor import PredictProgress
@@ -37,8 +45,18 @@ def _compact(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _preview_columns(frame_columns: list[str]) -> list[str]:
+    """The mean columns and the close's quantiles (every column's are in the --out file)."""
+    from kronos_tune.predict.quantiles import base_column
+
+    return [c for c in frame_columns if base_column(c) == c or base_column(c) == "close"]
+
+
 def _predictions_table(result: PredictResult) -> Table:
+    from kronos_tune.predict.quantiles import base_column
+
     frame = result.frames[0]
+    frame = frame[_preview_columns(list(frame.columns))]
     shown = frame.iloc[:TABLE_ROWS]
     caption = None if len(frame) <= TABLE_ROWS else f"first {TABLE_ROWS} of {len(frame)} rows"
     table = Table(title=f"predictions: {result.series_names[0]}", title_justify="left", caption=caption,
@@ -47,7 +65,8 @@ def _predictions_table(result: PredictResult) -> Table:
     for column in frame.columns:
         table.add_column(column, justify="right", no_wrap=True)
     for stamp, row in shown.iterrows():
-        cells = [_price(row[c]) if c in ("open", "high", "low", "close") else _compact(row[c]) for c in frame.columns]
+        cells = [_price(row[c]) if base_column(c) in ("open", "high", "low", "close") else _compact(row[c])
+                 for c in frame.columns]
         table.add_row(str(stamp), *cells)
     return table
 
@@ -97,17 +116,27 @@ class _PredictBar:
 
 
 def predict_command(
-    lookback: Annotated[int, typer.Option("--lookback", help="History rows per series (the last N rows).")],
-    pred_len: Annotated[int, typer.Option("--pred-len", help="Future steps to predict.")],
+    ctx: typer.Context,
+    lookback: Annotated[Optional[int], typer.Option(
+        "--lookback", help="History rows per series (the last N rows); required unless --config sets it.")] = None,
+    pred_len: Annotated[Optional[int], typer.Option(
+        "--pred-len", help="Future steps to predict; required unless --config sets it.")] = None,
+    config_file: Annotated[Optional[Path], typer.Option(
+        "--config", metavar="FILE", dir_okay=False, help="A prediction config (a \\[predict] table, e.g. the "
+        "recommended.toml of `kronos-tune benchmark --task predict`); flags given here win over it.")] = None,
     checkpoint: CheckpointOption = None,
     size: SizeOption = None,
     tokenizer: Annotated[Optional[Path], typer.Option(
-        "--tokenizer", help="Tokenizer folder; default with --size: that size's random tokenizer.")] = None,
+        "--tokenizer", help="Tokenizer folder or hub id (NeoQuasar/Kronos-Tokenizer-base); default with --size: "
+                            "that size's random tokenizer.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option(
         "--data", help="A .csv/.parquet file (one series each; repeatable) or a folder of them.")] = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="Predict N synthetic A-share series instead of files (default without --data: 4).")] = None,
     sample_count: SampleCountOption = 1,
+    quantiles: Annotated[Optional[str], typer.Option(
+        "--quantiles", help="Also write per-bar quantiles of the sample paths, e.g. 0.1,0.5,0.9 -> close_q10, "
+                            "close_q50, close_q90 (each column); needs --sample-count >= 2.")] = None,
     temperature: TemperatureOption = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k sampling (0 off, 1 greedy).")] = 0,
     top_p: TopPOption = 0.9,
@@ -127,6 +156,12 @@ def predict_command(
     skip_short: Annotated[bool, typer.Option(
         "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
     window_mode: WindowModeOption = "refill",
+    cuda_graphs: Annotated[Optional[bool], typer.Option(
+        "--cuda-graphs/--no-cuda-graphs", help="Replay the cached one-token steps as CUDA graphs (default: on with "
+        "CUDA).", show_default=False)] = None,
+    kv_cache: Annotated[bool, typer.Option(
+        "--kv-cache/--no-kv-cache", help="--no-kv-cache recomputes the whole window for every token (the reference "
+        "method, slow).")] = True,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Processes on this node (one per GPU); >1 shards the series with torchrun.")] = 1,
     nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
@@ -137,11 +172,14 @@ def predict_command(
     rdzv_backend: Annotated[Optional[str], typer.Option(
         "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
     calendar: CalendarOption = None,
+    offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
     bar grid."""
+    from kronos_tune.predict.config_file import merge_predict_file, read_predict_file
     from kronos_tune.predict.job import PredictConfig, run_predict
+    from kronos_tune.predict.quantiles import parse_quantiles
 
     console = Console()
 
@@ -153,14 +191,21 @@ def predict_command(
         console.print(Text.assemble((f"{level}:", "yellow" if level == "warning" else "cyan"), " ", message),
                       soft_wrap=True)
 
-    config = PredictConfig(
+    values = dict(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column,
-        skip_short=skip_short, window_mode=window_mode, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, calendar=calendar,
+        skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
+        nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
+        calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
     )
+    if config_file is not None:
+        values = merge_predict_file(values, given_flags(ctx), read_predict_file(config_file))
+    for name in ("lookback", "pred_len"):
+        if values[name] is None:
+            raise MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
+    config = PredictConfig(**values)
     bar = None if as_json else _PredictBar(console)
     try:
         result = run_predict(config, on_note=on_note, on_progress=bar)
@@ -190,6 +235,12 @@ def predict_command(
         + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),
         markup=False, highlight=False, soft_wrap=True,
     )
+
+
+def given_flags(ctx: typer.Context) -> set[str]:
+    """The parameters given on the command line (or by environment), not left at their defaults."""
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+    return {param.name for param in ctx.command.params if param.name and ctx.get_parameter_source(param.name) in given}
 
 
 def register(app: typer.Typer) -> None:

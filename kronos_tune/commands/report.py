@@ -94,7 +94,8 @@ def register(app: typer.Typer) -> None:
             return
         run = loaded[0]
         if target is None and run.report.recommended:  # nothing written here: say how to get the config
-            run.report.recommended["command"] = (f"kronos-tune report {runs[0]} --out DIR, then kronos-tune train "
+            verb = "predict" if run.report.task == "predict" else "train"  # predict: the [predict] settings file
+            run.report.recommended["command"] = (f"kronos-tune report {runs[0]} --out DIR, then kronos-tune {verb} "
                                                  f"--config DIR/recommended.toml")
         if target is not None:
             try:

@@ -1,9 +1,13 @@
 """`kronos-tune train`: fine-tune the Kronos tokenizer and/or predictor with a live progress bar.
 
+A view over the headless training job (kronos_tune.train.job.run_training, which
+the dashboard's `t` calls too): this module maps the flags to a TrainConfig and a
+TrainRequest, calls the job, and draws what it reports.
+
 One process runs the trainer right here. `--nproc N` (or any multi-node flag)
-launches `python -m torch.distributed.run ... -m kronos_core.train --events`
-through the shared launcher (kronos_core.launch) instead and draws the
-progress of its rank 0 from the events it prints.
+makes the job launch `python -m torch.distributed.run ... -m kronos_core.train
+--events` through the shared launcher (kronos_core.launch) instead; the bar
+then shows its rank 0's progress.
 
 Either way the progress bar shows step/total, loss, lr, tokens/s, the last
 validation loss and the ETA, and every stage's folder gets metrics.jsonl and
@@ -16,35 +20,32 @@ the next start of a cancelled run with the same config continues it.
 
 from __future__ import annotations
 
+import os
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import torch
 import typer
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
-from kronos_core.errors import one_line
-from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
-from kronos_core.train import TrainConfig, Trainer
-from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE, oom_message
-from kronos_core.train.config import WHAT
-from kronos_core.train.records import PhaseMeter
-from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_core.launch import LaunchSpec
+from kronos_core.train import TrainConfig
+from kronos_core.train.loading import load_training_data
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import LiveProgress
+from kronos_tune.commands.common import LiveProgress, OfflineOption
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log, want_tensorboard
+from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
-from kronos_tune.train.runs import (
-    Start, adopt_legacy_run, check_resume_folder, checkpoint_step, choose_folder, claim_train_dir, finish_status,
-    partial_config_note, plan_training, run_label, run_step, world_size,
-)
+from kronos_tune.train.job import STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
+from kronos_tune.train.runs import TrainPlan, check_resume_folder, partial_config_note, run_label
 
-STAGES = (*WHAT, "both")
-STOP_GRACE_S = 60.0  # after Ctrl-C, the ranks' time to finish the step and save before they are killed
+if TYPE_CHECKING:
+    from kronos_core.train import StepRecord
+    from kronos_core.train.records import PhaseMeter
 
 
 def _preset_fields(name: str) -> dict[str, Any]:
@@ -54,10 +55,11 @@ def _preset_fields(name: str) -> dict[str, Any]:
     return preset_train_fields(resolve_preset(name))
 
 
-def build_config(preset: str | None, config: Path | None, resume: Path | None, data: list[str] | None,
-                 what: str | None, device: str | None) -> tuple[TrainConfig, str]:
-    """The run's TrainConfig from a preset, a TOML file or the resumed run's config.toml, plus the flags;
-    and where it came from ("preset NAME", the file). Its output_dir is decided by `choose_folder`."""
+def build_config(preset: str | None, config: Path | None, resume: Path | None,
+                 overrides: dict[str, Any]) -> tuple[TrainConfig, str]:
+    """The run's TrainConfig from a preset, a TOML file or the resumed run's config.toml, with `overrides`
+    (TrainConfig keys the flags set; None: not given) on top; and where it came from ("preset NAME", the
+    file). Its output_dir is decided by the job."""
     if preset and config:
         raise KronosTuneError("train: give either --preset NAME or --config FILE, not both")
     if config is not None:
@@ -72,24 +74,8 @@ def build_config(preset: str | None, config: Path | None, resume: Path | None, d
         raise KronosTuneError("train: nothing to train; give --preset NAME (see `kronos-tune presets`), "
                               "--config FILE (TrainConfig keys: `kronos-tune config keys`) or --resume DIR of an "
                               "earlier run")
-    if data:
-        values["data"] = list(data)
-    if what is not None and what != "both":
-        values["what"] = what
-    if device is not None:
-        values["device"] = device
+    values.update({key: value for key, value in overrides.items() if value is not None})
     return TrainConfig.from_dict(values, source=source), source
-
-
-def stages(base: TrainConfig, what: str | None) -> list[TrainConfig]:
-    """`both`: the tokenizer first (OUT/tokenizer), then the predictor on its best weights (OUT/predictor)."""
-    if what != "both":
-        return [base]
-    root = Path(base.output_dir)
-    tokenizer = base.replace(what="tokenizer", output_dir=str(root / "tokenizer"))
-    predictor = base.replace(what="predictor", output_dir=str(root / "predictor"),
-                             tokenizer_dir=str(root / "tokenizer" / "best"))
-    return [tokenizer, predictor]
 
 
 class TrainProgress(LiveProgress):
@@ -147,176 +133,100 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _finish(run: RunDir | None, status: str, **extra: Any) -> None:
-    if run is not None:
-        run.mark(status, **extra)
+class ConsoleListener(TrainListener):
+    """The job drawn on a terminal: the folder and plan, a progress bar per stage (torchrun's own lines above
+    it), then the stage's summary table and the lines that say where the results are or what went wrong."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.view: TrainProgress | None = None
+        self._shown = ExitStack()
+
+    def _show(self, label: str, total: int | None, start: int = 0) -> None:
+        self.view = self._shown.enter_context(TrainProgress(self.console, label, total, start=start))
+
+    def close(self) -> None:
+        """Stop the bar (also when the job raised)."""
+        self._shown.close()
+        self.view = None
+
+    def announce(self, why: str, plan: TrainPlan) -> None:
+        for line in (why, *plan.lines()):
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+    def stage_launching(self, config: TrainConfig, target: int | None) -> None:
+        self._show(f"{config.what} (torchrun)", target)
+
+    def stage_ready(self, start: StageStart) -> None:
+        if self.view is None:
+            self._show(start.config.what, start.target, start=start.step)
+        else:
+            self.view.restart(start.step, start.target)
+
+    def step(self, record: StepRecord) -> None:
+        if self.view is not None:
+            self.view.update(record.to_dict())
+
+    def evaluated(self, values: dict[str, Any]) -> None:
+        if self.view is not None:
+            self.view.evaluated(values)
+
+    def worker_line(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False)
+
+    def stage_finished(self, result: StageResult) -> None:
+        self.close()
+        if result.summary is not None:
+            print_summary(self.console, result.summary)
+        if result.error is not None:
+            self.console.print(f"[red]error:[/] {result.error}", highlight=False, soft_wrap=True)
+        elif result.summary is not None:
+            self._ending(result.config, result.status, result.summary["steps"], result.summary["total_steps"])
+        elif result.status == "cancelled":
+            self.console.print("[yellow]interrupted[/] before a checkpoint could be written; the last saved one is "
+                               "unchanged", highlight=False)
+
+    def _ending(self, config: TrainConfig, status: str | None, step: int, total: int) -> None:
+        """The closing lines: where the results are and the command that continues the run."""
+        folder = config.output_dir
+        if status == "cancelled":
+            self.console.print(f"stopped at step {step} of {total}; the next `kronos-tune train` with the same "
+                               f"config continues it, or resume with: kronos-tune train --resume {folder}",
+                               highlight=False, soft_wrap=True)
+            return
+        if status == "partial":
+            self.console.print(f"stopped at --steps {step} of {total}; continue with: kronos-tune train --resume "
+                               f"{folder}", highlight=False, soft_wrap=True)
+        self.console.print(f"results in {folder} (best weights in {Path(folder) / 'best'})", highlight=False,
+                           soft_wrap=True)
 
 
 def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, console: Console,
                    meter: PhaseMeter | None = None, run: RunDir | None = None, tensorboard: bool = False) -> int:
-    """Train here; returns the exit code (0 done, 130 stopped by Ctrl-C after saving, 1 out of memory).
-    `run`: the claimed folder, whose run.json records how the run ended. The stage's folder gets
-    metrics.jsonl and, with `tensorboard`, TensorBoard event files."""
-    if meter is None:
-        from kronos_tune.memory.meters import make_meter
-
-        meter = make_meter(config.resolved_device(), exact_on_cpu=False)
-    stopper = StopForwarder()
-    trainer: Trainer | None = None
-    log: RunLog | None = None
+    """One stage trained here and drawn on `console`; the exit code (0 done, 130 stopped by Ctrl-C after
+    saving, 1 out of memory)."""
+    listener = ConsoleListener(console)
     try:
-        with stop_on_signals(stopper, second_interrupts=True):
-            trainer = Trainer(config, meter=meter, resume=resume)
-            stopper.attach(trainer)
-            target = trainer.total_steps if steps is None else min(steps, trainer.total_steps)
-            log = stage_log(Path(config.output_dir), tensorboard, resumed_at=trainer.step)
-            with TrainProgress(console, config.what, target, start=trainer.step) as view:
-                def on_step(record: Any) -> None:
-                    values = record.to_dict()
-                    view.update(values)
-                    log.step(values)
-
-                def on_eval(record: Any) -> None:
-                    values = record.to_dict()
-                    view.evaluated(values)
-                    log.eval(values)
-
-                trainer.callback, trainer.eval_callback = on_step, on_eval
-                summary = trainer.fit(steps)
-    except torch.OutOfMemoryError:
-        step = trainer.step if trainer is not None else 0
-        peak = trainer.peak_bytes_seen() if trainer is not None else None
-        console.print(f"[red]error:[/] {oom_message(step, peak, str(trainer.device) if trainer else config.device)}",
-                      highlight=False, soft_wrap=True)
-        _finish(run, "failed", reason="out of memory", step=_saved_step(config))
-        return EXIT_OOM
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/] before a checkpoint could be written; the last saved one is "
-                      "unchanged", highlight=False)
-        _finish(run, "cancelled", step=_saved_step(config))
-        return EXIT_INTERRUPTED
-    except BaseException as error:
-        _finish(run, "failed", reason=one_line(error, typed=False), step=_saved_step(config))
-        raise
+        return train_here(config, steps, resume, listener, meter=meter, run=run, tensorboard=tensorboard).exit_code
     finally:
-        if log is not None:
-            log.close()
-        if trainer is not None:
-            trainer.close()
-    print_summary(console, summary.to_dict())
-    status = finish_status(summary.interrupted, summary.steps, summary.total_steps)
-    _finish(run, status, step=summary.steps, total_steps=summary.total_steps)
-    return _ending(console, config, status, summary.steps, summary.total_steps)
+        listener.close()
 
 
-def _saved_step(config: TrainConfig) -> int:
-    """The step of the run's last checkpoint (0 without one): where a resume would continue."""
-    try:
-        return checkpoint_step(Path(config.output_dir))
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint only loses this number
-        return 0
+def _pretrained_weights(config: TrainConfig, what: str | None, offline: bool, console: Console) -> dict[str, Any]:
+    """Resolve the hub ids among predictor_dir/tokenizer_dir before any folder is claimed (one note line each);
+    the run.json record. --offline holds for the ranks too (HF_HUB_OFFLINE in their environment)."""
+    from kronos_core.hub import resolve_sources
 
-
-def _ending(console: Console, config: TrainConfig, status: str, step: int, total: int) -> int:
-    """The closing lines: where the results are and the command that continues the run."""
-    folder = config.output_dir
-    if status == "cancelled":
-        console.print(f"stopped at step {step} of {total}; the next `kronos-tune train` with the same config "
-                      f"continues it, or resume with: kronos-tune train --resume {folder}",
-                      highlight=False, soft_wrap=True)
-        return EXIT_INTERRUPTED
-    if status == "partial":
-        console.print(f"stopped at --steps {step} of {total}; continue with: kronos-tune train --resume {folder}",
-                      highlight=False, soft_wrap=True)
-    console.print(f"results in {folder} (best weights in {Path(folder) / 'best'})", highlight=False, soft_wrap=True)
-    return 0
-
-
-def worker_args(config_file: Path, steps: int | None, resume: Path | None) -> list[str]:
-    """The arguments of `python -m kronos_core.train` on every rank."""
-    args = ["--config", str(config_file), "--events"]
-    if steps is not None:
-        args += ["--steps", str(steps)]
-    if resume is not None:
-        args += ["--resume", str(resume)]
-    return args
-
-
-class LaunchedRun:
-    """Rank 0's events of a torchrun training run: the progress bar, the run's logs, the summary, errors.
-    The log opens on rank 0's first event, so on a multi-node run only the node hosting rank 0 writes it."""
-
-    def __init__(self, config: TrainConfig, view: TrainProgress, tensorboard: bool) -> None:
-        self.config, self.view, self.tensorboard = config, view, tensorboard
-        self.log: RunLog | None = None
-        self.summary: dict[str, Any] | None = None
-        self.errors: list[dict[str, Any]] = []
-
-    def on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "error":
-            self.errors.append(event)
-            return
-        if self.log is None and kind in ("start", "step", "eval"):
-            resumed_at = int(event.get("step", 0)) if kind == "start" else 0
-            self.log = stage_log(Path(self.config.output_dir), self.tensorboard, resumed_at=resumed_at)
-        if kind == "start":
-            total = self.view.progress.tasks[0].total
-            self.view.restart(int(event["step"]), total if total is not None else event.get("total_steps"))
-        elif kind == "step":
-            self.view.update(event)
-            self.log.step(event)
-        elif kind == "eval":
-            self.view.evaluated(event)
-            self.log.eval(event)
-        elif kind == "summary":
-            self.summary = event
-
-    def close(self) -> None:
-        if self.log is not None:
-            self.log.close()
-
-
-def run_torchrun(config: TrainConfig, command: list[str], total: int | None, console: Console,
-                 run: RunDir | None = None, tensorboard: bool = False) -> int:
-    """Run torchrun through the shared launcher (Ctrl-C or SIGTERM here: every rank stops after its step and
-    saves; killed after a grace period), draw rank 0's progress and write the run's logs from its events."""
-    with TrainProgress(console, f"{config.what} (torchrun)", total) as view:
-        watcher = LaunchedRun(config, view, tensorboard)
-
-        def on_line(line: str) -> None:
-            view.progress.console.print(line, highlight=False, markup=False)
-
-        try:
-            result = run_launch(command, on_event=watcher.on_event, on_line=on_line, grace_s=STOP_GRACE_S)
-        finally:
-            watcher.close()
-    summary, code = watcher.summary, result.returncode
-    if summary is not None:
-        print_summary(console, summary)
-        status = finish_status(summary["interrupted"], summary["steps"], summary["total_steps"])
-        _finish(run, status, step=summary["steps"], total_steps=summary["total_steps"])
-        if status == "cancelled" or code == 0:
-            return _ending(console, config, status, summary["steps"], summary["total_steps"])
-    if watcher.errors:
-        first = watcher.errors[0]
-        console.print(f"[red]error:[/] rank {first.get('rank')}: {first.get('message')}", highlight=False,
-                      soft_wrap=True)
-        _finish(run, "failed", reason=str(first.get("message")), step=_saved_step(config))
-        return {"oom": EXIT_OOM, "usage": EXIT_USAGE}.get(str(first.get("kind")), 1)
-    if code != 0 or result.stopped:
-        console.print(f"[red]error:[/] torchrun exited with code {code}; see the worker messages above",
-                      highlight=False)
-        _finish(run, "cancelled" if result.stopped else "failed", step=_saved_step(config))
-        return EXIT_INTERRUPTED if result.stopped else (code if 0 < code < 128 else 1)
-    return 0
-
-
-def check_logs(configs: list[TrainConfig], tensorboard: bool) -> None:
-    """Before anything is written: every stage folder can take metrics.jsonl (and tensorboard/)."""
-    for stage in configs:
-        folder = Path(stage.output_dir)
-        check_log_paths(folder / METRICS_FILE, folder / TENSORBOARD_DIR if tensorboard else None)
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    used = {"tokenizer_dir": config.tokenizer_dir}
+    if (what or config.what) != "tokenizer":
+        used["predictor_dir"] = config.predictor_dir
+    sources = resolve_sources(used)
+    for label, found in sources.items():
+        if found.from_hub:
+            console.print(Text.assemble(("note:", "cyan"), " ", found.describe(label)), soft_wrap=True)
+    return {label: found.to_dict() for label, found in sources.items()}
 
 
 def register(app: typer.Typer) -> None:
@@ -325,6 +235,7 @@ def register(app: typer.Typer) -> None:
         preset: Annotated[Optional[str], typer.Option("--preset", help="Workload from a preset (kronos-tune presets).")] = None,
         config: Annotated[Optional[Path], typer.Option("--config", help="TOML file of TrainConfig keys (kronos-tune config keys).", dir_okay=False)] = None,
         data: Annotated[Optional[list[str]], typer.Option("--data", help="CSV/Parquet file or folder (repeatable), or 'synthetic'.")] = None,
+        symbol_column: Annotated[Optional[str], typer.Option("--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
         what: Annotated[Optional[str], typer.Option("--what", help="tokenizer, predictor or both (tokenizer, then predictor on it).")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Stop at this optimizer step (global count); past the schedule, a new run gets more epochs.")] = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Folder of a run to continue where it stopped.")] = None,
@@ -341,6 +252,8 @@ def register(app: typer.Typer) -> None:
         rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, the same on all nodes.")] = None,
         rdzv_backend: Annotated[Optional[str], typer.Option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
         tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="TensorBoard event files in <run>/tensorboard/ [default: on when the tensorboard package is installed].")] = None,
+        offline: OfflineOption = False,
+        train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on bars up to this date (2010-05-14: that whole day) or this fraction of the data's timeline (0.75); recorded in data_span.json for backtest's leakage check.")] = None,
     ) -> None:
         """Fine-tune the Kronos tokenizer and/or predictor (Ctrl-C stops at a step boundary and saves).
 
@@ -355,7 +268,11 @@ def register(app: typer.Typer) -> None:
             raise KronosTuneError(f"train: --resume {resume} continues in its own folder; leave out --out {out}")
         if resume is not None:
             check_resume_folder(resume)
-        base, source = build_config(preset, config, resume, data, what, device)
+        overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
+                     "device": device, "symbol_column": symbol_column, "train_until": train_until}
+        base, source = build_config(preset, config, resume, overrides)
+        if base.train_until is not None:
+            load_training_data(base)  # reads the data: a cut outside it is one line before any folder is made
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
             if theirs is not None and theirs != source:
@@ -363,6 +280,7 @@ def register(app: typer.Typer) -> None:
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
         console = Console()
+        weights = _pretrained_weights(base, what, offline, console)
         if config is not None:
             partial = partial_config_note(config)
             if partial and strict:
@@ -373,49 +291,15 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]warning:[/] {config} comes from a partial benchmark "
                               f"({partial.lstrip('# ')}); training with it anyway (--strict refuses)",
                               highlight=False, soft_wrap=True)
-        spec = LaunchSpec(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id or "kronos-tune", rdzv_backend)
-        multi_node, launched = spec.multi_node, spec.launched
-        if launched:
-            torchrun_command(spec, "kronos_core.train", [])  # a missing rendezvous flag: one line, before any folder
-        processes = world_size(nproc, nnodes) if launched else 1
-        start_step = run_step(resume) if resume is not None else 0
-        base, plan = plan_training(base, processes, steps, start_step, resume, keep_batch)
-        if multi_node:  # every node must write to the same shared folder: no per-node fresh names
-            folder = out or Path(base.output_dir)
-            begin = Start(folder, resume, "--out", overwrite, f"output: {folder} (shared by all nodes)")
-        else:
-            label = run_label(preset, config) if resume is None else resume.name
-            begin = choose_folder(label, base, processes, steps, resume, out, overwrite, new_run)
-            if begin.resume is not None and resume is None:  # a cancelled run found: plan from its step
-                start_step = run_step(begin.resume)
-                base, plan = plan_training(base, processes, steps, start_step, begin.resume, False)
-        base = base.replace(output_dir=str(begin.folder))
-        if begin.resume is not None:  # the only folder kept as it is: its logs must take more lines
-            check_logs(stages(base, what), board)
-        run: RunDir | None = None
-        if not multi_node:
-            if begin.resume is not None:
-                adopt_legacy_run(begin.folder, base, source)
-            run = claim_train_dir(begin.folder, base, source, resume=begin.resume is not None,
-                                  overwrite=begin.overwrite, flag=begin.flag, processes=processes, what=what)
-        if what == "both":
-            plan.what = "tokenizer, then predictor,"
-        console.print(begin.why, highlight=False, soft_wrap=True)
-        for line in plan.lines():
-            console.print(line, highlight=False, soft_wrap=True)
-        for stage in stages(base, what):
-            stage_run = run if what != "both" else claim_train_dir(
-                Path(stage.output_dir), stage, source, resume=False, overwrite=False, processes=processes)
-            if launched:
-                config_file = Path(stage.output_dir) / "config.toml"
-                stage.to_toml(config_file)
-                command = torchrun_command(spec, "kronos_core.train", worker_args(config_file, steps, begin.resume))
-                code = run_torchrun(stage, command, plan.end_step, console, stage_run, tensorboard=board)
-            else:
-                code = run_in_process(stage, steps, begin.resume, console, run=stage_run, tensorboard=board)
-            if code != 0:
-                if what == "both" and run is not None:
-                    run.mark("cancelled" if code == EXIT_INTERRUPTED else "failed", stage=stage.what)
-                raise typer.Exit(code)
-        if what == "both" and run is not None:
-            run.mark("complete" if steps is None else "partial", stages=["tokenizer", "predictor"])
+        request = TrainRequest(
+            base, source, label=run_label(preset, config) if resume is None else resume.name, both=what == "both",
+            steps=steps, resume=resume, out=out, overwrite=overwrite, new_run=new_run, keep_batch=keep_batch,
+            launch=LaunchSpec(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id or "kronos-tune", rdzv_backend),
+            tensorboard=board, weights=weights)
+        listener = ConsoleListener(console)
+        try:
+            result = run_training(request, listener)
+        finally:
+            listener.close()
+        if result.exit_code != 0:
+            raise typer.Exit(result.exit_code)

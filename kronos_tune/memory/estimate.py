@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -129,7 +129,21 @@ def _apply_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
 
 
 class _CpuOnlyTracker(StorageTracker):
-    """Refuses fake non-CPU tensors: on a CPU-only build their backward aborts the process."""
+    """Refuses fake non-CPU tensors: on a CPU-only build their backward aborts the process.
+
+    While ``timeline`` is a list, it records (op, live bytes) after every allocation or resize."""
+
+    timeline: list[tuple[object, int]] | None = None
+
+    def _register(self, storage: torch.UntypedStorage, func: object) -> None:
+        super()._register(storage, func)
+        if self.timeline is not None:
+            self.timeline.append((func, self._current_bytes))
+
+    def _grow(self, ref: Any, nbytes: int, func: object) -> None:
+        super()._grow(ref, nbytes, func)
+        if self.timeline is not None:
+            self.timeline.append((func, self._current_bytes))
 
     def _see(self, tensor: torch.Tensor, func: object = None) -> None:
         if tensor.device.type != "cpu":
@@ -175,8 +189,18 @@ class FakeEstimate:
         self.budget_bytes = budget_bytes
 
     def estimate(self, batch_size: int) -> EstimateResult:
-        if batch_size < 1:
-            raise KronosTuneError(f"batch size must be >= 1, got {batch_size}")
+        return self.trace(batch_size)[0].result
+
+    def trace(self, *batch_sizes: int) -> list[StepTrace]:
+        """One build, then the warm-up steps at the first batch size and one measured step per batch size.
+
+        The first batch size is measured exactly as ``estimate`` measures it; each later one right after the
+        previous measured step (warm: the optimizer state already exists)."""
+        if not batch_sizes:
+            raise KronosTuneError("trace needs at least one batch size")
+        for batch_size in batch_sizes:
+            if batch_size < 1:
+                raise KronosTuneError(f"batch size must be >= 1, got {batch_size}")
         emu = self.cuda_emulation
         round_bytes = emu.round_bytes if emu else 1
         overhead_bytes = emu.overhead_bytes if emu else 0
@@ -192,22 +216,30 @@ class FakeEstimate:
         tracker = _CpuOnlyTracker(budget_bytes=budget, round_bytes=round_bytes)
         pass_meter = _wants_meter(self.step)
         fake_mode = FakeTensorMode()
+        traces = []
         with fake_mode, tracker:
             model, optimizer = self.build()
             if emu:
                 _apply_optimizer_impl(optimizer, emu.optimizer_impl)
-            step_start_bytes = 0
-            for i in range(self.steps):
-                if i == self.steps - 1:
+            runs = [batch_sizes[0]] * (self.steps - 1) + list(batch_sizes)
+            for i, batch_size in enumerate(runs):
+                measured = i >= self.steps - 1
+                if measured:
                     tracker.reset()
                     step_start_bytes = tracker.current_bytes()
+                    tracker.timeline = [(None, step_start_bytes)]
                 if pass_meter:
                     self.step(model, optimizer, batch_size, meter=tracker)
                 else:
                     self.step(model, optimizer, batch_size)
-            result = self._result(batch_size, tracker, model, optimizer, overhead_bytes, round_bytes, step_start_bytes)
+                if measured:
+                    timeline, tracker.timeline = tracker.timeline, None
+                    result = self._result(batch_size, tracker, model, optimizer, overhead_bytes, round_bytes,
+                                          step_start_bytes)
+                    traces.append(StepTrace(result, tuple(op for op, _ in timeline),
+                                            tuple(live for _, live in timeline)))
             del model, optimizer
-        return result
+        return traces
 
     def _result(
         self,
@@ -245,6 +277,49 @@ class FakeEstimate:
             steps_run=self.steps,
             assumptions=assumptions,
         )
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One measured fake step: its result, and the live bytes after every allocation or resize in it."""
+
+    result: EstimateResult
+    ops: tuple[object, ...]  # the op behind each entry (None: the step's start)
+    live_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PeakLine:
+    """A step's peak bytes at any batch size, from the steps traced at two batch sizes.
+
+    When both steps made the same allocations in the same order, the live bytes at every point of the step
+    are affine in the batch size (each tensor's size is; up to the allocator's block rounding), so the peak
+    at batch B is the highest of those lines at B: exact at the two traced sizes, and it follows the peak
+    from one point of the step to another (the optimizer's temporaries at small batches, the activations at
+    large ones) where a line through two peaks would not.
+    """
+
+    batches: tuple[int, int]
+    fixed: tuple[float, ...]  # live bytes at batch 0, per point of the step
+    per_sample: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, low: StepTrace, high: StepTrace) -> PeakLine | None:
+        """None when the two steps' allocations differ (not the same ops in the same order)."""
+        b0, b1 = low.result.batch_size, high.result.batch_size
+        if b0 == b1 or low.ops != high.ops:
+            return None
+        slopes = [(y - x) / (b1 - b0) for x, y in zip(low.live_bytes, high.live_bytes)]
+        lines = {(slope, x - slope * b0) for slope, x in zip(slopes, low.live_bytes)}
+        # Keep only the lines no other one is above at every batch size >= 0 (higher slope and intercept).
+        kept: list[tuple[float, float]] = []
+        for slope, fixed in sorted(lines, reverse=True):
+            if not kept or fixed > kept[-1][1]:
+                kept.append((slope, fixed))
+        return cls((b0, b1), tuple(f for _, f in kept), tuple(s for s, _ in kept))
+
+    def peak_at(self, batch_size: int) -> int:
+        return round(max(f + s * batch_size for f, s in zip(self.fixed, self.per_sample)))
 
 
 def estimate_step_peak(

@@ -10,17 +10,28 @@ of N (kronos_tune.memory.sharded); on a CUDA preset the CUDA emulation
 minus the preset's CUDA context. The largest micro-batch comes from a line
 through two probes (peak = fixed + per-sample x batch), verified by a third
 estimate at the pick; accumulation then keeps the preset's effective batch.
+
+Each set-up is traced once (`_session`): one build, a warm-up step and steps at
+batch 1, 2 and the line's larger probe. A probe at any other batch size takes
+its peak from `estimate.PeakLine` (the live bytes at every point of the step
+are affine in the batch size, so the peak is the highest of those lines) and
+every other figure from the traced steps, which do not depend on the batch
+size. Sessions run in worker processes when there are several, and land in the
+trace cache (`trace_cache`), so a repeated plan traces nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
+
+if TYPE_CHECKING:
+    from kronos_tune.memory.estimate import PeakLine, StepTrace
 
 SETUPS = ("ddp", "fsdp", "fsdp+checkpointing", "fsdp+offload")
 PLAN_SIZES = ("mini", "small", "base", "large")
@@ -94,29 +105,28 @@ class _Probe:
     largest_unit: int  # local bytes of the largest FSDP unit's parameters (offload's device-side copy)
 
 
-def _estimate(config: Any, batch: int, ranks: int, emulation: Any) -> _Probe:
+def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any) -> list[tuple[_Probe, StepTrace]]:
+    """Fake training steps of `config` at each batch size, after one build and one warm-up step."""
     from kronos_tune.autobatch.train_task import TrainTask
-    from kronos_tune.memory.estimate import estimate_step_peak
+    from kronos_tune.memory.estimate import FakeEstimate
     from kronos_tune.memory.sharded import SimulatedRanks
 
-    def run(mesh: Any) -> _Probe:
-        units: list[int] = []
+    def run(mesh: Any) -> list[tuple[_Probe, StepTrace]]:
+        holder: dict[str, Any] = {}
         with TrainTask(config, device="cpu", mesh=mesh) as task:
-            def build() -> Any:
-                probe = task.estimate_step_factory(batch)
-                holder["probe"] = probe
-                units.append(_largest_unit_bytes(probe.model))
+            def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
+                probe = holder["probe"] = task.estimate_step_factory(batches[0])
+                holder["unit"] = _largest_unit_bytes(probe.model)
                 return probe.model, probe.optimizer
 
             def step(model: Any, optimizer: Any, size: int, meter: Any = None) -> None:
-                holder["probe"](meter)
+                holder["probe"].run(meter, size)
 
-            holder: dict[str, Any] = {}
-            result = estimate_step_peak(build, step, batch, steps=2, cuda_emulation=emulation)
+            traces = FakeEstimate(build, step, steps=2, cuda_emulation=emulation).trace(*batches)
+            unit = holder.pop("unit")
             holder.clear()
-        trainable_grads = result.grad_bytes
-        return _Probe(result.allocated_peak_bytes, result.param_bytes, trainable_grads,
-                      result.optimizer_state_bytes, result.step_start_bytes, units[0] if units else 0)
+        return [(_Probe(t.result.allocated_peak_bytes, t.result.param_bytes, t.result.grad_bytes,
+                        t.result.optimizer_state_bytes, t.result.step_start_bytes, unit), t) for t in traces]
 
     if config.parallelism == "fsdp":
         with SimulatedRanks(ranks) as simulated:
@@ -124,10 +134,124 @@ def _estimate(config: Any, batch: int, ranks: int, emulation: Any) -> _Probe:
     return run(None)
 
 
+@dataclass
+class _Session:
+    """One set-up traced once: exact probes at the traced batch sizes, and the step's PeakLine (None when the
+    steps at the two line batch sizes differ)."""
+
+    probes: dict[int, _Probe]
+    line: PeakLine | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"probes": {str(batch): asdict(probe) for batch, probe in self.probes.items()},
+                "line": asdict(self.line) if self.line is not None else None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> _Session | None:
+        """None for anything but what to_json wrote."""
+        from kronos_tune.memory.estimate import PeakLine
+
+        try:
+            probes = {int(batch): _Probe(**fields) for batch, fields in data["probes"].items()}
+            line = data["line"]
+            return cls(probes, None if line is None else PeakLine(tuple(line["batches"]), tuple(line["fixed"]),
+                                                                  tuple(line["per_sample"])))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+
+
+def _session(config: Any, large: int, ranks: int, emulation: Any) -> _Session:
+    """Trace batch 1, 2 and `large` (3 if `large` is 2) in one session. Batch 1 is traced for itself: its
+    step differs (a size-1 dimension makes some copies views), so it is not on the line of the others."""
+    from kronos_tune.memory.estimate import PeakLine
+
+    batches = (1, 2, max(large, 3))
+    traced = _trace(config, batches, ranks, emulation)
+    return _Session({batch: probe for batch, (probe, _) in zip(batches, traced)},
+                    PeakLine.fit(traced[1][1], traced[2][1]))
+
+
+class _SetupProbes:
+    """Probes of one set-up at any batch size: exact where traced, else the peak from the session's
+    PeakLine and the other figures (which do not depend on the batch size) from its largest traced batch.
+    Without a line (or at batch 1) a batch size is traced on its own, as every probe was before."""
+
+    def __init__(self, config: Any, ranks: int, emulation: Any, session: _Session) -> None:
+        self.config, self.ranks, self.emulation, self.line = config, ranks, emulation, session.line
+        self.template = session.probes[max(session.probes)]
+        self.probes = {batch: self._adjusted(probe) for batch, probe in session.probes.items()}
+
+    def _adjusted(self, probe: _Probe) -> _Probe:
+        if self.config.parallelism == "ddp":  # DDP's buckets: one more copy of the trainable gradients
+            return _Probe(probe.peak + probe.grads, probe.weights, 2 * probe.grads, probe.optimizer,
+                          probe.step_start, 0)
+        return probe
+
+    def __call__(self, batch: int) -> _Probe:
+        if batch not in self.probes:
+            if self.line is None or batch < 2:
+                probe = _trace(self.config, (batch,), self.ranks, self.emulation)[0][0]
+            else:
+                probe = replace(self.template, peak=self.line.peak_at(batch))
+            self.probes[batch] = self._adjusted(probe)
+        return self.probes[batch]
+
+
+POOL_MIN_LAYERS = 16  # below this many predictor blocks to trace in all, starting worker processes costs more
+
+
+def _run_sessions(jobs: list[tuple[Any, int, int, Any]], on_start: Callable[[int], None]) -> list[_Session]:
+    """`_session(*job)` for every job, read from the trace cache where it holds the answer. The others run in
+    worker processes (one per CPU) when they are several and not tiny, else here. `on_start(i)` is called
+    before waiting for job i."""
+    import os
+
+    import torch.distributed as dist
+
+    from kronos_core.sizes import size_spec
+    from kronos_tune.memory import trace_cache
+
+    keys = [trace_cache.entry_key("plan-session", [config.to_dict(), large, ranks,
+                                                   asdict(emulation) if emulation else None])
+            for config, large, ranks, emulation in jobs]
+    sessions: dict[int, _Session | None] = {index: _Session.from_json(trace_cache.load(key))
+                                            for index, key in enumerate(keys)}
+    missing = [index for index, session in sessions.items() if session is None]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    layers = sum(size_spec(jobs[index][0].model_size).model["n_layers"] for index in missing)
+    pooled = len(missing) > 1 and cpus > 1 and layers >= POOL_MIN_LAYERS and not (
+        dist.is_available() and dist.is_initialized())
+    futures: dict[int, Any] = {}
+    pool = None
+    if pooled:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a forked child would inherit this process's torch threads and state
+        pool = ProcessPoolExecutor(min(len(missing), cpus), mp_context=multiprocessing.get_context("spawn"))
+        # The last jobs are the largest models: started first, they do not finish alone at the end.
+        futures = {index: pool.submit(_session, *jobs[index]) for index in reversed(missing)}
+    try:
+        for index in missing:
+            on_start(index)
+            session = futures[index].result() if pooled else _session(*jobs[index])
+            trace_cache.store(keys[index], session.to_json())
+            sessions[index] = session
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return [sessions[index] for index in range(len(jobs))]  # type: ignore[misc]
+
+
 def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation: Any = None) -> int:
     """Per-rank peak bytes of one steady-state training step of `config` at `batch_size` (FSDP: rank 0 of
     `ranks`), as the planner estimates it before adjustments (no DDP buckets, no offload)."""
-    return _estimate(config, batch_size, ranks, cuda_emulation).peak
+    return _trace(config, (batch_size,), ranks, cuda_emulation)[0][0].peak
+
+
+def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
+    """The two batch sizes the line of a row's first pick goes through."""
+    return 1, max(2, min(preset_batch, target_per_rank, 16))
 
 
 def _parameter_count(size: str) -> int:
@@ -167,8 +291,7 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
         # shard while it is gathered and its gradient until it is copied out.
         return p.peak - p.weights - p.grads - p.optimizer + 2 * p.largest_unit
 
-    small_batch = 1
-    large_batch = max(2, min(preset_batch, target_per_rank, 16))
+    small_batch, large_batch = _probe_batches(preset_batch, target_per_rank)
     low, high = probe_at(small_batch), probe_at(large_batch)
     per_sample = max((device_peak(high) - device_peak(low)) / (large_batch - small_batch), 1.0)
     fixed = device_peak(low) - per_sample * small_batch
@@ -239,37 +362,36 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
     budget = hardware.memory_per_device_bytes - (hardware.cuda_context_overhead_bytes if cuda else 0)
     margin = CUDA_MARGIN if cuda else CPU_MARGIN
     target_per_rank = work.batch_size * work.accumulation_steps
-    plans = []
+    _, large = _probe_batches(work.batch_size, target_per_rank)
+    jobs: dict[tuple[str, str], tuple[Any, int, int, Any]] = {}  # (size, traced set-up) -> _session's arguments
     for size in sizes:
         amp = "bf16" if work.amp == "fp16" else work.amp
         base, _ = train_config_from_preset(preset, model_size=size, amp=amp, data=["synthetic"])
         emulation = CudaEmulation(context_overhead_bytes=0,
                                   optimizer_impl=OPTIMIZER_EMULATION[base.optimizer_impl]) if cuda else None
-        rows = []
-        probes: dict[str, dict[int, _Probe]] = {}
         for setup in setups:
-            if on_progress is not None:
-                on_progress(f"{size}: {setup}")
-            offload = setup == "fsdp+offload"
-            changes: dict[str, Any] = {"parallelism": "ddp" if setup == "ddp" else "fsdp"}
-            if setup == "fsdp+checkpointing":
-                changes["activation_checkpointing"] = "all"
-            config = base.replace(**changes)
             # Offload changes where the shards live, not the step: it reuses the FSDP row's estimates.
-            cache = probes.setdefault("fsdp" if offload else setup, {})
+            traced = "fsdp" if setup == "fsdp+offload" else setup
+            changes: dict[str, Any] = {"parallelism": "ddp" if traced == "ddp" else "fsdp"}
+            if traced == "fsdp+checkpointing":
+                changes["activation_checkpointing"] = "all"
+            jobs.setdefault((size, traced), (base.replace(**changes), large, ranks, emulation))
+    keys = list(jobs)
 
-            def probe_at(batch: int, config: Any = config, cache: dict[int, _Probe] = cache) -> _Probe:
-                if batch not in cache:
-                    probe = _estimate(config, batch, ranks, emulation)
-                    if config.parallelism == "ddp":  # DDP's buckets: one more copy of the trainable gradients
-                        probe = _Probe(probe.peak + probe.grads, probe.weights, 2 * probe.grads, probe.optimizer,
-                                       probe.step_start, 0)
-                    cache[batch] = probe
-                return cache[batch]
+    def started(index: int) -> None:
+        if on_progress is not None:
+            on_progress(": ".join(keys[index]))
 
-            rows.append(_row(setup, probe_at, ranks, budget, margin, work.batch_size, target_per_rank, offload))
-        params = _parameter_count(size)
-        plans.append(SizePlan(size, params, rows))
+    probes = {key: _SetupProbes(jobs[key][0], ranks, jobs[key][3], session)
+              for key, session in zip(keys, _run_sessions(list(jobs.values()), started))}
+    plans = []
+    for size in sizes:
+        rows = []
+        for setup in setups:
+            traced = "fsdp" if setup == "fsdp+offload" else setup
+            rows.append(_row(setup, probes[(size, traced)], ranks, budget, margin, work.batch_size,
+                             target_per_rank, setup == "fsdp+offload"))
+        plans.append(SizePlan(size, _parameter_count(size), rows))
     assumptions = [
         f"per rank of {ranks} {hardware.device} devices of {hardware.memory_per_device_gb:g} GiB; budget = card"
         + (f" - {hardware.cuda_context_overhead_gb:g} GiB CUDA context" if cuda else "")

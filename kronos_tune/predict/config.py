@@ -23,7 +23,8 @@ from kronos_tune.predict.times import exchange_calendar
 
 @dataclass(frozen=True)
 class InputSpec:
-    """size: random weights of a named size; checkpoint + tokenizer: published-format folders.
+    """size: random weights of a named size; checkpoint + tokenizer: published-format folders or Hugging Face
+    hub ids (OWNER/NAME[@REVISION], kronos_core.hub); offline: never download one.
     data: files (or folders); synthetic: that many generated series instead."""
 
     lookback: int
@@ -33,6 +34,7 @@ class InputSpec:
     tokenizer: Path | None = None
     data: tuple[Path, ...] = ()
     synthetic: int | None = None
+    offline: bool = False
 
 
 def check_input_spec(config: InputSpec) -> None:
@@ -78,6 +80,8 @@ class PredictConfig(InputSpec):
     symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
     skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
     window_mode: str = "refill"
+    cuda_graphs: bool | None = None  # cached one-token steps as CUDA graphs; None: on when the device is CUDA
+    kv_cache: bool = True  # False: the reference method, the whole window recomputed for every token
     nproc: int = 1
     nnodes: str | None = None
     node_rank: int | None = None
@@ -85,6 +89,7 @@ class PredictConfig(InputSpec):
     rdzv_id: str | None = None
     rdzv_backend: str | None = None
     calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
+    quantiles: tuple[float, ...] = ()  # levels in (0, 1): per-bar quantiles of the sample paths (quantiles.py)
 
     @property
     def launch(self) -> LaunchSpec:
@@ -124,6 +129,11 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError(f"--window-mode {config.window_mode}: choose refill (exact) or shift (approximate)")
     if config.nproc < 1:
         raise KronosTuneError(f"--nproc {config.nproc}: must be at least 1")
+    if config.cuda_graphs and resolve_device(config.device) == "cpu":
+        raise KronosTuneError("--cuda-graphs needs a CUDA device; leave it out (on with CUDA) or use --no-cuda-graphs")
+    if not config.kv_cache and config.nproc > 1:
+        raise KronosTuneError(f"--no-kv-cache with --nproc {config.nproc}: the full-recompute reference runs in one "
+                              f"process; use --nproc 1 or the KV cache")
     if config.symbol_column is not None and not config.data:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.skip_short and config.symbol_column is None:
@@ -132,6 +142,21 @@ def check_config(config: PredictConfig) -> None:
         check_output_path(config.out)
     if config.calendar is not None:
         exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
+    if config.quantiles:
+        check_quantiles(config)
+
+
+def check_quantiles(config: PredictConfig) -> None:
+    """Quantiles are taken over the sample paths of one process."""
+    levels = ",".join(f"{level:g}" for level in config.quantiles)
+    if not all(0 < level < 1 for level in config.quantiles) or list(config.quantiles) != sorted(set(config.quantiles)):
+        raise KronosTuneError(f"--quantiles {levels}: give increasing levels in (0, 1), e.g. 0.1,0.5,0.9")
+    if config.sample_count < 2:
+        raise KronosTuneError(f"--quantiles {levels} needs --sample-count 2 or more (got {config.sample_count}): "
+                              f"the quantiles are taken over the sample paths; e.g. --sample-count 20")
+    if config.launch.launched:
+        raise KronosTuneError(f"--quantiles {levels} runs in one process: the ranks of --nproc/--nnodes return "
+                              f"mean paths only; leave out the torchrun flags")
 
 
 def resolve_device(device: str) -> str:

@@ -82,6 +82,8 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 frame = read_kline(path)
+            for message in frame.attrs.get("notes", ()):
+                on_note("note", message)
             for warning in caught:
                 on_note("warning", str(warning.message))
             inputs.append(_series_input(name, frame, config, str(path)))
@@ -123,12 +125,20 @@ def _from_series(items: list[SeriesInput], pred_len: int) -> LoadedSeries:
 def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
     paths = find_data_files(list(config.data))
     panels = [read_panel(path, config.symbol_column) for path in paths]
+    for read in panels:
+        for message in read.attrs.get("notes", ()):
+            on_note("note", message)
+        for message in read.attrs.get("warnings", ()):
+            on_note("warning", message)
     panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
+    panel.attrs = {}  # said above; panel_inputs adds only its own notes
     source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
     inputs = panel_inputs(panel, config.lookback,
                           lambda stamps, count: future_timestamps(stamps, count, source, config.calendar),
                           pred_len=config.pred_len, source=source, on_short="skip" if config.skip_short else "error",
                           holdout=config.pred_len if config.holdout else 0)
+    for message in inputs.notes:
+        on_note("note", message)
     if inputs.skipped:
         listed = ", ".join(symbol for symbol, _ in inputs.skipped[:5])
         more = f" and {len(inputs.skipped) - 5} more" if len(inputs.skipped) > 5 else ""

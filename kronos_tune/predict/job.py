@@ -3,7 +3,9 @@
 No terminal output here: notes go to a callback, results come back as a
 `PredictResult`; `kronos_tune.commands.predict` renders them.
 
-Future timestamps come from `kronos_tune.predict.times`.
+Future timestamps come from `kronos_tune.predict.times`; `--checkpoint`/`--tokenizer` hub ids are resolved by
+`kronos_core.hub` (one note line each, and `weights` in the JSON report); `--quantiles` come from the sample
+paths (`kronos_tune.predict.quantiles`).
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ import torch
 
 from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.hostmem import peak_rss_bytes
+from kronos_core.hub import PretrainedSource, resolve_sources
 from kronos_core.model import Kronos
 from kronos_core.predict.predictor import KronosPredictor, ProgressCallback
 from kronos_core.predict.sharded import ShardJob
 from kronos_core.sizes import build_model, build_tokenizer, size_spec
 from kronos_core.tokenizer import KronosTokenizer
-from kronos_tune.predict.config import (DEFAULT_MAX_CONTEXT, RANDOM_WEIGHTS_NOTE, PredictConfig, check_config,
-                                        resolve_device)
+from kronos_tune.predict.config import (DEFAULT_MAX_CONTEXT, RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig,
+                                        check_config, resolve_device)
 from kronos_tune.predict.inputs import NoteCallback, load_inputs
 from kronos_tune.predict.output import Precision, fix_volumes, long_frame, output_format, predictions_json, write_table
+from kronos_tune.predict.quantiles import quantile_columns, sample_quantiles
 from kronos_tune.predict.shards import check_shards, run_sharded
 
 
@@ -43,7 +47,7 @@ class SeriesScore:
 @dataclass
 class PredictResult:
     series_names: list[str]
-    frames: list[pd.DataFrame]  # per series: index = future stamps, columns = FEATURE_COLUMNS
+    frames: list[pd.DataFrame]  # per series: index = future stamps, columns = FEATURE_COLUMNS (+ quantiles)
     device: str
     max_context: int
     random_weights: bool
@@ -55,6 +59,7 @@ class PredictResult:
     notes: list[tuple[str, str]] = field(default_factory=list)
     peak_gpu_bytes: int | None = None
     precision: Precision = field(default_factory=Precision)
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> PretrainedSource.to_dict()
 
     @property
     def series_per_s(self) -> float:
@@ -85,6 +90,8 @@ class PredictResult:
         }
         if self.peak_gpu_bytes is not None:
             report["peak_gpu_bytes"] = self.peak_gpu_bytes
+        if self.weights:
+            report["weights"] = self.weights
         if self.scores is not None:
             report["mae"] = self.mean_mae
             report["mape"] = self.mean_mape
@@ -103,16 +110,31 @@ def resolve_max_context(config: PredictConfig) -> int:
 # Loading -------------------------------------------------------------------------------------
 
 
-def load_predictor(config: PredictConfig, on_note: NoteCallback) -> KronosPredictor:
-    """Random-init weights for --size, or the --checkpoint/--tokenizer folders (errors name file and key)."""
+def resolve_weights(config: InputSpec, on_note: NoteCallback) -> dict[str, PretrainedSource]:
+    """The folders of --checkpoint/--tokenizer (hub ids: from the cache, or downloaded unless offline); a note
+    line for each hub id says which commit and snapshot folder it resolved to."""
+    sources = resolve_sources({"checkpoint": config.checkpoint, "tokenizer": config.tokenizer},
+                              offline=True if config.offline else None)
+    for label, source in sources.items():
+        if source.from_hub:
+            on_note("note", source.describe(label))
+    return sources
+
+
+def load_predictor(config: PredictConfig, on_note: NoteCallback,
+                   weights: dict[str, PretrainedSource] | None = None) -> KronosPredictor:
+    """Random-init weights for --size, or the --checkpoint/--tokenizer folders or hub ids (errors name file and
+    key); `weights`: those already resolved (`resolve_weights`)."""
+    if weights is None:
+        weights = resolve_weights(config, on_note)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if config.checkpoint is not None:
-            model = Kronos.from_pretrained(config.checkpoint)
+        if "checkpoint" in weights:
+            model = Kronos.from_pretrained(weights["checkpoint"].path)
         else:
             model = build_model(config.size, seed=config.seed)
-        if config.tokenizer is not None:
-            tokenizer = KronosTokenizer.from_pretrained(config.tokenizer)
+        if "tokenizer" in weights:
+            tokenizer = KronosTokenizer.from_pretrained(weights["tokenizer"].path)
         else:
             tokenizer = build_tokenizer(config.size, seed=config.seed)
     for warning in caught:
@@ -120,7 +142,8 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback) -> KronosPredic
     amp = None if config.amp == "none" else config.amp
     return KronosPredictor(model, tokenizer, device=resolve_device(config.device),
                            max_context=resolve_max_context(config), amp=amp,
-                           max_batch_size=config.max_batch_size, window_mode=config.window_mode)
+                           max_batch_size=config.max_batch_size, window_mode=config.window_mode,
+                           use_cache=config.kv_cache, cuda_graphs=config.cuda_graphs)
 
 
 # Scoring and output --------------------------------------------------------------------------
@@ -135,13 +158,15 @@ def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray) -> S
 # The job -------------------------------------------------------------------------------------
 
 
-def _shard_job(config: PredictConfig, device: str) -> ShardJob:
-    return ShardJob(size=config.size, checkpoint=None if config.checkpoint is None else str(config.checkpoint),
-                    tokenizer=None if config.tokenizer is None else str(config.tokenizer), seed=config.seed,
+def _shard_job(config: PredictConfig, device: str, weights: dict[str, PretrainedSource]) -> ShardJob:
+    """The ranks load the resolved folders: they never look a hub id up themselves."""
+    checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
+    return ShardJob(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
+                    tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
                     device="cuda" if device.startswith("cuda") else "cpu",
                     amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
                     window_mode=config.window_mode, max_batch_size=config.max_batch_size,
-                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                    cuda_graphs=config.cuda_graphs, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                     sample_count=config.sample_count)
 
 
@@ -170,13 +195,15 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
         note("note", f"--lookback {config.lookback} + --pred-len {config.pred_len} > max_context {max_context}: "
                      f"the window slides after {max_context - config.lookback} steps and {after}")
 
+    weights = resolve_weights(config, note)  # before the data: a hub id that is not there fails at once
     inputs = load_inputs(config, note)
     device = resolve_device(config.device)
     sharded = config.launch.launched
     if sharded:
         check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
     # Sharded runs load the weights here too, on the CPU, so a bad checkpoint fails in one line before any rank.
-    predictor = load_predictor(replace(config, device="cpu", amp="none") if sharded else config, note)
+    preload = replace(config, device="cpu", amp="none", cuda_graphs=None) if sharded else config
+    predictor = load_predictor(preload, note, weights)
     if predictor.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(predictor.device)
 
@@ -185,9 +212,17 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
     with warnings.catch_warnings():
         # The long-history warning is already a note above.
         warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
+        quantiles = None
         if sharded:
-            values = run_sharded(config.launch, _shard_job(config, device), inputs.x, inputs.x_stamp,
+            values = run_sharded(config.launch, _shard_job(config, device, weights), inputs.x, inputs.x_stamp,
                                  inputs.y_stamp, note)
+        elif config.quantiles:
+            values, samples = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp,
+                                                       T=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                                                       sample_count=config.sample_count, on_progress=on_progress,
+                                                       mean_and_samples=True)
+            quantiles = sample_quantiles(samples, config.quantiles)  # [N, Q, P, 6]
+            del samples
         else:
             values = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp, T=config.temperature,
                                               top_k=config.top_k, top_p=config.top_p,
@@ -200,10 +235,11 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
     names = inputs.names if values is not None else []
     if values is not None:
         negative = fix_volumes(values, inputs.no_volume)
+        if quantiles is not None:
+            negative += fix_volumes(quantiles, inputs.no_volume)
         if negative:
             note("note", f"{negative} predicted volume/amount values were below 0 and are written as 0")
-        columns = pd.Index(FEATURE_COLUMNS)
-        frames = [pd.DataFrame(v, columns=columns, index=index) for v, index in zip(values, inputs.futures)]
+        frames = _frames(values, quantiles, config.quantiles, inputs.futures)
 
     scores = None
     if config.holdout and frames:
@@ -220,10 +256,25 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
         random_weights=config.checkpoint is None, seconds=time.perf_counter() - started,
         predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out if frames else None,
         scores=scores, notes=notes, peak_gpu_bytes=peak_gpu, precision=precision,
+        weights={label: source.to_dict() for label, source in weights.items()},
     )
+
+
+def _frames(values: np.ndarray, quantiles: np.ndarray | None, levels: tuple[float, ...],
+            futures: list[pd.DatetimeIndex]) -> list[pd.DataFrame]:
+    """Per series: the mean path [P, 6] as FEATURE_COLUMNS, then each column's quantiles (open_q10, ...)."""
+    if quantiles is None:
+        columns = pd.Index(FEATURE_COLUMNS)  # built once: a list would be re-parsed for every frame
+        return [pd.DataFrame(v, columns=columns, index=index) for v, index in zip(values, futures)]
+    columns = pd.Index([*FEATURE_COLUMNS, *quantile_columns(FEATURE_COLUMNS, levels)])
+    # [N, Q, P, C] -> [N, P, C, Q]: per bar, each column's levels side by side, in quantile_columns' order
+    banded = np.moveaxis(quantiles, 1, 3).reshape(len(values), values.shape[1], -1)
+    return [pd.DataFrame(np.concatenate([v, q], axis=1), columns=columns, index=index)
+            for v, q, index in zip(values, banded, futures)]
 
 
 __all__ = [
     "RANDOM_WEIGHTS_NOTE", "PredictConfig", "PredictResult", "SeriesScore",
-    "check_config", "load_predictor", "peak_rss_bytes", "resolve_device", "resolve_max_context", "run_predict", "score",
+    "check_config", "load_predictor", "peak_rss_bytes", "resolve_device", "resolve_max_context", "resolve_weights",
+    "run_predict", "score",
 ]

@@ -6,7 +6,8 @@ MAX_PRICE_DECIMALS), volume and amount to the decimals the input's use (at
 most MAX_VOLUME_DECIMALS; whole numbers for share counts). Parquet keeps the
 predictor's float values. Volume and amount are never negative: the model can
 predict a negative z-score that de-normalizes below zero; those are clipped
-to 0 and counted in a note.
+to 0 and counted in a note. Quantile columns (`close_q10`...) follow the mean
+columns and are rounded and clipped like the column they belong to.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
 from kronos_core.errors import one_line
 from kronos_core.files import atomic_path
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.quantiles import base_column
 
 OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet"}
 OUTPUT_COLUMNS = ("series", TIME_COLUMN, *FEATURE_COLUMNS)
@@ -114,23 +116,28 @@ def check_output_path(path: Path) -> str:
 
 
 def long_frame(names: list[str], frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """One row per (series, timestamp): series, timestamps, open ... amount."""
+    """One row per (series, timestamp): series, timestamps, open ... amount, then any quantile columns."""
     parts = []
     for name, frame in zip(names, frames):
-        part = frame.reset_index(names=TIME_COLUMN)[[TIME_COLUMN, *FEATURE_COLUMNS]]
+        part = frame.reset_index(names=TIME_COLUMN)[[TIME_COLUMN, *frame.columns]]
         part.insert(0, "series", name)
         parts.append(part)
-    return pd.concat(parts, ignore_index=True)[list(OUTPUT_COLUMNS)]
+    extra = [column for column in frames[0].columns if column not in FEATURE_COLUMNS]
+    return pd.concat(parts, ignore_index=True)[[*OUTPUT_COLUMNS, *extra]]
 
 
 def rounded(table: pd.DataFrame, precision: Precision) -> pd.DataFrame:
     """Float64 columns rounded for text (float32 values would print artefacts like 9.8933935)."""
     out = table.copy()
-    for column in PRICE_COLUMNS:
-        out[column] = np.round(out[column].to_numpy(dtype=np.float64), precision.price)
-    for column, decimals in zip(VOLUME_COLUMNS, (precision.volume, precision.amount)):
+    decimals_of = {**{column: precision.price for column in PRICE_COLUMNS},
+                   **dict(zip(VOLUME_COLUMNS, (precision.volume, precision.amount)))}
+    for column in out.columns:
+        decimals = decimals_of.get(base_column(column))
+        if decimals is None:
+            continue
         values = np.round(out[column].to_numpy(dtype=np.float64), decimals)
-        out[column] = values.astype(np.int64) if decimals == 0 else values
+        whole = decimals == 0 and base_column(column) in VOLUME_COLUMNS
+        out[column] = values.astype(np.int64) if whole else values
     return out
 
 
@@ -154,6 +161,6 @@ def predictions_json(names: list[str], frames: list[pd.DataFrame], precision: Pr
     for name, frame in zip(names, frames):
         table = rounded(frame.reset_index(names=TIME_COLUMN).assign(series=name), precision)
         item = {"series": name, TIME_COLUMN: [stamp.isoformat() for stamp in table[TIME_COLUMN]]}
-        item.update({column: table[column].tolist() for column in FEATURE_COLUMNS})
+        item.update({column: table[column].tolist() for column in frame.columns})
         out.append(item)
     return out

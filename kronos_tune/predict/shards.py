@@ -50,7 +50,18 @@ def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndar
     job_file = write_job(work, job, x, x_stamp, y_stamp)
     command = torchrun_command(spec, "kronos_core.predict.sharded", [str(job_file)])
     backend = "NCCL" if job.device == "cuda" else "gloo"
-    result = run_launch(command, stop_file=stop_file)
+    ready: list[int] = []
+
+    def on_event(event: dict) -> None:
+        # On several nodes, say when this node's ranks have joined the others (the rendezvous is done).
+        if event.get("event") == "ready" and spec.multi_node:
+            ready.append(int(event.get("rank", -1)))
+            if len(ready) == spec.nproc:
+                ranks = ", ".join(map(str, sorted(ready)))
+                on_note("note", f"rendezvous done: rank{'s' if len(ready) > 1 else ''} {ranks} of "
+                                f"{event.get('world')} ready on this node")
+
+    result = run_launch(command, on_event=on_event, stop_file=stop_file)
     if result.stopped:
         raise KronosTuneError(f"predict: stopped before every rank finished; nothing was written "
                               f"(the ranks' parts are kept in {work})")
@@ -62,7 +73,8 @@ def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndar
         else:
             last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
             reason = f"torchrun exited with code {result.returncode} ({last[:200]})"
-        raise KronosTuneError(f"predict --nproc {spec.nproc}: {reason}; the other ranks were stopped and "
+        where = f"--nproc {spec.nproc}" + (f" --nnodes {spec.nnodes}" if spec.multi_node else "")
+        raise KronosTuneError(f"predict {where}: {reason}; the other ranks were stopped and "
                               f"nothing was written (parts kept in {work})")
     merged = read_merged(work)
     if merged is None:

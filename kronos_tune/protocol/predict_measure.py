@@ -6,7 +6,10 @@ lookback, pred_len and sample paths; random weights of the preset's model
 size; greedy decoding so the outputs of the methods can be compared): one
 metered run first (peak memory, the budget enforced: simulated on the CPU),
 then `repeats` timed runs without the meter. series/s is per timed run; the
-projection is the preset's series_count at the median rate.
+projection is the preset's series_count at the median rate. The outputs kept
+for the quality check are the metered run's; when the check is asked to
+cover more series than are timed (`agreement_series`), one more untimed run
+predicts those (the timed series are the first of them).
 
 The sharding trial runs torchrun processes (one per GPU, NCCL; CPU ranks
 use gloo with the cores split between them), not threads: the host work of a
@@ -50,8 +53,10 @@ class PredictMeasurement:
     outputs: list[pd.DataFrame] = field(default_factory=list)
 
 
-def series_inputs(settings: PredictSettings) -> tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]:
-    frames = synthetic_series(settings.measured_series, n_rows=settings.lookback + settings.pred_len,
+def series_inputs(settings: PredictSettings, count: int | None = None
+                  ) -> tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]:
+    """The first `count` (default: measured_series) synthetic series: histories, their stamps, future stamps."""
+    frames = synthetic_series(count or settings.measured_series, n_rows=settings.lookback + settings.pred_len,
                               seed=settings.seed)
     dfs = [f.iloc[:settings.lookback][list(FEATURE_COLUMNS)].reset_index(drop=True) for f in frames]
     xs = [f["timestamps"].iloc[:settings.lookback].reset_index(drop=True) for f in frames]
@@ -83,13 +88,36 @@ def _run(predictor: KronosPredictor, settings: PredictSettings,
 def measure_sharded(settings: PredictSettings, device: str, repeats: int,
                     on_step: Callable[[PredictStep], None] | None = None,
                     should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
-    """The sharding trial: `settings.devices` torchrun ranks, each predicting its block `repeats` + 1 times."""
+    """The sharding trial: `settings.devices` torchrun ranks, each predicting its block `repeats` + 1 times;
+    then, when quality covers more series than are timed, one more launch predicting those once."""
+    result = _launch_sharded(settings, device, repeats, settings.measured_series, on_step, should_stop)
+    if result.status == "ok" and settings.quality_series > settings.measured_series:
+        if should_stop():
+            result.status, result.reason = "cancelled", "cancelled before the quality run"
+            return result
+        quality = _launch_sharded(settings, device, 0, settings.quality_series, None, should_stop)
+        if quality.status != "ok":
+            result.status, result.reason = quality.status, f"quality run: {quality.reason}"
+        result.outputs = quality.outputs
+        if on_step is not None and quality.metered_time_s is not None:
+            on_step(_quality_step(settings, repeats, quality.metered_time_s))
+    return result
+
+
+def _quality_step(settings: PredictSettings, repeats: int, seconds: float) -> PredictStep:
+    tokens = settings.quality_series * settings.sample_count * settings.pred_len
+    return PredictStep(repeats + 2, repeats + 2, settings.quality_series, tokens, seconds, timed=False)
+
+
+def _launch_sharded(settings: PredictSettings, device: str, repeats: int, count: int,
+                    on_step: Callable[[PredictStep], None] | None,
+                    should_stop: Callable[[], bool]) -> PredictMeasurement:
     import shutil
     import tempfile
     from pathlib import Path
 
     result = PredictMeasurement(status="ok")
-    dfs, xs, ys = series_inputs(settings)
+    dfs, xs, ys = series_inputs(settings, count)
     (group,) = prepare_lists(dfs, xs, ys, settings.pred_len).groups
     processes = settings.devices
     threads = None if device == "cuda" else max(1, (os.cpu_count() or 1) // processes)
@@ -98,7 +126,8 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
                    max_context=SIZES[settings.model_size].context, max_batch_size=settings.max_batch_size,
                    top_k=1, top_p=1.0, sample_count=settings.sample_count, repeats=repeats, threads=threads)
     work = Path(tempfile.mkdtemp(prefix="kronos-predict-trial-"))
-    tokens = settings.measured_series * settings.sample_count * settings.pred_len
+    tokens = count * settings.sample_count * settings.pred_len
+    total = repeats + 1 + (settings.quality_series > settings.measured_series)
     peaks: list[int] = []
 
     def on_event(event: dict[str, Any]) -> None:
@@ -109,8 +138,7 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
             else:
                 result.seconds.append(seconds)
             if on_step is not None:
-                on_step(PredictStep(index + 1, repeats + 1, settings.measured_series, tokens, seconds,
-                                    timed=index > 0))
+                on_step(PredictStep(index + 1, total, count, tokens, seconds, timed=index > 0))
         elif event.get("event") == "part" and event.get("peak_gpu_bytes") is not None:
             peaks.append(int(event["peak_gpu_bytes"]))
 
@@ -149,6 +177,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
     result = PredictMeasurement(status="ok")
     inputs = series_inputs(settings)
     tokens = settings.measured_series * settings.sample_count * settings.pred_len
+    total = repeats + 1 + (settings.quality_series > settings.measured_series)
     try:
         predictor = _predictor(settings, device)
         start = time.perf_counter()
@@ -166,7 +195,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                 result.peak_memory_bytes = meter.peak_bytes()
         result.metered_time_s = time.perf_counter() - start
         if on_step is not None:
-            on_step(PredictStep(1, repeats + 1, settings.measured_series, tokens, result.metered_time_s, timed=False))
+            on_step(PredictStep(1, total, settings.measured_series, tokens, result.metered_time_s, timed=False))
         for index in range(repeats):
             if should_stop():
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
@@ -175,7 +204,15 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             _run(predictor, settings, inputs)
             result.seconds.append(time.perf_counter() - start)
             if on_step is not None:
-                on_step(PredictStep(index + 2, repeats + 1, settings.measured_series, tokens, result.seconds[-1]))
+                on_step(PredictStep(index + 2, total, settings.measured_series, tokens, result.seconds[-1]))
+        if settings.quality_series > settings.measured_series:
+            if should_stop():
+                result.status, result.reason = "cancelled", f"cancelled after {repeats} timed runs"
+                return result
+            start = time.perf_counter()
+            result.outputs = _run(predictor, settings, series_inputs(settings, settings.quality_series))
+            if on_step is not None:
+                on_step(_quality_step(settings, repeats, time.perf_counter() - start))
         return result
     except torch.OutOfMemoryError as error:
         result.status, result.reason = "oom", one_line(error, typed=False)

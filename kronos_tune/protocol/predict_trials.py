@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_tune.protocol.predict_decision import EXACT_TOLERANCE
 from kronos_tune.protocol.predict_measure import output_max_abs_diff, series_inputs
 from kronos_tune.protocol.context import RunContext
 from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
@@ -46,7 +47,7 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     if not result_file.is_file():
         raise_for_exit(outcome, work)
     m = json.loads(result_file.read_text(encoding="utf-8"))
-    dfs, _, ys = series_inputs(settings)
+    dfs, _, ys = series_inputs(settings, settings.quality_series)  # the outputs kept are the quality set's
     outputs = _outputs(outputs_file, ys)
     seconds = list(m["seconds"])
     rates = [settings.measured_series / s for s in seconds]
@@ -58,24 +59,50 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
                          warmup_time_s=m["metered_time_s"], nproc=settings.devices)
     if result.series_per_s:
         result.projected_predict_time_s = settings.series_count / result.series_per_s.median
-    if spec.stage == "baseline":
-        run.references["outputs"] = outputs
     reference = run.results.get("recompute")
     if reference is not None and reference.series_per_s and result.series_per_s:
         result.speedup = result.series_per_s.median / reference.series_per_s.median
-    result.output_max_abs_diff = output_max_abs_diff(outputs, run.references.get("outputs"), dfs)
-    result.quality = rank_agreement(outputs, run.references.get("outputs"), dfs, spec.stage)
-    if result.quality is not None:
-        result.notes.append(f"ranking agreement with the reference's predicted returns: Spearman "
-                            f"{result.quality['spearman']:.3f} over {result.quality['series']} series")
+    if spec.stage == "baseline":
+        run.references["outputs"] = outputs
+        return result
+    compare_quality(run, result, outputs, dfs)
     return result
+
+
+def exact_reference(run: RunContext, name: str) -> tuple[str, list[pd.DataFrame]]:
+    """The output a trial's quality is judged against: the recompute's (on the series it predicted), or, for the
+    trials after kv-cache, kv-cache's over all their series once it proved identical to the recompute's."""
+    if name != "kv-cache" and run.references.get("exact"):
+        return "kv-cache", run.references["exact"]
+    return "recompute", run.references.get("outputs") or []
+
+
+def compare_quality(run: RunContext, result: TrialResult, outputs: list[pd.DataFrame],
+                    histories: list[pd.DataFrame]) -> None:
+    """The trial's output against its exact reference over the series both predicted: the largest difference
+    and the ranking agreement (result.quality, with the series count and the reference's name)."""
+    name, reference = exact_reference(run, result.name)
+    shared = min(len(outputs), len(reference))
+    if not shared:
+        return
+    mine, theirs, shown = outputs[:shared], reference[:shared], histories[:shared]  # the same series: a prefix
+    result.output_max_abs_diff = output_max_abs_diff(mine, theirs, shown)
+    result.quality = {"series": shared, "reference": name, **(rank_agreement(mine, theirs, shown, result.stage) or {})}
+    if "spearman" in result.quality:
+        result.notes.append(f"ranking agreement with {name}'s predicted returns: Spearman "
+                            f"{result.quality['spearman']:.3f} over {shared} series")
+    if result.name == "kv-cache" and result.status == "ok" and result.output_max_abs_diff <= EXACT_TOLERANCE:
+        run.references["exact"] = outputs
+        if len(outputs) > shared:
+            result.notes.append(f"identical to the recompute's output on the {shared} series both predicted: its "
+                                f"output over all {len(outputs)} is the exact reference of the later trials")
 
 
 def rank_agreement(outputs: list[pd.DataFrame], reference: list[pd.DataFrame] | None, histories: list[pd.DataFrame],
                    stage: str) -> dict | None:
     """Does the approximate setting change which series come out on top? Spearman of the predicted returns
     (last predicted close over last history close) against the reference method's, across the series
-    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything."""
+    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything. predict_decision judges it."""
     from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 
     if stage == "baseline" or not outputs or not reference or len(outputs) != len(reference) or len(outputs) < 3:

@@ -92,6 +92,12 @@ class PredictSettings:
     max_batch_size: int | None = None  # sequences per chunk; None = KronosPredictor's default
     devices: int = 1
     seed: int = 0
+    agreement_series: int | None = None  # series the quality check compares (None: measured_series); the
+    #                                      timed series are the first measured_series of them
+
+    @property
+    def quality_series(self) -> int:
+        return max(self.measured_series, self.agreement_series or 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +117,9 @@ class ProtocolOptions:
     skip / only: trial names. budget_bytes overrides the preset's per-device budget. eval_windows caps the
     validation windows of the quality check. noise_factor and quality_floor set the quality guard
     (worse than baseline by more than max(noise_factor x noise, quality_floor x baseline) is flagged).
-    predict_series / predict_repeats: series per timed prediction run (None: up to 4) and timed runs.
+    predict_series / predict_repeats: series per timed prediction run (None: the preset's series_count) and
+    timed runs; agreement_series: series the predict quality check compares (None: at least 100, or all the
+    preset has); min_spearman: the ranking agreement an approximate predict setting needs.
     autobatch_estimate: search on fake tensors (None: on the CPU, where real probes are slow).
     """
 
@@ -136,6 +144,8 @@ class ProtocolOptions:
     quality_floor: float = 0.005
     predict_series: int | None = None
     predict_repeats: int = 3
+    agreement_series: int | None = None
+    min_spearman: float = 0.95
     autobatch_estimate: bool | None = None
     autobatch_margin: float | None = None  # None: autobatch's default for the device
 
@@ -148,7 +158,10 @@ class ProtocolOptions:
         """The options that change what a trial measures: a resumed run must use the same."""
         keys = ("steps", "warmup", "compile_warmup", "max_steps", "max_warmup", "target_ci", "budget_bytes", "seed",
                 "eval_windows", "predict_series", "predict_repeats", "cpu_ddp")
-        return {key: getattr(self, key) for key in keys}
+        measured = {key: getattr(self, key) for key in keys}
+        if self.agreement_series is not None:  # only when set: runs from before the option still resume
+            measured["agreement_series"] = self.agreement_series
+        return measured
 
 
 @dataclass

@@ -138,17 +138,43 @@ def _status_cell(result: TrialResult, compact: bool = False) -> Cell:
             "timeout": "bad"}[result.status]
     text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
     if result.quality is not None and not result.quality.get("passed", True):
-        text, tone = f"{text}; quality guard: worse than the noise allows", "bad"
+        guard = result.quality.get("text") if result.task == "predict" else None  # predict: its class's verdict
+        text, tone = f"{text}; {guard or 'quality guard: worse than the noise allows'}", "bad"
     if result.trajectory and result.trajectory.get("defect"):
         text, tone = (f"{text}; defect: losses deviate {result.trajectory['max_rel_deviation']:.2g} from the "
                       f"baseline's, promised {result.trajectory['expected']}"), "bad"
     return Cell(text, tone)
 
 
+def speedup_cell(result: TrialResult, compact: bool = False) -> Cell:
+    """Predict: series/s over the reference method's, with the 95% interval; ~ when the rule does not call it."""
+    if not result.speedup:
+        return Cell("")
+    comparison = result.comparison or {}
+    text = f"{result.speedup:.2f}x"
+    if comparison.get("low") is not None and comparison.get("high") is not None:
+        text += ("\n" if compact else " ") + f"[{1 / comparison['high']:.2f}, {1 / comparison['low']:.2f}]"
+    called = comparison.get("verdict")
+    if called in ("faster", "slower"):
+        return Cell(text, "good" if called == "faster" else "bad")
+    return Cell(f"~{text}" if comparison else text, "noise" if comparison else "")
+
+
+def predict_quality_cell(result: TrialResult) -> Cell:
+    quality = result.quality or {}
+    if "passed" not in quality:
+        return Cell("")
+    if quality.get("class") == "exact":
+        return Cell("exact" if quality["passed"] else "not exact", "" if quality["passed"] else "bad")
+    if quality.get("spearman") is None:
+        return Cell("not measured", "warn")
+    return Cell(f"ρ {quality['spearman']:.3f}", "" if quality["passed"] else "bad")
+
+
 TRAIN_COLUMNS = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
                  "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
-PREDICT_COLUMNS = ("configuration", "hardware", "series/s [IQR] n", "speed-up", "projected total", "memory",
-                   "Δ mem", "max Δ output vs ref", "status")
+PREDICT_COLUMNS = ("configuration", "hardware", "series/s [IQR] n", "speed-up [95% CI]", "projected total", "memory",
+                   "Δ mem", "max Δ output vs ref", "quality", "status")
 
 
 def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
@@ -163,11 +189,11 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
         hardware = Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware)
         peak = Cell(format_bytes(t.peak_memory_bytes, missing="–"))
         if report.task == "predict":
-            speedup = Cell(f"{t.speedup:.2f}x", "good" if t.speedup > 1 else "") if t.speedup else Cell("")
-            rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)), speedup,
-                         Cell(fmt_seconds(t.projected_predict_time_s)), peak,
+            rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)),
+                         speedup_cell(t, compact), Cell(fmt_seconds(t.projected_predict_time_s)), peak,
                          delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                         Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"), status])
+                         Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"),
+                         predict_quality_cell(t), status])
             continue
         loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
         rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
@@ -182,6 +208,10 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
 # Files ----------------------------------------------------------------------------------------------------
 
 def recommended_toml(report: ProtocolReport) -> str | None:
+    if report.task == "predict":  # prediction settings, for `kronos-tune predict --config` (predict_summary.py)
+        from kronos_tune.protocol.predict_summary import recommended_predict_toml
+
+        return recommended_predict_toml(report)
     rec = report.recommended
     if not rec or not rec.get("config"):
         return None
@@ -255,8 +285,9 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         if report.flops:
             lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
     else:
-        lines += ["", f"Every trial predicts the same {opts.get('predict_series_used', '')} synthetic series "
-                      f"(greedy), one metered run then {opts.get('predict_repeats')} timed runs."]
+        from kronos_tune.protocol.predict_summary import predict_markdown_lines
+
+        lines += [""] + predict_markdown_lines(report)  # what was predicted, the rule, each trial's verdict
     header, rows = table(report)
     marks = {"noise": " (noise)", "bad": "", "good": "", "warn": "", "": ""}
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

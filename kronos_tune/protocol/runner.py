@@ -273,7 +273,7 @@ class ProtocolRun:
         trials = [self.results[s.name] for s in self.specs if s.name in self.results]
         options = self.options.to_dict()
         if self.task == "predict" and self.specs:
-            options["predict_series_used"] = self.specs[0].config.measured_series
+            options["predict_series_used"] = max(getattr(s.config, "measured_series", 0) for s in self.specs)
         options["trial_timeout_s"] = self.trial_timeout_s
         report = ProtocolReport(
             preset=self.preset.name, task=self.task, device=self.device, device_line=self.device_line,

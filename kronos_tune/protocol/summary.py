@@ -25,7 +25,6 @@ from kronos_tune.protocol.decision import (
 from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
     quality_threshold
 from kronos_tune.protocol.records import ProtocolReport, TrialResult
-from kronos_tune.protocol.stats import Comparison
 
 FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
                  "predictor, L transformer layers, H heads, Q head dimension, T tokens per window; the frozen "
@@ -121,7 +120,9 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
     opts = report.options
     base = next((t for t in trials if t.stage == "baseline"), None)  # train: "baseline"; predict: "recompute"
     if report.task != "train":
-        _summarize_predict(report, base)
+        from kronos_tune.protocol.predict_summary import summarize_predict
+
+        summarize_predict(report)  # the predict task's decision and recommended settings (predict_summary.py)
         return
     probe = _find(trials, "noise-probe")
     noise = None
@@ -167,22 +168,3 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
     report.flops = flops_section(report, preset)
     report.recommended = recommendation(report, decision.source, decision.reason, preset)
 
-
-def _summarize_predict(report: ProtocolReport, base: TrialResult | None) -> None:
-    """Predict trials: deltas from the ratio of median run times (no recommendation is written)."""
-    from kronos_tune.protocol.decision import drift_estimate
-    from kronos_tune.protocol.stats import compare
-
-    drift, _ = drift_estimate(report.trials)
-    threshold = max(FLOOR, drift or 0.0)
-    for t in report.trials:
-        comparison: Comparison | None = None
-        if base is not None and t is not base and t.status == "ok" and base.status == "ok":
-            mine = t.series_per_s.median if t.series_per_s else None
-            theirs = base.series_per_s.median if base.series_per_s else None
-            comparison = compare(t.step_times_s, base.step_times_s, threshold,
-                                 None if not mine else 1 / mine, None if not theirs else 1 / theirs)
-        t.comparison = comparison.to_dict() if comparison is not None else None
-        t.deltas = compute_deltas(t, base, None, comparison)
-    report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * threshold,
-                     "drift_pct": None if drift is None else 100 * drift}

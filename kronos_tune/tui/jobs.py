@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_core.train import StepRecord
     from kronos_tune.autobatch import Probe
     from kronos_tune.protocol import ProtocolOptions
+    from kronos_tune.train.job import StageStart, TrainListener
+    from kronos_tune.train.runs import TrainPlan
 
 Post = Callable[[Message], object]
 
@@ -99,54 +101,60 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
     _finish(post, job, cancel, outcome, result)
 
 
+def _training_messages(post: Post, folder: Path, resume: bool) -> TrainListener:
+    """The training job's reports as the dashboard's messages (the job's module loads torch, so the class is
+    made here, in the job's thread)."""
+    from kronos_tune.train.job import TrainListener
+
+    class TrainingMessages(TrainListener):
+        target: int | None = None
+
+        def announce(self, why: str, plan: TrainPlan) -> None:
+            post(LogLine(f"training: {plan.model_size} {plan.what}, batch {plan.batch_size} x "
+                         f"{plan.accumulation_steps}, " + (f"resuming {folder}" if resume else f"output {folder}")))
+
+        def stage_ready(self, start: StageStart) -> None:
+            self.target = start.target
+            post(JobNote(f"{start.total_steps} optimizer steps = {start.config.epochs} epoch(s) x "
+                         f"{start.steps_per_epoch}, effective batch {start.global_batch}; from step {start.step}"))
+
+        def step(self, record: StepRecord) -> None:
+            post(TrainingStep(record, self.target))
+
+    return TrainingMessages()
+
+
 def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: threading.Event) -> None:
-    """kronos_core's Trainer on a TrainConfig TOML (recommended.toml) in `folder`, a new run or (resume) the
-    cancelled one it holds; the folder is claimed through kronos_tune.runs and records how the run ended.
-    Cancel stops at a step boundary after a checkpoint: the next `t` continues it."""
+    """The training job (kronos_tune.train.job.run_training, as `kronos-tune train` runs it) on a TrainConfig
+    TOML (recommended.toml) in `folder`, a new run or (resume) the cancelled one it holds; the folder records
+    how the run ended. Cancel stops at a step boundary after a checkpoint: the next `t` continues it."""
     job = "training"
-    run = None
     try:
-        from kronos_core.train import TrainConfig, Trainer
-        from kronos_tune.train.runs import claim_train_dir, finish_status, partial_config_note
+        from kronos_core.train import TrainConfig
+        from kronos_tune.run_logs import tensorboard_available
+        from kronos_tune.train.job import TrainRequest, run_training
+        from kronos_tune.train.runs import partial_config_note
 
         partial = partial_config_note(config_path)
         if partial:
             post(LogLine(f"training: {config_path} comes from a partial benchmark ({partial.lstrip('# ')}); "
                          f"training with it anyway", "warning"))
-        config = TrainConfig.from_toml(config_path).replace(output_dir=str(folder))
-        run = claim_train_dir(folder, config, str(config_path), resume=resume, overwrite=False)
-        post(LogLine(f"training: {config.model_size} {config.what}, batch {config.batch_size} x "
-                     f"{config.accumulation_steps}, " + (f"resuming {folder}" if resume else f"output {folder}")))
-        if cancel.is_set():
-            run.mark("cancelled", step=0)
-            post(JobFinished(job, "cancelled", "cancelled before the first step"))
-            return
-        from kronos_tune.run_logs import stage_log, tensorboard_available
-
-        with Trainer(config, resume=folder if resume else None) as trainer, \
-                stage_log(folder, tensorboard_available(), resumed_at=trainer.step) as log:  # as `train` writes
-            target = trainer.total_steps
-            post(JobNote(f"{trainer.total_steps} optimizer steps = {config.epochs} epoch(s) x "
-                         f"{trainer.steps_per_epoch}, effective batch {trainer.global_batch_size}; from step "
-                         f"{trainer.step}"))
-
-            def on_step(record: StepRecord) -> None:
-                log.step(record.to_dict())
-                post(TrainingStep(record, target))
-                if cancel.is_set():
-                    trainer.request_stop()
-
-            trainer.callback = on_step
-            trainer.eval_callback = lambda record: log.eval(record.to_dict())
-            summary = trainer.fit()
-    except Exception as error:
-        if run is not None:
-            run.mark("failed", reason=one_line(error))
+        request = TrainRequest(TrainConfig.from_toml(config_path), str(config_path),
+                               resume=folder if resume else None, out=None if resume else folder,
+                               tensorboard=tensorboard_available())
+        result = run_training(request, _training_messages(post, folder, resume), cancel)
+    except Exception as error:  # the app stays up and shows the reason
         post(JobFinished(job, "failed", one_line(error)))
         return
-    status = finish_status(summary.interrupted, summary.steps, summary.total_steps)
-    run.mark(status, step=summary.steps, total_steps=summary.total_steps)
-    state = "stopped early (t continues it)" if summary.interrupted else "done"
-    loss = "n/a" if summary.best_val_loss is None else f"{summary.best_val_loss:.4f}"
-    _finish(post, job, cancel, f"{summary.steps}/{summary.total_steps} steps, {state}, best val loss {loss}; "
-                               f"in {folder}", summary)
+    stage = result.stages[-1]
+    if stage.error is not None:
+        post(JobFinished(job, "failed", stage.error, result))
+        return
+    if stage.summary is None:
+        post(JobFinished(job, "cancelled", "cancelled before the first step", result))
+        return
+    summary = stage.summary
+    state = "stopped early (t continues it)" if summary["interrupted"] else "done"
+    loss = "n/a" if summary["best_val_loss"] is None else f"{summary['best_val_loss']:.4f}"
+    _finish(post, job, cancel, f"{summary['steps']}/{summary['total_steps']} steps, {state}, best val loss "
+                               f"{loss}; in {folder}", result)

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from kronos_tune.presets import Preset
     from kronos_tune.protocol import ProtocolReport, TrialResult
     from kronos_tune.protocol.pareto import Scatter
+    from kronos_tune.tui.model import RunState
 
 
 class ResultsView:
     """Needs from the app: results, results_task, report, complete, answer, recommended, out_dir, preset,
-    log_line, query_one, size, screen, push_screen."""
+    run_state, log_line, query_one, size, screen, push_screen."""
 
     results: ResultsModel
     results_task: str
@@ -32,19 +33,26 @@ class ResultsView:
     recommended: Path | None
     out_dir: Path
     preset: Preset | None
+    run_state: RunState
 
     def _fit_results(self, size: Size | None = None) -> None:
-        """The results table may take up to half the screen, less what the recommendation needs and the
-        smallest telemetry and run | log rows (5 each): at 100x30 it scrolls instead of pushing panels away."""
+        """The results table takes the rows it needs within what the recommendation and the smallest telemetry
+        and run | log rows (5 each) leave: while a benchmark runs at most half the screen (the run panel's
+        curves keep their room); once it has finished with an answer, all of that, so every row of a finished
+        run stays on screen with the recommendation (160x50: 25+ rows). At 100x30 it scrolls instead of
+        pushing panels away."""
         width, height = size or self.size
         used = 2 + 10  # status line and footer; telemetry and run | log at their smallest
         answer = self.query_one(AnswerPanel)
         if answer.display:
             used += answer.get_content_height(Size(width, height), Size(width, height), max(1, width - 4)) + 2
-        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, round(0.5 * height)))
+        finished = answer.display and not self.run_state.busy
+        cap = height - used if finished else round(0.5 * height)
+        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, cap))
 
     def _trial_finished(self, result: TrialResult) -> None:
         self.results.add(result)
+        self._fit_results()  # a new run's rows: back to the running share of the screen
         self._show_results()
         if result.status == "ok":
             speed = result.tokens_per_s if result.task == "train" else result.series_per_s

@@ -57,7 +57,8 @@ class AnswerPanel(Panel):
             what = Text.assemble((f"{RECOMMENDED_MARK} run ", "bold"), (answer.recommended, "bold green"),
                                  f": {answer.changes_text()}")
         else:
-            what = Text("no training config to recommend for this task", style="dim")
+            what = Text("no training config to recommend for this task" if answer.task == "train" else
+                        "no prediction settings to recommend: the reference did not run", style="dim")
         if answer.best is not None:
             what.append(f"   {BEST_MARK} fastest: ", style="bold")
             what.append(answer.best, style="bold cyan")
@@ -67,7 +68,7 @@ class AnswerPanel(Panel):
             lines.append((1, Text.assemble(("why ", "bold"), answer.reason)))
         if answer.command:
             command = Text.assemble(("command ", "bold"), (answer.command, "cyan"))
-            if command.cell_len + len(RUN_HERE) <= width:
+            if answer.task == "train" and command.cell_len + len(RUN_HERE) <= width:  # t trains; predict: shell
                 command.append(RUN_HERE, style="dim")
             lines.append((0, command))
         if answer.headroom:

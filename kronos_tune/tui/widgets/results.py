@@ -90,6 +90,8 @@ def note(result: TrialResult) -> Text:
     if result.reason:
         return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
     if result.quality is not None and not result.quality.get("passed", True):
+        if result.task == "predict":  # the exactness class's verdict (protocol/predict_decision.py)
+            return Text(str(result.quality.get("text") or "quality below what its class promises"), style="red")
         return Text("quality guard: val loss worse than the noise allows", style="red")
     return Text("")
 

@@ -1,0 +1,212 @@
+"""The predict task's decision rule: from the trials' results to the prediction settings to run, as pure functions.
+
+The runner (at the end of a run) and ``kronos-tune report`` (afterwards, on any
+machine) call ``decide_predict`` on the same results, so a results.jsonl always
+yields the same recommendation.
+
+The rule:
+
+1. Speed. Each trial's per-repeat run times per series (every repeat of a
+   trial predicts the same series; the recompute reference only the first
+   of them, see plan.reference_series) are compared with those of its
+   reference: the trial it adds one
+   change to (kv-cache against the full recompute; bf16, the autobatch chunk
+   and sharding against kv-cache) and, for those, the recompute baseline too.
+   The comparison is a time ratio with a 95 % interval from a pluggable
+   ``Estimator``: by default ``stats.ratio_ci`` (ratio of medians, bootstrap
+   over each side's repeats); an estimator over paired, interleaved blocks
+   takes the same two lists of times. Faster = the interval below 1 and the
+   ratio at least the threshold below 1 (``stats.verdict``).
+2. Quality, by the change's exactness class. *exact* (kv-cache, autobatch,
+   sharding): the greedy output must be identical to the exact reference's
+   (``output_max_abs_diff`` within ``EXACT_TOLERANCE`` history standard
+   deviations, over every compared series). *approximate* (bf16): the ranking
+   agreement of the predicted returns with the exact reference's
+   (backtest.agreement) must reach ``min_spearman``. The exact reference is
+   the recompute's output, or kv-cache's once it proved identical to it
+   (predict_trials.exact_reference).
+3. A trial is eligible when it ran, kept its quality and is faster than its
+   reference and than the baseline. The recommendation is the eligible trial
+   with the highest series/s; the baseline when none is eligible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kronos_tune.protocol.records import TrialResult
+from kronos_tune.protocol.stats import CONFIDENCE, Comparison, ratio_ci, verdict
+
+BASELINE = "recompute"
+REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "autobatch": "kv-cache", "sharding": "kv-cache"}
+EXACTNESS = {"kv-cache": "exact", "autobatch": "exact", "sharding": "exact", "bf16": "approximate"}
+EXACT_TOLERANCE = 1e-6  # history standard deviations: float error, never a different greedy token
+DEFAULT_MIN_SPEARMAN = 0.95
+MIN_AGREEMENT_SERIES = 3  # a Spearman correlation of fewer series means nothing
+
+# (per-repeat times of a trial, of its reference) -> (time ratio trial / reference, low, high of its interval)
+Estimator = Callable[[Sequence[float], Sequence[float]], tuple[float, float, float]]
+BOOTSTRAP = f"ratio of median run times, {100 * CONFIDENCE:g}% bootstrap interval over the repeats"
+
+
+@dataclass
+class PredictVerdict:
+    """One trial against its reference: speed, quality, and whether it may be recommended (``why`` if not)."""
+
+    name: str
+    reference: str
+    exactness: str
+    vs_reference: Comparison | None
+    vs_baseline: Comparison | None
+    quality: dict[str, Any]
+    eligible: bool
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("vs_reference", "vs_baseline"):
+            value = getattr(self, key)
+            out[key] = None if value is None else value.to_dict()
+        return out
+
+
+@dataclass
+class PredictDecision:
+    source: str | None  # the recommended trial; None when the reference itself did not run
+    reason: str
+    threshold: float
+    min_spearman: float
+    estimator: str
+    verdicts: dict[str, PredictVerdict] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "reason": self.reason, "threshold": self.threshold,
+                "min_spearman": self.min_spearman, "estimator": self.estimator,
+                "verdicts": {name: v.to_dict() for name, v in self.verdicts.items()}}
+
+
+def speedup_text(comparison: Comparison | None) -> str:
+    """'9.81x (95% interval 9.12x-10.40x)': series/s over the reference's (the inverse of the time ratio)."""
+    if comparison is None:
+        return "not compared"
+    text = f"{1 / comparison.ratio:.2f}x"
+    if comparison.low is not None and comparison.high is not None:
+        text += f" (95% interval {1 / comparison.high:.2f}x-{1 / comparison.low:.2f}x)"
+    return text
+
+
+def compare_times(trial: TrialResult | None, reference: TrialResult | None, threshold: float,
+                  estimator: Estimator = ratio_ci, method: str = BOOTSTRAP) -> Comparison | None:
+    """The trial's run times against the reference's (None unless both ran ok with timed repeats)."""
+    if trial is None or reference is None or trial.status != "ok" or reference.status != "ok":
+        return None
+    mine, theirs = per_series_times(trial), per_series_times(reference)
+    if not mine or not theirs:
+        return None
+    ratio, low, high = estimator(mine, theirs)
+    return Comparison(ratio, low, high, threshold, verdict(ratio, low, high, threshold), len(trial.step_times_s),
+                      len(reference.step_times_s), method)
+
+
+def per_series_times(result: TrialResult) -> list[float]:
+    """Seconds per series of each timed repeat (its run time over the series it predicted)."""
+    series = int((result.config or {}).get("measured_series") or 1)
+    return [seconds / series for seconds in result.step_times_s]
+
+
+def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
+    """{"class", "passed", "text"} plus what was measured: the exactness class's promise against the outputs."""
+    exactness = EXACTNESS.get(trial.name, "approximate")
+    agreement = trial.quality if isinstance(trial.quality, dict) else {}
+    series = agreement.get("series")
+    whose = f"{agreement['reference']}'s" if agreement.get("reference") else "the reference's"
+    if exactness == "exact":
+        diff = trial.output_max_abs_diff
+        if diff is None:
+            return {"class": exactness, "passed": False, "text": "no reference output to compare with"}
+        over = f" over {series} series" if series else ""
+        if diff <= EXACT_TOLERANCE:
+            return {"class": exactness, "passed": True, "max_abs_diff": diff,
+                    "text": f"identical greedy output to {whose}{over}"}
+        return {"class": exactness, "passed": False, "max_abs_diff": diff,
+                "text": f"not identical to {whose} output (max difference {diff:.3g} σ{over}), "
+                        f"though it promises to be: a defect"}
+    spearman = agreement.get("spearman")
+    if spearman is None or not series or series < MIN_AGREEMENT_SERIES:
+        return {"class": exactness, "passed": False, "threshold": min_spearman,
+                "text": f"ranking agreement not measured (needs {MIN_AGREEMENT_SERIES}+ series)"}
+    passed = spearman >= min_spearman
+    relation = ">=" if passed else "<"
+    return {"class": exactness, "passed": passed, "spearman": spearman, "series": series,
+            "threshold": min_spearman,
+            "text": f"ranking agreement Spearman {spearman:.3f} {relation} {min_spearman:g} over {series} series"}
+
+
+def _rate(result: TrialResult) -> float:
+    return float(result.series_per_s.median) if result.series_per_s else 0.0
+
+
+def _verdict(trial: TrialResult, by_name: dict[str, TrialResult], threshold: float, min_spearman: float,
+             estimator: Estimator, method: str) -> PredictVerdict:
+    base = by_name.get(BASELINE)
+    parent_name = REFERENCE.get(trial.name, BASELINE)
+    parent = by_name.get(parent_name)
+    if parent is None or parent.status != "ok":  # its own reference did not run: the baseline is the reference
+        parent_name, parent = BASELINE, base
+    vs_reference = compare_times(trial, parent, threshold, estimator, method)
+    vs_baseline = vs_reference if parent_name == BASELINE else compare_times(trial, base, threshold, estimator,
+                                                                             method)
+    quality = quality_check(trial, min_spearman) if trial.status == "ok" else {
+        "class": EXACTNESS.get(trial.name, "approximate"), "passed": False, "text": "not measured"}
+    why = ""
+    if trial.status != "ok":
+        why = f"{trial.status}" + (f": {trial.reason}" if trial.reason else "")
+    elif vs_reference is None:
+        why = f"no timed runs to compare with {parent_name}'s"
+    elif not quality["passed"]:
+        why = quality["text"]
+    elif vs_reference.verdict != "faster":
+        relation = {"same": "as fast as", "slower": "slower than"}.get(vs_reference.verdict, "not resolved against")
+        why = f"{relation} {parent_name} ({speedup_text(vs_reference)})"
+    elif vs_baseline is None or vs_baseline.verdict != "faster":
+        why = f"not faster than {BASELINE} ({speedup_text(vs_baseline)})"
+    return PredictVerdict(trial.name, parent_name, EXACTNESS.get(trial.name, "approximate"), vs_reference,
+                          vs_baseline, quality, not why, why)
+
+
+def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: float = DEFAULT_MIN_SPEARMAN,
+                   estimator: Estimator = ratio_ci, method: str = BOOTSTRAP) -> PredictDecision:
+    """The rule of the module docstring on the predict trials' results."""
+    by_name = {t.name: t for t in trials}
+    decision = PredictDecision(None, "", threshold, min_spearman, method)
+    base = by_name.get(BASELINE)
+    if base is None or base.status != "ok" or not base.step_times_s:
+        status = ("did not run" if base is None else "has no timed runs" if base.status == "ok" else
+                  f"{base.status}" + (f": {base.reason}" if base.reason else ""))
+        decision.reason = f"the reference ({BASELINE}) {status}: nothing to compare the settings with"
+        return decision
+    for trial in trials:
+        if trial.name != BASELINE and trial.status != "skipped":
+            decision.verdicts[trial.name] = _verdict(trial, by_name, threshold, min_spearman, estimator, method)
+    eligible = [by_name[name] for name, v in decision.verdicts.items() if v.eligible]
+    left_out = [f"{name}: {v.why}" for name, v in decision.verdicts.items() if not v.eligible]
+    if not eligible:
+        decision.source = BASELINE
+        decision.reason = (f"no setting was faster than its reference beyond the noise (threshold "
+                           f"{100 * threshold:.1f}%) with the quality its class promises; kept the reference")
+    else:
+        best = max(eligible, key=_rate)
+        chosen = decision.verdicts[best.name]
+        decision.source = best.name
+        decision.reason = (f"{speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
+                           + (f", {speedup_text(chosen.vs_reference)} that of {chosen.reference}"
+                              if chosen.reference != BASELINE else "")
+                           + f"; {chosen.quality['text']}")
+        others = [t.name for t in eligible if t is not best]
+        if others:
+            decision.reason += f"; also eligible but slower: {', '.join(others)}"
+    if left_out:
+        decision.reason += "; left out: " + "; ".join(left_out)
+    return decision

@@ -1,0 +1,125 @@
+"""The predict task's decision rule and recommended settings on constructed results (no prediction here)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kronos_tune.predict.config_file import read_predict_file
+from kronos_tune.protocol.predict_decision import decide_predict
+from kronos_tune.protocol.predict_summary import recommended_predict_toml, summarize_predict
+from kronos_tune.protocol.records import ProtocolReport, Spread, TrialResult
+
+SERIES = 100
+
+
+def _times(seconds: float, n: int = 5, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [seconds * (1 + rng.uniform(-0.01, 0.01)) for _ in range(n)]
+
+
+def _trial(name: str, seconds: float | None, *, diff: float | None = 0.0, spearman: float | None = None,
+           status: str = "ok", stage: str = "single", seed: int = 0, **config: object) -> TrialResult:
+    times = _times(seconds, seed=seed) if seconds else []
+    settings = {"model_size": "mini", "lookback": 400, "pred_len": 30, "sample_count": 1, "series_count": SERIES,
+                "measured_series": SERIES, "use_cache": name != "recompute", "amp": "none", "max_batch_size": None,
+                "devices": 1, "seed": 100, **config}
+    quality = None if spearman is None else {"spearman": spearman, "series": SERIES, "measure": "rank agreement",
+                                             "reference": "recompute"}
+    return TrialResult(name, stage, status, task="predict", step_times_s=times,
+                       series_per_s=Spread.of([SERIES / t for t in times]), output_max_abs_diff=diff,
+                       quality=quality, config=settings)
+
+
+def _trials(bf16_spearman: float = 0.99, bf16_seconds: float = 1.5) -> list[TrialResult]:
+    # the reference times 10 of the 100 series: 0.2 s a series against kv-cache's 0.02
+    return [_trial("recompute", 2.0, diff=None, stage="baseline", seed=1, measured_series=10),
+            _trial("kv-cache", 2.0, spearman=1.0, seed=2),
+            _trial("bf16", bf16_seconds, diff=0.4, spearman=bf16_spearman, seed=3, amp="bf16"),
+            _trial("autobatch", 2.0, spearman=1.0, seed=4, max_batch_size=64)]
+
+
+def test_the_fastest_setting_that_keeps_its_class_is_recommended() -> None:
+    decision = decide_predict(_trials(), threshold=0.03)
+    assert decision.source == "bf16"
+    kv = decision.verdicts["kv-cache"]
+    assert kv.reference == "recompute" and kv.exactness == "exact" and kv.eligible
+    assert kv.vs_reference.verdict == "faster" and kv.vs_reference.ratio == pytest.approx(0.1, rel=0.03)
+    bf16 = decision.verdicts["bf16"]
+    assert bf16.reference == "kv-cache" and bf16.exactness == "approximate" and bf16.eligible
+    assert bf16.quality["passed"] and "Spearman 0.990 >= 0.95 over 100 series" in bf16.quality["text"]
+    same = decision.verdicts["autobatch"]  # as fast as kv-cache: exact, but not faster than its reference
+    assert not same.eligible and same.vs_reference.verdict == "same" and same.why.startswith("as fast as kv-cache (")
+    assert decision.reason.startswith("13.3") and "the series/s of recompute, 1.34x (95% interval" in decision.reason
+    assert "also eligible but slower: kv-cache" in decision.reason
+
+
+def test_an_approximate_setting_below_the_users_spearman_is_left_out() -> None:
+    decision = decide_predict(_trials(bf16_spearman=0.90), threshold=0.03)
+    assert decision.source == "kv-cache"
+    assert not decision.verdicts["bf16"].eligible
+    assert "Spearman 0.900 < 0.95 over 100 series" in decision.verdicts["bf16"].why
+    assert "identical greedy output to recompute's over 100 series" in decision.reason
+    assert decide_predict(_trials(bf16_spearman=0.90), threshold=0.03, min_spearman=0.85).source == "bf16"
+
+
+def test_an_exact_setting_whose_output_differs_is_a_defect_and_nothing_faster_keeps_the_reference() -> None:
+    trials = _trials(bf16_seconds=2.0)
+    trials[1].output_max_abs_diff = 0.02  # kv-cache no longer reproduces the reference
+    decision = decide_predict(trials, threshold=0.03)
+    assert "not identical to recompute's output (max difference 0.02 σ over 100 series)" in \
+        decision.verdicts["kv-cache"].why and "a defect" in decision.verdicts["kv-cache"].why
+    # bf16 is faster than the recompute, but not than its own reference (kv-cache): left out too
+    assert decision.verdicts["bf16"].why.startswith("as fast as kv-cache")
+    assert decision.source == "recompute" and decision.reason.startswith("no setting was faster")
+
+
+def test_the_reference_that_did_not_run_gives_no_recommendation() -> None:
+    trials = _trials()
+    trials[0] = _trial("recompute", None, status="oom", stage="baseline")
+    trials[0].reason = "simulated device out of memory"
+    decision = decide_predict(trials, threshold=0.03)
+    assert decision.source is None and "oom: simulated device out of memory" in decision.reason
+
+
+def test_the_estimator_plugs_in() -> None:
+    """A paired estimator over interleaved blocks takes the same two lists of per-repeat times."""
+    calls: list[tuple[int, int]] = []
+
+    def paired(trial: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:
+        calls.append((len(trial), len(reference)))
+        logs = [math.log(a / b) for a, b in zip(trial, reference)]
+        mean = sum(logs) / len(logs)
+        return math.exp(mean), math.exp(mean - 3), math.exp(mean + 3)  # so wide that nothing is decided
+
+    decision = decide_predict(_trials(), threshold=0.03, estimator=paired, method="paired blocks (test)")
+    assert calls and all(pair == (5, 5) for pair in calls)
+    assert decision.estimator == "paired blocks (test)" and decision.source == "recompute"
+    assert all(v.vs_reference.verdict == "unresolved" for v in decision.verdicts.values())
+
+
+def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: Path) -> None:
+    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+                            budget_mode="simulated", trials=_trials(), out_dir=str(tmp_path),
+                            planned=["recompute", "kv-cache", "bf16", "autobatch"],
+                            options={"min_spearman": 0.995})
+    summarize_predict(report)
+    rec = report.recommended
+    assert rec["source"] == "kv-cache"  # bf16's 0.99 is below the user's 0.995
+    assert rec["command"] == f"kronos-tune predict --config {tmp_path / 'recommended.toml'}"
+    path = tmp_path / "recommended.toml"
+    path.write_text(recommended_predict_toml(report), encoding="utf-8")
+    assert read_predict_file(path) == {"size": "mini", "lookback": 400, "pred_len": 30, "sample_count": 1,
+                                       "window_mode": "refill", "amp": "none", "cuda_graphs": False,
+                                       "kv_cache": True, "nproc": 1}
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# kronos-tune benchmark --task predict, preset cpu: kv-cache")
+    assert "max_batch_size not set" in text
+    kv = report.trial("kv-cache")
+    assert kv.quality["passed"] and kv.quality["spearman"] == 1.0  # the measured agreement is kept
+    assert kv.deltas["series_per_s"].noise is False and kv.comparison["verdict"] == "faster"
+    assert "peak_memory_bytes" not in kv.deltas  # the reference's peak is for its 10 series, not the 100
