@@ -92,8 +92,12 @@ def test_a_wheel_install_finds_the_builtin_presets(tmp_path: Path) -> None:
     for folder in ("kronos_core", "kronos_tune", "presets"):
         shutil.copytree(REPO / folder, source / folder, ignore=skip)
 
+    # without PYTHONPATH: a checkout on it (a worktree's) would import instead of the installed wheel
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
     def run(*command: str | Path) -> str:
-        done = subprocess.run([str(c) for c in command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([str(c) for c in command], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout
 
