@@ -9,7 +9,6 @@ Two file layouts:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,13 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
-                                    read_kline, time_column, validate_kline)
+                                    time_column, validate_kline)
 from kronos_core.data.panels import read_panel, split_panel
 from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_universe
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.inputs import read_series_file, unique_names
 
 SYMBOL_ALIASES: tuple[str, ...] = SYMBOL_COLUMN_NAMES
 
@@ -131,11 +131,6 @@ def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCall
     return Universe([symbols[name] for name in sorted(symbols)], source)
 
 
-def _unique_names(paths: list[Path]) -> list[str]:
-    stems = [p.stem for p in paths]
-    return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
-
-
 def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows: int, seed: int,
                   on_note: NoteCallback, symbol_column: str | None = None) -> Universe:
     """Read --data (per-symbol files, panel files with `symbol_column`, or one file with a symbol column of
@@ -157,14 +152,7 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
         if found is not None:
             return universe_from_files(paths, found, on_note)
     symbols = []
-    for name, path in zip(_unique_names(paths), paths):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            frame = read_kline(path)
-        for message in frame.attrs.get("notes", ()):
-            on_note("note", message)
-        for warning in caught:
-            on_note("warning", str(warning.message))
-        symbols.append(_symbol_series(name, frame))
+    for name, path in zip(unique_names(paths), paths):
+        symbols.append(_symbol_series(name, read_series_file(path, on_note)))
     source = str(data[0]) if len(data) == 1 else f"{len(paths)} files"
     return Universe(symbols, source)

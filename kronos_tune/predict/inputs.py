@@ -45,7 +45,20 @@ class SeriesInput:
     filled: tuple[str, ...] = ()     # volume/amount the file lacked
 
 
-def _unique_names(paths: list[Path]) -> list[str]:
+def read_series_file(path: Path, on_note: NoteCallback) -> pd.DataFrame:
+    """One per-series file, what reading did to it (notes) and its warnings each said as one line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = read_kline(path)
+    for message in frame.attrs.get("notes", ()):
+        on_note("note", message)
+    for warning in caught:
+        on_note("warning", str(warning.message))
+    return frame
+
+
+def unique_names(paths: list[Path]) -> list[str]:
+    """Each file's stem, or its path without the suffix where two files share a stem."""
     """File stems, or the path (without suffix) where two files share a stem."""
     stems = [p.stem for p in paths]
     return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
@@ -76,18 +89,8 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
     """Read every --data file (or make --synthetic series) into predictor inputs; errors name the file."""
     if config.data:
         paths = find_data_files(list(config.data))
-        names = _unique_names(paths)
-        inputs = []
-        for name, path in zip(names, paths):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                frame = read_kline(path)
-            for message in frame.attrs.get("notes", ()):
-                on_note("note", message)
-            for warning in caught:
-                on_note("warning", str(warning.message))
-            inputs.append(_series_input(name, frame, config, str(path)))
-        return inputs
+        return [_series_input(name, read_series_file(path, on_note), config, str(path))
+                for name, path in zip(unique_names(paths), paths)]
     count = config.synthetic
     if count is None:
         count = DEFAULT_SYNTHETIC_SERIES
