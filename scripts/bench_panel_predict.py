@@ -1,6 +1,6 @@
 """`kronos-tune predict` over a real panel, end to end, in one process and sharded: series/s and identical output.
 
-    python scripts/bench_panel_predict.py /work/shared/data/sp500_daily.csv --symbol-column Symbol
+    python scripts/bench_panel_predict.py ../shared/data/sp500_daily.csv --symbol-column Symbol
     python scripts/bench_panel_predict.py PANEL --symbol-column Symbol --size tiny --repeats 1   # a quick try
 
 Runs the real command line (`kronos-tune predict --data PANEL --symbol-column ... --skip-short`, random
