@@ -133,15 +133,11 @@ class TrainTask:
         return self._current[1]
 
     # estimate probes (fake-safe replica of Trainer.train_step) -----------------------------
-    def estimate_step_factory(self, batch_size: int, layers: int | None = None) -> ProbeStep:
-        """A fake-safe step at `batch_size`; `layers` keeps only the first so many Transformer blocks of the
-        predictor (memory planning traces shallow copies and extrapolates by depth)."""
+    def estimate_step_factory(self, batch_size: int) -> ProbeStep:
+        """A fake-safe step at `batch_size`."""
         config = self.probe_config(batch_size, estimate=True)
         cpu = torch.device("cpu")
         model, tokenizer = build_models(config)
-        if layers is not None and tokenizer is not None:
-            del model.transformer[layers:]
-            model.n_layers = len(model.transformer)
         model.set_activation_checkpointing(config.activation_checkpointing_blocks)
         if config.parallelism == "fsdp":
             if self.mesh is None:
