@@ -56,7 +56,7 @@ _WORKLOAD_KEYS = (
     "accumulation_steps", "epochs", "samples_per_epoch", "eval_samples", "amp", "trial_timeout_s",
 )
 _PREDICT_KEYS = ("series_count", "lookback", "pred_len", "sample_count")
-_BENCHMARK_KEYS = ("trial_budget_s", "trial_timeout_s")
+_BENCHMARK_KEYS = ("trial_budget_s", "resolution_budget_s", "trial_timeout_s")
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MISSING: Any = object()
 
@@ -144,9 +144,12 @@ class PredictWorkload:
 @dataclass(frozen=True)
 class BenchmarkBudget:
     """The benchmark's own measuring budget (not the workload's size): seconds of measuring per trial and the
-    per-trial watchdog; None: the protocol's defaults for the device."""
+    per-trial watchdog; None: the protocol's defaults for the device. ``resolution_budget_s`` is the A/A
+    comparison's (the noise-probe against the baseline): it states the smallest change the run can resolve for
+    every other comparison, so it gets more rounds (default: 3 x the trial budget)."""
 
     trial_budget_s: float | None = None
+    resolution_budget_s: float | None = None
     trial_timeout_s: float | None = None
 
 

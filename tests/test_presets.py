@@ -150,6 +150,7 @@ def test_shipped_figures() -> None:
     assert resolve_preset("4x3080").hardware.device_count == 4
     cpu = resolve_preset("cpu")
     assert cpu.peak_flops("bf16") is None and cpu.hardware.cuda_context_overhead_gb == 0
+    assert cpu.benchmark.resolution_budget_s > cpu.benchmark.trial_budget_s  # the A/A comparison gets more rounds
     assert cpu.workload.model_size == "mini" and cpu.workload.tokenizer == "2k"
     assert cpu.budget_bytes == 8 * BYTES_PER_GIB
     with pytest.raises(KronosTuneError, match="unknown dtype 'fp8'"):
@@ -223,6 +224,7 @@ BAD_DOCS = [
     (_set("predict", "sample_count", 0), "predict.sample_count must be >= 1 (got 0)"),
     (_set("predict", "lookback", 513), "predict.lookback (513) exceeds the 512-token model context"),
     (_set("", "name", "my box"), "name 'my box' is not a usable preset name"),
+    (lambda doc: doc.update(benchmark={"resolution_budget_s": 0}), "benchmark.resolution_budget_s must be > 0"),
 ]
 
 

@@ -90,12 +90,18 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
             assert len(trial["warmup_times_s"]) == 2  # max_warmup 2
             assert trial["mfu"] is None  # the preset has no peak figure
             assert trial["peak_memory_bytes"] > 0 and trial["val_loss"] > 0
+    timings = {t["name"]: t["timing"] for t in data["trials"] if t.get("design") == "paired"}
+    # the A/A comparison states the resolution: three trial budgets, spent whole (no stop on a tight interval)
+    assert timings["noise-probe"]["whole_budget"] is True and timings["noise-probe"]["budget_s"] == 1.5
+    assert timings["noise-probe"]["stop"] in ("budget", "max-rounds")
+    assert all(not t["whole_budget"] and t["budget_s"] == 0.5 for name, t in timings.items() if name != "noise-probe")
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["name"] for line in lines] == [t["name"] for t in data["trials"]]
     assert {json.loads(line)["schema_version"] for line in lines} == {3}
     markdown = (out / "report.md").read_text()
     assert "| configuration |" in markdown and "**Resolution**: changes under " in markdown
     assert "could not be told from noise in this run" in markdown and "Paired design (noise-probe, bf16," in markdown
+    assert "the A/A comparison, whose reach is the resolution, runs its whole budget: " in markdown
     assert data["timing"]["resolution_pct"] is not None and data["decision"]["resolution"] is not None
     assert data["decision"]["comparisons"]["noise-probe"]["design"] == "paired"
     assert (out / "report.csv").read_text().startswith("name,stage,status,")

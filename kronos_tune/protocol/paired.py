@@ -118,12 +118,15 @@ class BaselineWorkers:
 @dataclass
 class Interleaver:
     """Rounds of a trial's block and the baseline's, in a seeded random order, until the block ratios' interval
-    is tight or the budget is spent. ``blocks`` holds every finished round (also when a worker dies)."""
+    is tight or the budget is spent. ``blocks`` holds every finished round (also when a worker dies).
+    ``whole_budget``: rounds until the budget is spent whatever the interval (the A/A comparison: its reach is the
+    run's resolution, and stopping on the first tight interval would state the luckiest moment's figure)."""
 
     run: RunContext
     name: str
     steps: int
     budget_s: float
+    whole_budget: bool = False
     blocks: list[dict[str, Any]] = field(default_factory=list)
     stop: str = ""
     halfwidth: float = float("inf")
@@ -160,7 +163,7 @@ class Interleaver:
                 if len(self.blocks) < options.min_rounds:
                     continue
                 self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
-                if self.halfwidth <= options.target_ci:
+                if self.halfwidth <= options.target_ci and not self.whole_budget:
                     self.stop = "interval"
                 elif time.perf_counter() - started >= self.budget_s:
                     self.stop = "budget"
@@ -184,5 +187,5 @@ class Interleaver:
         """What results.jsonl keeps of how the comparison was measured (with the blocks themselves)."""
         return {"design": "paired", "rounds": len(self.blocks), "steps_per_block": self.steps, "stop": self.stop,
                 "ci_halfwidth": self.halfwidth, "target_ci": self.run.options.target_ci, "budget_s": self.budget_s,
-                "measure_time_s": self.measure_time_s, "order_seed": self.order_seed,
-                "order": [block["first"] for block in self.blocks]}
+                "measure_time_s": self.measure_time_s, "whole_budget": self.whole_budget,
+                "order_seed": self.order_seed, "order": [block["first"] for block in self.blocks]}

@@ -230,6 +230,14 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     return "\n".join(header) + "\n" + text
 
 
+def _aa_rounds(report: ProtocolReport) -> str:
+    aa = next((tr for tr in report.trials if tr.name == NOISE_PROBE), None)
+    timing = aa.timing if aa is not None else {}
+    if not timing.get("rounds"):
+        return "not run"
+    return f"{timing['rounds']} rounds in {timing.get('measure_time_s', 0):.0f} s"
+
+
 def resolution_line(report: ProtocolReport) -> str | None:
     """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train)."""
     t = report.timing or {}
@@ -272,7 +280,8 @@ def timing_lines(report: ProtocolReport) -> list[str]:
                      f"alternating blocks of {size}, the order within each round drawn "
                      f"at random (seed {opts.get('seed')} and the trial's name), rounds added until the interval of "
                      f"the block ratios is within ±{100 * opts.get('target_ci', 0.02):.0f}% or the trial's budget is "
-                     f"spent; decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
+                     f"spent (the A/A comparison, whose reach is the resolution, runs its whole budget: "
+                     f"{_aa_rounds(report)}); decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
     if sequential:
         lines.append("Sequential design (the trial alone against the baseline's own measurement, threshold "
                      f"±{t.get('threshold_pct', 0):.1f}%): " + "; ".join(f"{name}: {why}"

@@ -33,6 +33,7 @@ from kronos_tune.protocol.trial_worker import STEP_EVENT
 
 PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_TRIAL_BUDGET_S = {"cpu": 10.0, "cuda": 20.0}
+RESOLUTION_BUDGET_FACTOR = 3.0  # the A/A comparison's rounds over a trial's (comparison_budget)
 
 
 def remove_tree(path: Path) -> None:
@@ -189,6 +190,19 @@ def trial_budget(run: RunContext) -> float:
             or DEFAULT_TRIAL_BUDGET_S.get(run.device, 20.0))
 
 
+def comparison_budget(run: RunContext, spec: TrialSpec) -> float:
+    """Seconds of paired rounds for one comparison. The A/A comparison (the noise-probe) gets more: its interval
+    is the run's resolution, the threshold every other verdict is held to, and its rounds are where that figure
+    comes from (``resolution_budget_s``, else RESOLUTION_BUDGET_FACTOR x the trial budget; a --trial-budget
+    given on the command line scales it too)."""
+    if spec.name != NOISE_PROBE:
+        return trial_budget(run)
+    preset_figure = run.preset.benchmark.resolution_budget_s
+    if run.options.trial_budget_s is None and preset_figure:
+        return preset_figure
+    return RESOLUTION_BUDGET_FACTOR * trial_budget(run)
+
+
 def block_seconds(run: RunContext) -> float:
     """The paired blocks' length: ``block_s``, or shorter when the trial's budget would not hold ``min_rounds``
     rounds of two such blocks."""
@@ -283,7 +297,8 @@ def run_paired(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     """The trial's worker and the baseline's in alternating blocks (paired.Interleaver), then the trial's
     evaluation; whatever was measured before a worker died, timed out or was cancelled is kept."""
     on_step = _on_step(run, spec.name)
-    interleaver = Interleaver(run, spec.name, 1, trial_budget(run))
+    interleaver = Interleaver(run, spec.name, 1, comparison_budget(run, spec),
+                              whole_budget=spec.name == NOISE_PROBE)
     worker: LiveWorker | None = None
     ready: TrainMeasurement | None = None
     try:
