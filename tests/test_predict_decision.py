@@ -123,3 +123,34 @@ def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: P
     assert kv.quality["passed"] and kv.quality["spearman"] == 1.0  # the measured agreement is kept
     assert kv.deltas["series_per_s"].noise is False and kv.comparison["verdict"] == "faster"
     assert "peak_memory_bytes" not in kv.deltas  # the reference's peak is for its 10 series, not the 100
+
+
+def _drifting_pair(trial: TrialResult, reference: TrialResult, effect: float, rounds: int = 8) -> None:
+    """The trial's runs interleaved with its reference's while the machine slows down 30 % over the run: each
+    round's two runs share the slowdown, the trial truly `effect` faster."""
+    rng = random.Random(5)
+    blocks, mine, theirs = [], [], []
+    for index in range(rounds):
+        level = 2.0 * (1 + 0.3 * index / rounds)
+        other = level * (1 + rng.uniform(-0.01, 0.01))
+        own = level * (1 - effect) * (1 + rng.uniform(-0.01, 0.01))
+        blocks.append({"round": index + 1, "first": "trial" if index % 2 else "baseline", "trial_s": [own],
+                       "baseline_s": [other]})
+        mine.append(own)
+        theirs.append(other)
+    trial.step_times_s, trial.series_per_s = mine, Spread.of([SERIES / t for t in mine])
+    trial.design, trial.blocks = "paired", blocks
+    trial.timing = {"design": "paired", "paired_with": reference.name, "rounds": rounds}
+
+
+def test_a_paired_trial_is_decided_from_its_rounds_and_drift_cannot_hide_its_effect() -> None:
+    trials = _trials(bf16_spearman=0.99)
+    kv, bf16 = trials[1], trials[2]
+    _drifting_pair(bf16, kv, effect=0.08)  # its own runs spread over the slowdown: the medians cannot tell
+    paired = decide_predict(trials, threshold=0.03).verdicts["bf16"]
+    assert paired.vs_reference.design == "paired" and paired.vs_reference.n == 8
+    assert paired.vs_reference.verdict == "faster" and paired.vs_reference.ratio == pytest.approx(0.92, abs=0.01)
+    assert paired.vs_reference.high < 0.95 and paired.eligible
+    bf16.timing["paired_with"] = "recompute"  # paired with another trial than its reference: the sequential rule
+    sequential = decide_predict(trials, threshold=0.03).verdicts["bf16"]
+    assert sequential.vs_reference.design == "sequential" and sequential.vs_reference.verdict != "faster"

@@ -17,6 +17,7 @@ from kronos_tune.predict.config_file import read_predict_file
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
 from kronos_tune.protocol import ProtocolOptions, TrialStarted, TrialStep, run_protocol
+from kronos_tune.protocol.predict_summary import predict_decision_lines
 
 from test_protocol_run import FAST, Events, write_preset  # noqa: E402
 
@@ -45,6 +46,19 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
     assert bf16["series"] == 5 and bf16["reference"] == "kv-cache" and bf16["class"] == "approximate"
     assert report.trial("sharding").status == "skipped"
     assert report.trial("autobatch").status == "ok" and report.trial("autobatch").changes["max_batch_size"] >= 1
+    # bf16 and autobatch alternate their timed runs with kv-cache's settings in one worker: paired, 6+ rounds
+    # (the fewest with a 95 % signed-rank interval), decided from the per-round ratios; kv-cache against the
+    # recompute stays sequential (the reason says why)
+    assert cached.design == "sequential" and "recompute" in cached.design_reason and not cached.blocks
+    for name in ("bf16", "autobatch"):
+        paired = report.trial(name)
+        assert paired.design == "paired" and paired.timing["paired_with"] == "kv-cache", name
+        assert len(paired.blocks) == paired.timing["rounds"] >= 6 and paired.series_per_s.n == len(paired.blocks)
+        assert [b["first"] for b in paired.blocks] == paired.timing["order"]
+        assert all(len(b["trial_s"]) == len(b["baseline_s"]) == 1 and b["baseline_s"][0] > 0 for b in paired.blocks)
+        assert report.decision["verdicts"][name]["vs_reference"]["design"] == "paired"
+        assert report.decision["verdicts"][name]["vs_reference"]["n"] == len(paired.blocks)
+    assert "paired over 6 rounds" in "\n".join(predict_decision_lines(report))
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
     assert set(data["decision"]["verdicts"]) == {"kv-cache", "bf16", "autobatch"}

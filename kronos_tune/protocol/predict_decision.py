@@ -14,9 +14,12 @@ The rule:
    and sharding against kv-cache) and, for those, the recompute baseline too.
    The comparison is a time ratio with a 95 % interval from a pluggable
    ``Estimator``: by default ``stats.ratio_ci`` (ratio of medians, bootstrap
-   over each side's repeats); an estimator over paired, interleaved blocks
-   takes the same two lists of times. Faster = the interval below 1 and the
-   ratio at least the threshold below 1 (``stats.verdict``).
+   over each side's repeats). A trial measured *paired* (predict_trials:
+   each timed run beside a run of its reference's settings, in one worker,
+   the order drawn per round) is compared with that reference by the paired
+   rule instead (``stats.paired_compare`` on the per-round ratios, as the
+   train task does). Faster = the interval below 1 and the ratio at least
+   the threshold below 1.
 2. Quality, by the change's exactness class. *exact* (kv-cache, autobatch,
    sharding): the greedy output must be identical to the exact reference's
    (``output_max_abs_diff`` within ``EXACT_TOLERANCE`` history standard
@@ -37,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kronos_tune.protocol.records import TrialResult
-from kronos_tune.protocol.stats import CONFIDENCE, Comparison, ratio_ci, verdict
+from kronos_tune.protocol.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
 BASELINE = "recompute"
 REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "autobatch": "kv-cache", "sharding": "kv-cache"}
@@ -102,6 +105,8 @@ def compare_times(trial: TrialResult | None, reference: TrialResult | None, thre
     """The trial's run times against the reference's (None unless both ran ok with timed repeats)."""
     if trial is None or reference is None or trial.status != "ok" or reference.status != "ok":
         return None
+    if trial.design == "paired" and trial.blocks and (trial.timing or {}).get("paired_with") == reference.name:
+        return paired_compare(block_ratios(trial.blocks), threshold, what="run")
     mine, theirs = per_series_times(trial), per_series_times(reference)
     if not mine or not theirs:
         return None

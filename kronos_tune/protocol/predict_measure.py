@@ -23,6 +23,7 @@ allocator peak, on the CPU the peak is not measured).
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class PredictMeasurement:
     peak_memory_bytes: int | None = None
     metered_time_s: float | None = None
     outputs: list[pd.DataFrame] = field(default_factory=list)
+    reference_seconds: list[float] = field(default_factory=list)  # paired: the reference's run in each round
+    order: list[str] = field(default_factory=list)  # paired: which side ran first in each round
 
 
 def series_inputs(settings: PredictSettings, count: int | None = None
@@ -168,8 +171,12 @@ def _launch_sharded(settings: PredictSettings, device: str, repeats: int, count:
 
 def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int, repeats: int,
                        on_step: Callable[[PredictStep], None] | None = None,
-                       should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
-    """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result."""
+                       should_stop: Callable[[], bool] = lambda: False,
+                       reference: PredictSettings | None = None, order_seed: str = "") -> PredictMeasurement:
+    """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result. With `reference`
+    (paired), each timed run is a round: the trial's run and the reference settings' run on the same series, in
+    an order drawn per round from `order_seed` (the reference's predictor is built after the metered run, so
+    the meter sees the trial alone)."""
     from kronos_tune.memory import make_meter
 
     if settings.devices > 1:
@@ -196,13 +203,28 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
         result.metered_time_s = time.perf_counter() - start
         if on_step is not None:
             on_step(PredictStep(1, total, settings.measured_series, tokens, result.metered_time_s, timed=False))
+        other = None
+        if reference is not None:
+            other = _predictor(reference, device)
+            _run(other, reference, inputs)  # its first run (allocations, caches) is not timed, as the trial's
+        rng = random.Random(order_seed)
         for index in range(repeats):
             if should_stop():
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
                 return result
-            start = time.perf_counter()
-            _run(predictor, settings, inputs)
-            result.seconds.append(time.perf_counter() - start)
+            first = "trial" if other is None or rng.random() < 0.5 else "baseline"
+            for side in (first, "baseline" if first == "trial" else "trial"):
+                if side == "baseline" and other is None:
+                    continue
+                start = time.perf_counter()
+                if side == "trial":
+                    _run(predictor, settings, inputs)
+                    result.seconds.append(time.perf_counter() - start)
+                else:
+                    _run(other, reference, inputs)  # type: ignore[arg-type]
+                    result.reference_seconds.append(time.perf_counter() - start)
+            if other is not None:
+                result.order.append(first)
             if on_step is not None:
                 on_step(PredictStep(index + 2, total, settings.measured_series, tokens, result.seconds[-1]))
         if settings.quality_series > settings.measured_series:

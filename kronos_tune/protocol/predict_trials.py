@@ -11,13 +11,14 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS
-from kronos_tune.protocol.predict_decision import EXACT_TOLERANCE
+from kronos_tune.protocol.predict_decision import BASELINE, EXACT_TOLERANCE, REFERENCE
 from kronos_tune.protocol.predict_measure import output_max_abs_diff, series_inputs
 from kronos_tune.protocol.context import RunContext
 from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
 from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
 from kronos_tune.protocol.trial_worker import PREDICT_EVENT
 
+PAIRED_MIN_ROUNDS = 6  # the fewest pairs whose signed-rank interval exists at 95 %
 
 
 def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
@@ -29,11 +30,36 @@ def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
     return [pd.DataFrame(v, columns=columns, index=pd.Index(stamps)) for v, stamps in zip(values, ys)]
 
 
+def paired_reference(run: RunContext, spec: TrialSpec) -> tuple[TrialResult | None, str]:
+    """(the finished trial to interleave this one's timed runs with, why): its reference when that is the
+    kv-cache run and both are one process; else None and why the comparison is sequential."""
+    reference = REFERENCE.get(spec.name)
+    if spec.stage == "baseline" or reference is None:
+        return None, ""
+    if reference == BASELINE:
+        return None, (f"against {BASELINE} on its own runs: re-running the full recompute beside the trial would "
+                      f"cost minutes for an effect far beyond any noise")
+    if run.options.design == "sequential":
+        return None, "asked for (--design sequential)"
+    if spec.config.devices > 1:
+        return None, f"{spec.config.devices} processes need every device to themselves"
+    done = run.results.get(reference)
+    if done is None or done.status != "ok" or not done.config:
+        return None, f"no {reference} run to pair with ({reference} {done.status if done else 'did not run'})"
+    return done, (f"each timed run paired with a run of {reference}'s settings on the same series in the same "
+                  f"worker, the order drawn per round")
+
+
 def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     settings = spec.config
     result_file, outputs_file = work / "result.json", work / "outputs.npz"
+    partner, design_reason = paired_reference(run, spec)
+    repeats = spec.measured_steps if partner is None else max(spec.measured_steps, PAIRED_MIN_ROUNDS)
     job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
-           "repeats": spec.measured_steps, "result_file": str(result_file), "outputs_file": str(outputs_file)}
+           "repeats": repeats, "result_file": str(result_file), "outputs_file": str(outputs_file)}
+    if partner is not None:
+        job["reference_settings"] = partner.config
+        job["order_seed"] = f"{run.options.seed}:{spec.name}"
 
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") == PREDICT_EVENT:
@@ -59,6 +85,14 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
                          warmup_time_s=m["metered_time_s"], nproc=settings.devices)
     if result.series_per_s:
         result.projected_predict_time_s = settings.series_count / result.series_per_s.median
+    if design_reason:
+        result.design, result.design_reason = ("paired" if partner is not None else "sequential"), design_reason
+    if partner is not None:
+        theirs, order = list(m.get("reference_seconds") or []), list(m.get("order") or [])
+        result.blocks = [{"round": index + 1, "first": first, "trial_s": [mine], "baseline_s": [other]}
+                         for index, (mine, other, first) in enumerate(zip(seconds, theirs, order))]
+        result.timing = {"design": "paired", "paired_with": partner.name, "rounds": len(result.blocks),
+                         "order_seed": job["order_seed"], "order": order}
     reference = run.results.get("recompute")
     if reference is not None and reference.series_per_s and result.series_per_s:
         result.speedup = result.series_per_s.median / reference.series_per_s.median

@@ -156,14 +156,17 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
                 time.sleep(3600)
         emit_event(PREDICT_EVENT, **asdict(step))
 
-    m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, should_stop)
+    reference = PredictSettings(**job["reference_settings"]) if job.get("reference_settings") else None
+    m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, should_stop, reference,
+                           str(job.get("order_seed", "")))
     outputs = Path(job["outputs_file"])
     if m.outputs:
         with atomic_writer(outputs, "wb") as handle:
             np.savez(handle, *[frame.to_numpy() for frame in m.outputs])
     write_json(Path(job["result_file"]), {"status": m.status, "reason": m.reason, "seconds": m.seconds,
                                           "peak_memory_bytes": m.peak_memory_bytes,
-                                          "metered_time_s": m.metered_time_s})
+                                          "metered_time_s": m.metered_time_s,
+                                          "reference_seconds": m.reference_seconds, "order": m.order})
     return 0
 
 
