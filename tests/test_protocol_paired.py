@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from kronos_tune.protocol.bench_decisions import BenchRun, paired_once, start_worker, verdict_counts
+from kronos_tune.protocol.paired import MAX_STRETCH, Interleaver
 from kronos_tune.protocol.records import ProtocolOptions
 from kronos_tune.protocol.stats import paired_compare
 
@@ -35,6 +36,13 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
         found = paired_compare(ratios, 0.02)
         assert len(ratios) >= 10 and found.verdict == "faster" and found.high < 1
         assert found.ratio == pytest.approx(0.70, abs=0.12)
+        # a minimum of rounds runs past the budget, but no further than MAX_STRETCH budgets
+        capped = Interleaver(run, "capped", 2, 0.2, min_rounds=100_000)
+        started = time.perf_counter()
+        capped.measure(base, trial)
+        assert capped.stop == "time-cap" and 2 <= len(capped.blocks) < 100_000
+        assert MAX_STRETCH * 0.2 <= capped.measure_time_s <= time.perf_counter() - started
+        assert capped.timing()["min_rounds"] == 100_000 and capped.halfwidth < float("inf")
     finally:
         base.close()
         trial.close()

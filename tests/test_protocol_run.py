@@ -26,7 +26,7 @@ from tiny_preset import write_tiny_preset  # noqa: E402
 # compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps (paired: six
 # rounds of a step or two each); full: memory savers too, though memory does not bind here
 FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, block_s=0.02,
-            min_rounds=6, full=True, skip=("compile", "bigger-batch"))  # bigger-batch: its own search, tested in
+            min_rounds=6, resolution_min_rounds=6, full=True, skip=("compile", "bigger-batch"))  # bigger-batch: its own search, tested in
 #                                                                       test_maximize.py
 TRIAL_KEYS = {"name", "stage", "status", "changes", "step_time_s", "samples_per_s", "tokens_per_s",
               "peak_memory_bytes", "val_loss", "projected_train_time_s", "mfu", "deltas", "reason"}
@@ -85,7 +85,7 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
                 assert trial["step_time_s"]["n"] == len(trial["step_times_s"]) == steps * len(trial["blocks"])
                 assert trial["timing"]["order"] == [b["first"] for b in trial["blocks"]]
                 assert set(trial["timing"]["order"]) <= {"trial", "baseline"}
-                assert trial["timing"]["stop"] in ("interval", "budget", "max-rounds")
+                assert trial["timing"]["stop"] in ("interval", "budget", "max-rounds", "time-cap")
                 assert trial["timing"]["order_seed"] == f"100:{trial['name']}"
             assert len(trial["warmup_times_s"]) == 2  # max_warmup 2
             assert trial["mfu"] is None  # the preset has no peak figure
@@ -93,7 +93,7 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     timings = {t["name"]: t["timing"] for t in data["trials"] if t.get("design") == "paired"}
     # the A/A comparison states the resolution: three trial budgets, spent whole (no stop on a tight interval)
     assert timings["noise-probe"]["whole_budget"] is True and timings["noise-probe"]["budget_s"] == 1.5
-    assert timings["noise-probe"]["stop"] in ("budget", "max-rounds")
+    assert timings["noise-probe"]["stop"] in ("budget", "max-rounds", "time-cap")
     assert all(not t["whole_budget"] and t["budget_s"] == 0.5 for name, t in timings.items() if name != "noise-probe")
     lines = (out / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["name"] for line in lines] == [t["name"] for t in data["trials"]]

@@ -20,7 +20,8 @@ from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel
 from test_tui_canned import log_text, table_rows, until, write_tiny_preset
 
 # A few steps per trial and a short measuring budget: the protocol's defaults measure for 10 s a trial.
-FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0)
+FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, min_rounds=6,
+            resolution_min_rounds=6)
 
 
 

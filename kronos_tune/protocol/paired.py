@@ -37,6 +37,9 @@ from kronos_tune.protocol.records import TrialResult, TrialSpec
 from kronos_tune.protocol.stats import block_ratios, paired_estimate
 
 MAX_BLOCK_STEPS = 50
+# Rounds a minimum asks for may run past the budget (a loaded machine runs fewer rounds a second, and the
+# rounds are what buy the resolution), up to this many budgets.
+MAX_STRETCH = 2.5
 BASELINE_WORKER = "the baseline's worker"
 
 
@@ -120,13 +123,15 @@ class Interleaver:
     """Rounds of a trial's block and the baseline's, in a seeded random order, until the block ratios' interval
     is tight or the budget is spent. ``blocks`` holds every finished round (also when a worker dies).
     ``whole_budget``: rounds until the budget is spent whatever the interval (the A/A comparison: its reach is the
-    run's resolution, and stopping on the first tight interval would state the luckiest moment's figure)."""
+    run's resolution, and stopping on the first tight interval would state the luckiest moment's figure).
+    ``min_rounds``: at least this many rounds (None: the run's), even past the budget, up to MAX_STRETCH x it."""
 
     run: RunContext
     name: str
     steps: int
     budget_s: float
     whole_budget: bool = False
+    min_rounds: int | None = None  # None: the run's min_rounds
     blocks: list[dict[str, Any]] = field(default_factory=list)
     stop: str = ""
     halfwidth: float = float("inf")
@@ -160,12 +165,17 @@ class Interleaver:
                     return  # a block cut short (a cancel, or out of memory): the round is not a pair
                 self.blocks.append({"round": index, "first": first, "trial_s": times["trial"],
                                     "baseline_s": times["baseline"]})
-                if len(self.blocks) < options.min_rounds:
+                elapsed = time.perf_counter() - started
+                if len(self.blocks) < (options.min_rounds if self.min_rounds is None else self.min_rounds):
+                    if elapsed >= MAX_STRETCH * self.budget_s:  # a loaded machine: the minimum costs too long
+                        self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
+                        self.stop = "time-cap"
+                        return
                     continue
                 self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
                 if self.halfwidth <= options.target_ci and not self.whole_budget:
                     self.stop = "interval"
-                elif time.perf_counter() - started >= self.budget_s:
+                elif elapsed >= self.budget_s:
                     self.stop = "budget"
                 elif len(self.blocks) >= options.max_rounds:
                     self.stop = "max-rounds"
@@ -188,4 +198,5 @@ class Interleaver:
         return {"design": "paired", "rounds": len(self.blocks), "steps_per_block": self.steps, "stop": self.stop,
                 "ci_halfwidth": self.halfwidth, "target_ci": self.run.options.target_ci, "budget_s": self.budget_s,
                 "measure_time_s": self.measure_time_s, "whole_budget": self.whole_budget,
+                "min_rounds": self.run.options.min_rounds if self.min_rounds is None else self.min_rounds,
                 "order_seed": self.order_seed, "order": [block["first"] for block in self.blocks]}

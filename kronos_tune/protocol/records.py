@@ -127,7 +127,9 @@ class ProtocolOptions:
     design: how trials are timed against the baseline: auto (paired where two workers fit side by side, else
     sequential), paired, sequential. block_s: the paired design's block length in seconds (steps per block =
     block_s / the baseline's step time, at least 1); rounds: at least min_rounds, at most max_rounds, until the
-    interval of the block ratios is within target_ci or trial_budget_s is spent. full: measure every trial the
+    interval of the block ratios is within target_ci or trial_budget_s is spent; the A/A comparison (the
+    noise-probe, whose reach is the run's resolution) at least resolution_min_rounds, for its whole budget
+    (resolution_budget_s). Rounds beyond the budget that a minimum asks for stop at MAX_STRETCH x the budget. full: measure every trial the
     device can run; the default (quick) run leaves out what rarely pays on the device (compile and bigger-batch
     on a CPU; memory savers while memory does not bind) and says how to add each.
     """
@@ -159,7 +161,8 @@ class ProtocolOptions:
     autobatch_margin: float | None = None  # None: autobatch's default for the device
     design: str = "auto"
     block_s: float = 0.5
-    min_rounds: int = 8
+    min_rounds: int = 10
+    resolution_min_rounds: int = 40
     max_rounds: int = 200
     full: bool = False
 

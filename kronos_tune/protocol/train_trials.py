@@ -297,8 +297,9 @@ def run_paired(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     """The trial's worker and the baseline's in alternating blocks (paired.Interleaver), then the trial's
     evaluation; whatever was measured before a worker died, timed out or was cancelled is kept."""
     on_step = _on_step(run, spec.name)
-    interleaver = Interleaver(run, spec.name, 1, comparison_budget(run, spec),
-                              whole_budget=spec.name == NOISE_PROBE)
+    aa = spec.name == NOISE_PROBE
+    interleaver = Interleaver(run, spec.name, 1, comparison_budget(run, spec), whole_budget=aa,
+                              min_rounds=run.options.resolution_min_rounds if aa else None)
     worker: LiveWorker | None = None
     ready: TrainMeasurement | None = None
     try:
