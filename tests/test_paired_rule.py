@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,6 +100,10 @@ def test_a_real_10pct_change_is_found_by_the_paired_rule_and_missed_by_the_seque
     assert paired.comparisons["fused-adamw"].ratio == pytest.approx(0.90, abs=0.02)
     assert paired.comparisons["noise-probe"].verdict == "same" and not paired.noisy
     assert paired.resolution is not None and paired.resolution < 0.05
+    # the reason quotes the medians of the blocks (trial and baseline side by side), not the baseline's own row
+    blocks = next(r for r in paired_run(load, 0.10) if r.name == "fused-adamw").blocks
+    beside = statistics.median(t for block in blocks for t in block["baseline_s"])
+    assert f"vs the baseline's {1000 * beside:.1f} ms beside it (-" in paired.reason
     sequential = decide(sequential_run(load, 0.10), CONTEXT)
     # the drift the re-measurements saw swamps the change: not called faster, or the whole run too noisy
     assert sequential.comparisons["fused-adamw"].verdict != "faster" or sequential.noisy

@@ -41,6 +41,7 @@ The rule, in order:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -216,12 +217,21 @@ def _quality_ok(result: TrialResult, trajectories: dict[str, dict[str, Any]]) ->
     return not (check and check["defect"])
 
 
-def _describe(name: str, comparison: Comparison | None, base_median: float | None,
+def _describe(result: TrialResult, comparison: Comparison | None, base_median: float | None,
               median: float | None) -> str:
+    """'name: 455.3 ms/step vs the baseline's 470.2 ms (-3.2%, ...)'. A paired trial's two medians are those of
+    its blocks and the baseline's blocks beside them (the baseline's own row was measured at another time, so
+    its median would not match the change the blocks measured)."""
+    if comparison is not None and comparison.design == "paired" and result.blocks:
+        mine = [t for block in result.blocks for t in block.get("trial_s") or []]
+        theirs = [t for block in result.blocks for t in block.get("baseline_s") or []]
+        if mine and theirs:
+            median, base_median = statistics.median(mine), statistics.median(theirs)
     if comparison is None or base_median is None or median is None:
-        return name
-    return (f"{name}: {_ms(median)}/step vs the baseline's {_ms(base_median)} ({comparison.pct:+.1f}%, "
-            f"{comparison.interval_text()})")
+        return result.name
+    where = " beside it" if comparison.design == "paired" else ""
+    return (f"{result.name}: {_ms(median)}/step vs the baseline's {_ms(base_median)}{where} "
+            f"({comparison.pct:+.1f}%, {comparison.interval_text()})")
 
 
 def _ms(seconds: float) -> str:
@@ -412,7 +422,7 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
                                      f"{_duration(costs['workload_s'])}, more than its one-time cost of "
                                      f"{_duration(costs['one_time_s'])}")
     decision.reason = (f"{what} is the fastest measured configuration: "
-                       f"{_describe(winner.name, comparison, base_median, _median(winner, base)).split(': ', 1)[-1]}, "
+                       f"{_describe(winner, comparison, base_median, _median(winner, base)).split(': ', 1)[-1]}, "
                        f"{_noise_text(decision, context)}, quality guard passed{paid}"
                        + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
                        + combined_note)
