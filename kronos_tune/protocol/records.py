@@ -162,7 +162,7 @@ class ProtocolOptions:
     design: str = "auto"
     block_s: float = 0.5
     min_rounds: int = 10
-    resolution_min_rounds: int = 40
+    resolution_min_rounds: int = 10
     max_rounds: int = 200
     full: bool = False
 
