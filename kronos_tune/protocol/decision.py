@@ -223,10 +223,9 @@ def _describe(result: TrialResult, comparison: Comparison | None, base_median: f
     its blocks and the baseline's blocks beside them (the baseline's own row was measured at another time, so
     its median would not match the change the blocks measured)."""
     if comparison is not None and comparison.design == "paired" and result.blocks:
-        mine = [t for block in result.blocks for t in block.get("trial_s") or []]
         theirs = [t for block in result.blocks for t in block.get("baseline_s") or []]
-        if mine and theirs:
-            median, base_median = statistics.median(mine), statistics.median(theirs)
+        if result.step_times_s and theirs:  # a paired trial's step times are its blocks'
+            median, base_median = statistics.median(result.step_times_s), statistics.median(theirs)
     if comparison is None or base_median is None or median is None:
         return result.name
     where = " beside it" if comparison.design == "paired" else ""

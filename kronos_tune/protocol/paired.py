@@ -138,6 +138,10 @@ class Interleaver:
     measure_time_s: float = 0.0
 
     @property
+    def least_rounds(self) -> int:
+        return self.run.options.min_rounds if self.min_rounds is None else self.min_rounds
+
+    @property
     def order_seed(self) -> str:
         return f"{self.run.options.seed}:{self.name}"
 
@@ -166,14 +170,11 @@ class Interleaver:
                 self.blocks.append({"round": index, "first": first, "trial_s": times["trial"],
                                     "baseline_s": times["baseline"]})
                 elapsed = time.perf_counter() - started
-                if len(self.blocks) < (options.min_rounds if self.min_rounds is None else self.min_rounds):
-                    if elapsed >= MAX_STRETCH * self.budget_s:  # a loaded machine: the minimum costs too long
-                        self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
-                        self.stop = "time-cap"
-                        return
-                    continue
                 self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
-                if self.halfwidth <= options.target_ci and not self.whole_budget:
+                if len(self.blocks) < self.least_rounds:
+                    if elapsed >= MAX_STRETCH * self.budget_s:  # a loaded machine: the minimum costs too long
+                        self.stop = "time-cap"
+                elif self.halfwidth <= options.target_ci and not self.whole_budget:
                     self.stop = "interval"
                 elif elapsed >= self.budget_s:
                     self.stop = "budget"
@@ -198,5 +199,5 @@ class Interleaver:
         return {"design": "paired", "rounds": len(self.blocks), "steps_per_block": self.steps, "stop": self.stop,
                 "ci_halfwidth": self.halfwidth, "target_ci": self.run.options.target_ci, "budget_s": self.budget_s,
                 "measure_time_s": self.measure_time_s, "whole_budget": self.whole_budget,
-                "min_rounds": self.run.options.min_rounds if self.min_rounds is None else self.min_rounds,
+                "min_rounds": self.least_rounds,
                 "order_seed": self.order_seed, "order": [block["first"] for block in self.blocks]}

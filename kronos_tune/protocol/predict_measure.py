@@ -88,6 +88,13 @@ def _run(predictor: KronosPredictor, settings: PredictSettings,
     return frames
 
 
+def _timed_run(predictor: KronosPredictor, settings: PredictSettings,
+               inputs: tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]) -> float:
+    start = time.perf_counter()
+    _run(predictor, settings, inputs)
+    return time.perf_counter() - start
+
+
 def measure_sharded(settings: PredictSettings, device: str, repeats: int,
                     on_step: Callable[[PredictStep], None] | None = None,
                     should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
@@ -212,19 +219,16 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             if should_stop():
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
                 return result
-            first = "trial" if other is None or rng.random() < 0.5 else "baseline"
-            for side in (first, "baseline" if first == "trial" else "trial"):
-                if side == "baseline" and other is None:
-                    continue
-                start = time.perf_counter()
-                if side == "trial":
-                    _run(predictor, settings, inputs)
-                    result.seconds.append(time.perf_counter() - start)
-                else:
-                    _run(other, reference, inputs)  # type: ignore[arg-type]
-                    result.reference_seconds.append(time.perf_counter() - start)
-            if other is not None:
-                result.order.append(first)
+            if other is None or reference is None:
+                result.seconds.append(_timed_run(predictor, settings, inputs))
+            else:
+                trial_first = rng.random() < 0.5
+                result.order.append("trial" if trial_first else "baseline")
+                if trial_first:
+                    result.seconds.append(_timed_run(predictor, settings, inputs))
+                result.reference_seconds.append(_timed_run(other, reference, inputs))
+                if not trial_first:
+                    result.seconds.append(_timed_run(predictor, settings, inputs))
             if on_step is not None:
                 on_step(PredictStep(index + 2, total, settings.measured_series, tokens, result.seconds[-1]))
         if settings.quality_series > settings.measured_series:

@@ -26,7 +26,8 @@ from kronos_tune.protocol.stats import Comparison
 PREDICT_RULE = ("each trial's run times against its reference's (kv-cache against the full recompute; bf16, the "
                 "autobatch chunk and sharding against kv-cache, and the recompute too) as a ratio with a 95% "
                 "interval (paired where a trial's timed runs alternated with its reference's in one worker: the "
-                "per-round ratios, as the train task decides); faster when the interval lies below 1 and the ratio is at least the threshold below 1; "
+                "per-round ratios, as the train task decides); faster when the interval lies below 1 and the ratio "
+                "is at least the threshold below 1; "
                 "quality by exactness class: exact = identical greedy output to the reference's (within "
                 f"{EXACT_TOLERANCE:g} history standard deviations), approximate = Spearman rank agreement of the "
                 "predicted returns with the reference's at least the threshold; recommended: the fastest trial that "
@@ -124,7 +125,8 @@ def predict_decision_lines(report: ProtocolReport) -> list[str]:
                  f"minimum Spearman {decision['min_spearman']:g}; {decision['estimator']}.")
     for name, verdict in decision.get("verdicts", {}).items():
         vs_ref = Comparison.from_dict(verdict.get("vs_reference"))
-        how = f"paired over {vs_ref.n} rounds" if vs_ref is not None and vs_ref.design == "paired" else "sequential"
+        paired = vs_ref is not None and vs_ref.design == "paired"
+        how = f"paired over {vs_ref.n} rounds" if paired else "sequential"
         speed = (f"{speedup_text(vs_ref)} the series/s of {verdict['reference']} ({vs_ref.verdict}, {how})"
                  if vs_ref is not None else "not timed")
         state = "eligible" if verdict["eligible"] else f"left out: {verdict['why']}"

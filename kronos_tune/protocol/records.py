@@ -129,9 +129,9 @@ class ProtocolOptions:
     block_s / the baseline's step time, at least 1); rounds: at least min_rounds, at most max_rounds, until the
     interval of the block ratios is within target_ci or trial_budget_s is spent; the A/A comparison (the
     noise-probe, whose reach is the run's resolution) at least resolution_min_rounds, for its whole budget
-    (resolution_budget_s). Rounds beyond the budget that a minimum asks for stop at MAX_STRETCH x the budget. full: measure every trial the
-    device can run; the default (quick) run leaves out what rarely pays on the device (compile and bigger-batch
-    on a CPU; memory savers while memory does not bind) and says how to add each.
+    (resolution_budget_s). Rounds beyond the budget that a minimum asks for stop at MAX_STRETCH x the budget.
+    full: measure every trial the device can run; the default (quick) run leaves out what rarely pays on the
+    device (compile and bigger-batch on a CPU; memory savers while memory does not bind) and says how to add each.
     """
 
     steps: int = 8
