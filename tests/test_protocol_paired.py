@@ -16,7 +16,7 @@ import pytest
 from kronos_tune.protocol.bench_decisions import BenchRun, paired_once, start_worker, verdict_counts
 from kronos_tune.protocol.paired import MAX_STRETCH, Interleaver
 from kronos_tune.protocol.records import ProtocolOptions
-from kronos_tune.protocol.stats import paired_compare
+from kronos_tune.protocol.stats import MIN_PAIRS, paired_compare
 
 
 def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
@@ -37,12 +37,14 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
         assert len(ratios) >= 10 and found.verdict == "faster" and found.high < 1
         assert found.ratio == pytest.approx(0.70, abs=0.12)
         # a minimum of rounds runs past the budget, but no further than MAX_STRETCH budgets
-        capped = Interleaver(run, "capped", 2, 0.2, min_rounds=100_000)
+        capped = Interleaver(run, "capped", 2, 0.4, min_rounds=100_000)
         started = time.perf_counter()
         capped.measure(base, trial)
-        assert capped.stop == "time-cap" and 2 <= len(capped.blocks) < 100_000
-        assert MAX_STRETCH * 0.2 <= capped.measure_time_s <= time.perf_counter() - started
-        assert capped.timing()["min_rounds"] == 100_000 and capped.halfwidth < float("inf")
+        assert capped.stop == "time-cap" and 1 <= len(capped.blocks) < 100_000
+        assert MAX_STRETCH * 0.4 <= capped.measure_time_s <= time.perf_counter() - started
+        assert capped.timing()["min_rounds"] == 100_000
+        # an interval once there are pairs enough for one (a loaded machine may give fewer in 1 s)
+        assert (capped.halfwidth < float("inf")) == (len(capped.blocks) >= MIN_PAIRS)
     finally:
         base.close()
         trial.close()

@@ -167,7 +167,8 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
             await pilot.pause()
             assert f"continuing the cancelled run in {second}" in log_text(app)
             assert _folders(out / "train") == trains  # continued, not restarted in a third folder
-            assert load_checkpoint(second)["step"] == 4 > stopped
+            # on a loaded machine the cancel can land after the last step was saved: then nothing is left to run
+            assert load_checkpoint(second)["step"] == 4 >= stopped
         assert load_checkpoint(trained)["step"] == 4  # the first training run is untouched
 
         # b again, cancelled during its first trial: kept in its own folder, marked partial; the answer stays
