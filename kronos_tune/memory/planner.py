@@ -12,7 +12,7 @@ through two probes (peak = fixed + per-sample x batch), verified by a third
 estimate at the pick; accumulation then keeps the preset's effective batch.
 
 Each set-up is traced once (`_session`): one build, a warm-up step and steps at
-batch 1, 2 and the line's larger probe. A probe at any other batch size takes
+batch 2 and the line's larger probe. A probe at any other batch size takes
 its peak from `estimate.PeakLine` (the live bytes at every point of the step
 are affine in the batch size, so the peak is the highest of those lines) and
 every other figure from the traced steps, which do not depend on the batch
@@ -161,14 +161,14 @@ class _Session:
 
 
 def _session(config: Any, large: int, ranks: int, emulation: Any) -> _Session:
-    """Trace batch 1, 2 and `large` (3 if `large` is 2) in one session. Batch 1 is traced for itself: its
-    step differs (a size-1 dimension makes some copies views), so it is not on the line of the others."""
+    """Trace batch 2 and `large` (3 if `large` is 2) in one session. Batch 1 is not on their line (a size-1
+    dimension makes some copies views) and is traced on its own when a row needs it (`_SetupProbes`)."""
     from kronos_tune.memory.estimate import PeakLine
 
-    batches = (1, 2, max(large, 3))
+    batches = (2, max(large, 3))
     traced = _trace(config, batches, ranks, emulation)
     return _Session({batch: probe for batch, (probe, _) in zip(batches, traced)},
-                    PeakLine.fit(traced[1][1], traced[2][1]))
+                    PeakLine.fit(traced[0][1], traced[1][1]))
 
 
 class _SetupProbes:
@@ -250,8 +250,10 @@ def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation
 
 
 def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
-    """The two batch sizes the line of a row's first pick goes through."""
-    return 1, max(2, min(preset_batch, target_per_rank, 16))
+    """The two batch sizes the line of a row's first pick goes through (traced in the set-up's session
+    unless the smaller is 1)."""
+    large = max(2, min(preset_batch, target_per_rank, 16))
+    return (2 if large > 2 else 1), large
 
 
 def _parameter_count(size: str) -> int:
