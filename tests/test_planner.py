@@ -82,3 +82,32 @@ def test_a_repeated_plan_reads_the_trace_cache_and_an_unreadable_entry_is_traced
     monkeypatch.setattr(planner, "_trace", no_tracing)
     with pytest.raises(AssertionError, match="traced although"):
         planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp",))
+
+
+def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> None:
+    asked: list[int] = []
+
+    def fits_up_to(largest: int):
+        def fits(batch: int) -> bool:
+            asked.append(batch)
+            return batch <= largest
+        return fits
+
+    assert planner._largest_fitting(fits_up_to(12), 50, 8) == 12  # the guess too low (the line at 4x3080's large ddp)
+    assert planner._largest_fitting(fits_up_to(12), 50, 30) == 12  # too high
+    assert planner._largest_fitting(fits_up_to(99), 50, 8) == 50  # capped
+    assert planner._largest_fitting(fits_up_to(0), 50, 8) is None  # not even 1
+    asked.clear()
+    assert planner._largest_fitting(fits_up_to(700), 4096, 650) == 700 and len(asked) <= 14  # a bisection
+
+
+def test_a_row_picks_the_largest_micro_batch_whose_exact_peak_fits() -> None:
+    config = tiny_config("ddp")
+    probes = planner._SetupProbes(config, 2, EMULATION, planner._session(config, 8, 2, EMULATION))
+    peaks = {batch: probes(batch).peak for batch in range(2, 41)}
+    for largest in range(2, 40):  # a budget between the peaks at `largest` and the next batch, no margin
+        budget = (peaks[largest] + peaks[largest + 1]) // 2
+        row = planner._row("ddp", probes, 2, budget, 0.0, 40, 40, offload=False)
+        assert row.micro_batch == largest and row.peak_bytes == peaks[largest] <= budget, (largest, row.micro_batch)
+        if largest == 23:
+            assert row.train_micro_batch == 20 and row.accumulation_steps == 2  # the largest divisor of 40 under 23

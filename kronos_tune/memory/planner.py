@@ -7,9 +7,12 @@ checkpointing, and FSDP + CPU offload. Each estimate is a real training step
 on fake tensors (kronos_tune.memory.estimate), with FSDP simulated as rank 0
 of N (kronos_tune.memory.sharded); on a CUDA preset the CUDA emulation
 (allocator rounding, AdamW implementation) applies and the budget is the card
-minus the preset's CUDA context. The largest micro-batch comes from a line
-through two probes (peak = fixed + per-sample x batch), verified by a third
-estimate at the pick; accumulation then keeps the preset's effective batch.
+minus the preset's CUDA context. The largest micro-batch is searched from the
+guess of a line through two probes (peak = fixed + per-sample x batch): every
+batch from 2 up has an exact estimate at no cost (below), so the search finds
+the largest that fits where the line alone, which misses a peak that moves from
+one point of the step to another, guessed low or high; accumulation then keeps
+the preset's effective batch.
 
 Each set-up is traced once (`_session`): one build, a warm-up step and steps at
 batch 2 and the line's larger probe. A probe at any other batch size takes
@@ -281,9 +284,30 @@ def _largest_unit_bytes(model: Any) -> int:
     return max(sizes, default=0)
 
 
+def _largest_fitting(fits: Callable[[int], bool], cap: int, guess: int) -> int | None:
+    """The largest batch in 1..cap that `fits` (peaks rise with the batch), searched from `guess`; None when
+    not even 1 fits."""
+    guess = min(max(guess, 1), cap)
+    if fits(guess):
+        if fits(cap):
+            return cap
+        low, high = guess, cap  # fits(low), not fits(high)
+    else:
+        low, high = 0, guess
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low or None
+
+
 def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int, margin: float,
          preset_batch: int, target_per_rank: int, offload: bool) -> PlanRow:
-    """Largest micro-batch under budget x (1 - margin) from a line through two probes, checked by a third."""
+    """Largest micro-batch under budget x (1 - margin): searched on the session's PeakLine from the guess of a
+    line through two probes; without a PeakLine (each probe a trace of its own) the guess is checked by a third
+    probe and stepped back along the line while over."""
     limit = budget * (1.0 - margin)
 
     def device_peak(p: _Probe) -> int:
@@ -300,7 +324,12 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
     pick: int | None = int(math.floor((limit - fixed) / per_sample))
     cap = max(target_per_rank, 1)
     pick = min(pick, cap, MAX_MICRO_BATCH) if pick >= 1 else None
-    shown = high if pick == large_batch else low
+    if pick is not None and getattr(probe_at, "line", None) is not None:
+        # Every batch from 2 up costs nothing here (the session's PeakLine): search from the line's guess for
+        # the largest that fits, which the line alone misses where the peak moves from one point to another.
+        pick = _largest_fitting(lambda batch: device_peak(probe_at(batch)) <= limit, min(cap, MAX_MICRO_BATCH),
+                                pick)
+    shown = high if pick == large_batch else low if pick is not None else probe_at(1)
     if pick is not None and pick not in (small_batch, large_batch):
         checked = probe_at(pick)
         while pick > 1 and device_peak(checked) > limit:  # the line was optimistic: step back along it
