@@ -131,10 +131,15 @@ def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, A
                                   f"'{command}' run printed when it started")
         keys = same if same is not None else tuple(identity)
         theirs = existing.get("identity") or {}
-        if existing.get("command") != command or any(theirs.get(k) != identity.get(k) for k in keys):
+        if existing.get("command") != command:
             mine = _describe({"command": command, "identity": {k: identity.get(k) for k in keys}})
             raise KronosTuneError(f"--resume {path}: that folder holds {_describe(existing)}, not {mine}; give "
                                   f"the folder of a matching run or start a new one")
+        differ = [k for k in keys if theirs.get(k) != identity.get(k)]
+        if differ:  # only what differs: the whole identity runs to a dozen fields
+            changes = "; ".join(f"{k}: {theirs.get(k)!r} there, {identity.get(k)!r} now" for k in differ)
+            raise KronosTuneError(f"--resume {path}: that '{command}' run was started with other settings "
+                                  f"({changes}); resume with its settings, or start a new run with another {flag}")
         _check_writable(path, flag)
         return RunDir(path, command, identity, "resume", existing,
                       extra={k: v for k, v in existing.items()
