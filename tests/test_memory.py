@@ -153,6 +153,19 @@ def test_phase_enters_tracking_when_not_active() -> None:
     del x, y
 
 
+def test_a_fed_tracker_counts_what_it_is_handed_and_its_phases_enter_no_mode() -> None:
+    tracker = StorageTracker()
+    with tracker.fed():
+        with tracker.phase("forward"):
+            unseen = torch.empty(1000)  # no dispatch mode of its own: nobody handed it this one
+            handed = torch.empty(256)
+            tracker.see_outputs((handed, [handed.view(16, 16)]), "test")  # a view of it: the same storage
+        assert tracker.peaks() == {"forward": 1024} and tracker.current_bytes() == 1024
+        handed.untyped_storage().resize_(0)  # a storage resize (FSDP's free) still reaches it
+        assert tracker.current_bytes() == 0
+    del unseen, handed
+
+
 def _profiler_relative_peak(fn) -> int:
     """Peak of (live - live at start) from the CPU allocator's profiler memory events."""
     from torch.profiler import ProfilerActivity, profile

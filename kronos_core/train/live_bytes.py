@@ -143,11 +143,15 @@ class StorageTracker(TorchDispatchMode):
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
+        self.see_outputs(out, func)
+        return out
+
+    def see_outputs(self, out: Any, func: Any = None) -> None:
+        """Count the storages of an op's outputs (what the dispatch mode does after every op)."""
         if isinstance(out, torch.Tensor):
             self._see(out, func)
         elif isinstance(out, (tuple, list)):
             self._see_all(out, func)
-        return out
 
     def _see_all(self, outs: Iterable[Any], func: Any) -> None:
         for item in outs:
@@ -256,6 +260,21 @@ class StorageTracker(TorchDispatchMode):
         if self._mode_depth == 0:
             _unwatch_resizes(self)
         super().__exit__(*exc)
+
+    @contextlib.contextmanager
+    def fed(self) -> Iterator[StorageTracker]:
+        """Active without being a dispatch mode of its own: another mode hands it each op's outputs
+        (``see_outputs``), and phases do not enter this one. A fake-tensor mode that does so saves a Python
+        dispatch layer per op (kronos_tune.memory.estimate)."""
+        self._mode_depth += 1
+        if self._mode_depth == 1:
+            _watch_resizes(self)
+        try:
+            yield self
+        finally:
+            self._mode_depth -= 1
+            if self._mode_depth == 0:
+                _unwatch_resizes(self)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -154,6 +154,29 @@ class _CpuOnlyTracker(StorageTracker):
         super()._see(tensor, func)
 
 
+class _TrackingFakeMode(FakeTensorMode):
+    """Fake tensors whose every top-level op's outputs go to ``tracker``: the same counting as the tracker's own
+    dispatch mode stacked on a FakeTensorMode, with one Python dispatch layer per op instead of two (about a
+    tenth of a planner trace's time). Ops the fake mode dispatches while handling one (decompositions) are
+    not counted, as they were not when the tracker sat above it."""
+
+    def __init__(self, tracker: StorageTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self._handling = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self._handling:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        self._handling = True
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._handling = False
+        self.tracker.see_outputs(out, func)
+        return out
+
+
 def _wants_meter(step: StepFn) -> bool:
     try:
         return "meter" in inspect.signature(step).parameters
@@ -215,9 +238,9 @@ class FakeEstimate:
             budget = MemoryBudget(size - overhead_bytes)
         tracker = _CpuOnlyTracker(budget_bytes=budget, round_bytes=round_bytes)
         pass_meter = _wants_meter(self.step)
-        fake_mode = FakeTensorMode()
+        fake_mode = _TrackingFakeMode(tracker)
         traces = []
-        with fake_mode, tracker:
+        with fake_mode, tracker.fed():
             model, optimizer = self.build()
             if emu:
                 _apply_optimizer_impl(optimizer, emu.optimizer_impl)
