@@ -184,7 +184,8 @@ def test_resume_refuses_a_folder_of_another_preset(tmp_path: Path, capsys: pytes
     out = tmp_path / "out"
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"preset": "tiny-bench", "task": "train"}))
-    with pytest.raises(KronosTuneError, match="holds a 'benchmark' run \\(preset tiny-bench"):
+    with pytest.raises(KronosTuneError, match="that 'benchmark' run was started with other settings \\(preset: "
+                                              "'tiny-bench' there, 'tiny-other' now\\)"):
         run_protocol(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)
     with pytest.raises(SystemExit) as exited:
         main(["benchmark", "--preset", "tiny-other", "--preset-dir", str(folder), "--out", str(out), "--resume"])
