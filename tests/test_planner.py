@@ -85,20 +85,20 @@ def test_a_repeated_plan_reads_the_trace_cache_and_an_unreadable_entry_is_traced
 
 
 def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> None:
-    asked: list[int] = []
+    from kronos_tune.autobatch.search import search_largest
 
     def fits_up_to(largest: int):
-        def fits(batch: int) -> bool:
-            asked.append(batch)
-            return batch <= largest
-        return fits
+        return lambda batch: batch <= largest
 
-    assert planner._largest_fitting(fits_up_to(12), 50, 8) == 12  # the guess too low (the line at 4x3080's large ddp)
-    assert planner._largest_fitting(fits_up_to(12), 50, 30) == 12  # too high
-    assert planner._largest_fitting(fits_up_to(99), 50, 8) == 50  # capped
-    assert planner._largest_fitting(fits_up_to(0), 50, 8) is None  # not even 1
-    asked.clear()
-    assert planner._largest_fitting(fits_up_to(700), 4096, 650) == 700 and len(asked) <= 14  # a bisection
+    assert search_largest(fits_up_to(12), 8, 1, 50)[0] == 12  # the guess too low (the line at 4x3080's large ddp)
+    assert search_largest(fits_up_to(12), 30, 1, 50)[0] == 12  # too high
+    assert search_largest(fits_up_to(99), 8, 1, 50)[0] == 50  # capped
+    assert search_largest(fits_up_to(12), 8, 1, 13)[0] == 12  # a gallop past the top tries the top, then bisects
+    assert search_largest(fits_up_to(2), 30, 1, 50)[0] == 2  # and past the bottom the bottom
+    with pytest.raises(RuntimeError, match="even batch size 1 does not fit"):
+        search_largest(fits_up_to(0), 8, 1, 50)
+    found, calls = search_largest(fits_up_to(700), 650, 1, 4096)
+    assert found == 700 and calls <= 16  # a gallop then a bisection, not a scan
 
 
 def test_a_row_picks_the_largest_micro_batch_whose_exact_peak_fits() -> None:

@@ -34,7 +34,7 @@ import torch
 from kronos_core.train import Trainer
 from kronos_core.units import format_bytes
 from kronos_tune.autobatch.predict_task import PredictTask
-from kronos_tune.autobatch.search import AutobatchResult, default_margin
+from kronos_tune.autobatch.search import AutobatchResult, default_margin, search_largest
 from kronos_tune.autobatch.train_task import TrainTask
 from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
@@ -49,47 +49,6 @@ def stats(values: Sequence[float], unit: str, digits: int = 3) -> str:
     f = f"{{:.{digits}f}}"
     return (f"median {f.format(statistics.median(values))} {unit} (min {f.format(min(values))}, "
             f"max {f.format(max(values))}, n={len(values)})")
-
-
-def largest_fitting(fits: Callable[[int], bool], guess: int, low: int = 1, high: int = 1 << 16) -> tuple[int, int]:
-    """(largest size that fits, real probes used): gallop from ``guess`` to a bracket, then bisect.
-
-    Assumes monotone memory in the batch size; the answer ``b`` is checked by
-    a run at ``b`` that fit and a run at ``b + 1`` that did not.
-    """
-    probes = 0
-
-    def check(size: int) -> bool:
-        nonlocal probes
-        probes += 1
-        return fits(size)
-
-    guess = max(low, min(guess, high))
-    if check(guess):
-        lo, step = guess, 1
-        while True:
-            if lo + step > high:
-                return lo, probes
-            if not check(lo + step):
-                hi = lo + step
-                break
-            lo, step = lo + step, step * 2
-    else:
-        hi, step = guess, 1
-        while True:
-            if hi - step < low:
-                raise RuntimeError(f"even batch size {low} does not fit")
-            if check(hi - step):
-                lo = hi - step
-                break
-            hi, step = hi - step, step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, probes
 
 
 def _train_fits(task: TrainTask, cap_bytes: int) -> Callable[[int], bool]:
@@ -142,10 +101,10 @@ def bench_train(preset: Preset, model_size: str | None, budget_bytes: int, margi
               f"{format_bytes(result.measured_peak_bytes)} at the pick")
 
         start = time.perf_counter()
-        true_usable, probes_usable = largest_fitting(_train_fits(task, usable), result.batch_size)
+        true_usable, probes_usable = search_largest(_train_fits(task, usable), result.batch_size)
         per_sample = max(result.bytes_per_sample, 1.0)
         guess = true_usable + int((budget_bytes - usable) / per_sample)
-        true_budget, probes_budget = largest_fitting(_train_fits(task, budget_bytes), guess)
+        true_budget, probes_budget = search_largest(_train_fits(task, budget_bytes), guess)
         truth_s = time.perf_counter() - start
         print(f"  true max (gallop + bisection, real steps, {probes_usable + probes_budget} probes, {truth_s:.1f} s): "
               f"{true_usable} under the usable cap, {true_budget} under the full budget")

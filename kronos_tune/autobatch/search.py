@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -455,3 +456,45 @@ def _split(candidate: int, effective_batch: int | None) -> tuple[int, int, str]:
     if effective_batch is None:
         return candidate, 1, ""
     return split_effective_batch(candidate, effective_batch)
+
+
+def search_largest(fits: Callable[[int], bool], guess: int, low: int = 1, high: int = 1 << 16) -> tuple[int, int]:
+    """(largest size in low..high that ``fits``, calls of ``fits`` made): gallop from ``guess`` to a bracket,
+    then bisect; RuntimeError when not even ``low`` fits.
+
+    Assumes monotone memory in the batch size; the answer ``b`` is checked by
+    a call at ``b`` that fit and one at ``b + 1`` that did not (unless ``b`` is ``high``).
+    """
+    probes = 0
+
+    def check(size: int) -> bool:
+        nonlocal probes
+        probes += 1
+        return fits(size)
+
+    guess = max(low, min(guess, high))
+    if check(guess):
+        lo, step = guess, 1
+        while True:
+            if lo == high:
+                return lo, probes
+            if not check(min(lo + step, high)):  # a gallop past the top tries `high` itself
+                hi = min(lo + step, high)
+                break
+            lo, step = min(lo + step, high), step * 2
+    else:
+        hi, step = guess, 1
+        while True:
+            if hi == low:
+                raise RuntimeError(f"even batch size {low} does not fit")
+            if check(max(hi - step, low)):  # a gallop past the bottom tries `low` itself
+                lo = max(hi - step, low)
+                break
+            hi, step = max(hi - step, low), step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, probes

@@ -284,25 +284,6 @@ def _largest_unit_bytes(model: Any) -> int:
     return max(sizes, default=0)
 
 
-def _largest_fitting(fits: Callable[[int], bool], cap: int, guess: int) -> int | None:
-    """The largest batch in 1..cap that `fits` (peaks rise with the batch), searched from `guess`; None when
-    not even 1 fits."""
-    guess = min(max(guess, 1), cap)
-    if fits(guess):
-        if fits(cap):
-            return cap
-        low, high = guess, cap  # fits(low), not fits(high)
-    else:
-        low, high = 0, guess
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low or None
-
-
 def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int, margin: float,
          preset_batch: int, target_per_rank: int, offload: bool) -> PlanRow:
     """Largest micro-batch under budget x (1 - margin): searched on the session's PeakLine from the guess of a
@@ -327,8 +308,13 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
     if pick is not None and getattr(probe_at, "line", None) is not None:
         # Every batch from 2 up costs nothing here (the session's PeakLine): search from the line's guess for
         # the largest that fits, which the line alone misses where the peak moves from one point to another.
-        pick = _largest_fitting(lambda batch: device_peak(probe_at(batch)) <= limit, min(cap, MAX_MICRO_BATCH),
-                                pick)
+        from kronos_tune.autobatch.search import search_largest
+
+        try:
+            pick, _ = search_largest(lambda batch: device_peak(probe_at(batch)) <= limit, pick, 1,
+                                     min(cap, MAX_MICRO_BATCH))
+        except RuntimeError:  # not even 1
+            pick = None
     shown = high if pick == large_batch else low if pick is not None else probe_at(1)
     if pick is not None and pick not in (small_batch, large_batch):
         checked = probe_at(pick)
