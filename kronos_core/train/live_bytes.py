@@ -250,31 +250,33 @@ class StorageTracker(TorchDispatchMode):
 
     def __enter__(self) -> StorageTracker:
         super().__enter__()
-        self._mode_depth += 1
-        if self._mode_depth == 1:
-            _watch_resizes(self)
+        self._activate()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._deactivate()
+        super().__exit__(*exc)
+
+    def _activate(self) -> None:
+        self._mode_depth += 1
+        if self._mode_depth == 1:
+            _watch_resizes(self)
+
+    def _deactivate(self) -> None:
         self._mode_depth -= 1
         if self._mode_depth == 0:
             _unwatch_resizes(self)
-        super().__exit__(*exc)
 
     @contextlib.contextmanager
     def fed(self) -> Iterator[StorageTracker]:
         """Active without being a dispatch mode of its own: another mode hands it each op's outputs
         (``see_outputs``), and phases do not enter this one. A fake-tensor mode that does so saves a Python
         dispatch layer per op (kronos_tune.memory.estimate)."""
-        self._mode_depth += 1
-        if self._mode_depth == 1:
-            _watch_resizes(self)
+        self._activate()
         try:
             yield self
         finally:
-            self._mode_depth -= 1
-            if self._mode_depth == 0:
-                _unwatch_resizes(self)
+            self._deactivate()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
