@@ -81,6 +81,14 @@ class RotaryEmbedding(nn.Module):
         return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
 
+def build_position_tables(module: nn.Module, length: int) -> None:
+    """Build the rotary tables of every attention layer under `module` for sequences of `length` now, as its
+    first forward on such sequences would (a memory estimate primes a step with them instead of running one)."""
+    for sub in module.modules():
+        if isinstance(sub, RotaryEmbedding):
+            sub.cos_sin(length)
+
+
 class LayerCache:
     """Keys and values of one attention layer for a batch, preallocated to `capacity` positions.
 

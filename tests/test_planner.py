@@ -39,6 +39,34 @@ def test_peak_line_matches_exact_traces_at_batches_it_was_not_fitted_at(parallel
         probes(1).grads // 2 if parallelism == "ddp" else 0)  # DDP's buckets, as every row adds them
 
 
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_primed_build_steps_like_one_after_a_warm_up_step(parallelism: str) -> None:
+    config = tiny_config(parallelism)
+    primed = planner._trace(config, (4,), 2, EMULATION)[0][1]
+    warmed = planner._trace(config, (4,), 2, EMULATION, primed=False)[0][1]
+    assert primed.ops == warmed.ops and primed.live_bytes == warmed.live_bytes
+    assert primed.result.optimizer_state_bytes == warmed.result.optimizer_state_bytes > 0
+    # what the prime stands in for: a first step without it creates the state and tables the steady state has
+    assert _cold_first_step(config).ops != primed.ops
+
+
+def _cold_first_step(config: TrainConfig) -> StepTrace:
+    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.memory.estimate import FakeEstimate
+    from kronos_tune.memory.sharded import SimulatedRanks
+
+    with SimulatedRanks(2) as ranks, TrainTask(config, mesh=ranks.mesh if config.parallelism == "fsdp" else None) \
+            as task:
+        holder = {}
+
+        def build():
+            probe = holder["probe"] = task.estimate_step_factory(4)
+            return probe.model, probe.optimizer
+
+        return FakeEstimate(build, lambda model, optimizer, size: holder["probe"].run(None, size), steps=1,
+                            cuda_emulation=EMULATION).trace(4)[0]
+
+
 def _trace(batch: int, ops: tuple[str, ...], live: tuple[int, ...]) -> StepTrace:
     result = EstimateResult(batch, max(live), max(live), 0, {}, 0, 0, 0, 0, live[0], 2)
     return StepTrace(result, ops, live)

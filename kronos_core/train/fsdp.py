@@ -91,6 +91,17 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def gather_once(model: nn.Module) -> None:
+    """Gather and free every sharded unit's parameters once, which creates the buffers the first forward would
+    (a memory estimate primes a step with them instead of running one). Nothing for an unsharded model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+            module.reshard()
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Reduce-scatter gradients in this backward (True) or keep accumulating unsharded ones locally (False)."""
     model.set_requires_gradient_sync(enabled)  # type: ignore[operator]

@@ -115,13 +115,17 @@ class ProbeStep:
 
     ``run`` is one training step (it may take ``meter``); ``model`` and
     ``optimizer`` are needed by ``estimate=True``; ``on_close`` releases what
-    the step holds once its probe is done.
+    the step holds once its probe is done. ``prime``, where given, creates
+    what the first step would create and keep (optimizer state, tables built
+    at the first forward) without running one, so that the next step is a
+    steady-state one.
     """
 
     run: Callable[..., Any]
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     on_close: Callable[[], None] | None = None
+    prime: Callable[[], None] | None = None
 
     def __call__(self, meter: Any = None) -> Any:
         return _call(self.run, meter)

@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
+from kronos_core.layers import build_position_tables
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.builders import autocast_context, build_models, build_optimizer
-from kronos_core.train.fsdp import apply_fsdp
+from kronos_core.train.fsdp import apply_fsdp, gather_once
 from kronos_core.train.steps import PredictorSteps, TokenizerSteps
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.errors import KronosTuneError
@@ -166,10 +167,26 @@ class TrainTask:
                 (loss / config.accumulation_steps).backward()
             loss_sum = loss.detach().double()
             with slot.phase("optimizer"):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer_phase()
             del loss_sum
+
+        def optimizer_phase() -> None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        def prime() -> None:
+            """What the first step creates and keeps, without its forward and backward: the position tables (the
+            tokenizer's through a one-window encode), AdamW state from zero gradients through the step's own
+            clipping and optimizer calls, and FSDP's gathered-parameter buffers (gathered and freed once). The
+            next step then makes the same allocations as every later one."""
+            batch(1)
+            build_position_tables(model, steps.tokens_per_sample(length))
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = torch.zeros_like(param)
+            optimizer_phase()
+            gather_once(model)
 
         def evaluate(meter: Any = None) -> None:
             slot.meter = meter
@@ -187,7 +204,7 @@ class TrainTask:
             self._current = None
 
         self._current = (batch_size, evaluate)
-        return ProbeStep(run, model, optimizer, on_close=close)
+        return ProbeStep(run, model, optimizer, on_close=close, prime=prime)
 
     def estimate_eval_factory(self, batch_size: int) -> Callable[..., Any]:
         return self._open(batch_size)

@@ -192,7 +192,10 @@ class FakeEstimate:
     itself (also fake).  If ``step`` takes a ``meter`` keyword it receives the
     tracker, so its ``meter.phase(...)`` blocks give per-phase peaks.
     The reported peak is that of the last step (AdamW creates its state
-    lazily, so a cold first step reads low).
+    lazily, so a cold first step reads low). With ``prime`` (called after
+    ``build``, inside the fake mode) the warm-up is that call instead of
+    ``steps - 1`` steps: it must create what a first step creates and keeps
+    (``ProbeStep.prime``), and every step it is given is measured.
     """
 
     def __init__(
@@ -202,6 +205,7 @@ class FakeEstimate:
         steps: int = 2,
         cuda_emulation: CudaEmulation | None = None,
         budget_bytes: int | MemoryBudget | None = None,
+        prime: Callable[[], None] | None = None,
     ) -> None:
         if steps < 1:
             raise KronosTuneError(f"steps must be >= 1, got {steps}")
@@ -210,12 +214,18 @@ class FakeEstimate:
         self.steps = steps
         self.cuda_emulation = cuda_emulation
         self.budget_bytes = budget_bytes
+        self.prime = prime
+
+    @property
+    def warmup_steps(self) -> int:
+        return 0 if self.prime is not None else self.steps - 1
 
     def estimate(self, batch_size: int) -> EstimateResult:
         return self.trace(batch_size)[0].result
 
     def trace(self, *batch_sizes: int) -> list[StepTrace]:
-        """One build, then the warm-up steps at the first batch size and one measured step per batch size.
+        """One build, then the warm-up (``prime``, or steps at the first batch size) and one measured step per
+        batch size.
 
         The first batch size is measured exactly as ``estimate`` measures it; each later one right after the
         previous measured step (warm: the optimizer state already exists)."""
@@ -244,9 +254,12 @@ class FakeEstimate:
             model, optimizer = self.build()
             if emu:
                 _apply_optimizer_impl(optimizer, emu.optimizer_impl)
-            runs = [batch_sizes[0]] * (self.steps - 1) + list(batch_sizes)
+            if self.prime is not None:
+                self.prime()
+            warmup = self.warmup_steps
+            runs = [batch_sizes[0]] * warmup + list(batch_sizes)
             for i, batch_size in enumerate(runs):
-                measured = i >= self.steps - 1
+                measured = i >= warmup
                 if measured:
                     tracker.reset()
                     step_start_bytes = tracker.current_bytes()
@@ -277,8 +290,11 @@ class FakeEstimate:
         params = list(model.parameters())
         state_tensors = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         allocated = tracker.peak_bytes()
+        warmup = (f"peak of step {self.steps} of {self.steps} (earlier steps warm up lazily created optimizer state)"
+                  if self.prime is None else "peak of a steady-state step: optimizer state and first-forward tables "
+                  "created beforehand without a step (primed)")
         assumptions = [
-            f"peak of step {self.steps} of {self.steps} (earlier steps warm up lazily created optimizer state)",
+            warmup,
             "grads from the previous step are live at step start unless the step frees them "
             "(zero_grad(set_to_none=True) before backward); the measured step sees whatever the step does",
             "grad_bytes = bytes of parameters that require grad (one grad each, same dtype)",
@@ -297,7 +313,7 @@ class FakeEstimate:
             grad_bytes=_unique_storage_bytes((p for p in params if p.requires_grad), round_bytes),
             optimizer_state_bytes=_unique_storage_bytes(state_tensors, round_bytes),
             step_start_bytes=step_start_bytes,
-            steps_run=self.steps,
+            steps_run=self.warmup_steps + 1,
             assumptions=assumptions,
         )
 

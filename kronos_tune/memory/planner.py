@@ -14,8 +14,10 @@ the largest that fits where the line alone, which misses a peak that moves from
 one point of the step to another, guessed low or high; accumulation then keeps
 the preset's effective batch.
 
-Each set-up is traced once (`_session`): one build, a warm-up step and steps at
-batch 2 and the line's larger probe. A probe at any other batch size takes
+Each set-up is traced once (`_session`): one build, primed like a first step
+(`ProbeStep.prime`: optimizer state, position tables and FSDP buffers made
+without a forward or backward), then steps at batch 2 and the line's larger
+probe. A probe at any other batch size takes
 its peak from `estimate.PeakLine` (the live bytes at every point of the step
 are affine in the batch size, so the peak is the highest of those lines) and
 every other figure from the traced steps, which do not depend on the batch
@@ -108,8 +110,10 @@ class _Probe:
     largest_unit: int  # local bytes of the largest FSDP unit's parameters (offload's device-side copy)
 
 
-def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any) -> list[tuple[_Probe, StepTrace]]:
-    """Fake training steps of `config` at each batch size, after one build and one warm-up step."""
+def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
+           primed: bool = True) -> list[tuple[_Probe, StepTrace]]:
+    """Fake training steps of `config` at each batch size, after one build primed like a first step
+    (`ProbeStep.prime`; `primed=False`: after a warm-up step at the first batch size instead)."""
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.memory.estimate import FakeEstimate
     from kronos_tune.memory.sharded import SimulatedRanks
@@ -125,7 +129,11 @@ def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any) ->
             def step(model: Any, optimizer: Any, size: int, meter: Any = None) -> None:
                 holder["probe"].run(meter, size)
 
-            traces = FakeEstimate(build, step, steps=2, cuda_emulation=emulation).trace(*batches)
+            def prime() -> None:
+                holder["probe"].prime()
+
+            traces = FakeEstimate(build, step, cuda_emulation=emulation,
+                                  prime=prime if primed else None).trace(*batches)
             unit = holder.pop("unit")
             holder.clear()
         return [(_Probe(t.result.allocated_peak_bytes, t.result.param_bytes, t.result.grad_bytes,
