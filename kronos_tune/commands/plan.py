@@ -62,9 +62,23 @@ def register(app: typer.Typer) -> None:
 
         chosen = resolve_preset(preset, preset_dir)
         console = Console(stderr=as_json)
-        with console.status("estimating on fake tensors") as status:
+        # The spinner (a thread) starts at the first progress report, once the planner's workers exist: a
+        # process running no other thread can fork them instead of spawning (kronos_tune.memory.planner).
+        status = console.status("estimating on fake tensors")
+        started = False
+
+        def progress(what: str) -> None:
+            nonlocal started
+            if not started:
+                status.start()
+                started = True
+            status.update(f"estimating {what}")
+
+        try:
             result = plan_preset(chosen, tuple(size or ()) or None, ranks, tuple(setup or ()) or None,
-                                 on_progress=lambda what: status.update(f"estimating {what}"))
+                                 on_progress=progress)
+        finally:
+            status.stop()
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return

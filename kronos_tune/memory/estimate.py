@@ -14,13 +14,14 @@ process during backward on a CPU-only build.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kronos_core.train.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
@@ -131,19 +132,48 @@ def _apply_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
 class _CpuOnlyTracker(StorageTracker):
     """Refuses fake non-CPU tensors: on a CPU-only build their backward aborts the process.
 
-    While ``timeline`` is a list, it records (op, live bytes) after every allocation or resize."""
+    While ``timeline`` is a list, it records (op, live bytes, scaled bytes, scaled rounded bytes) after every
+    allocation or resize. Scaled bytes are those of the live storages that scale with the batch: with
+    ``marker`` set (a prime batch size), a new storage scales when its first tensor has a dimension divisible
+    by the marker (a prime divides a product only through a factor: a tensor whose size does not depend on
+    the batch has no such dimension unless one of its own is a multiple of the marker, which
+    ``trace_line`` rules out). While ``dims_seen`` is a set, it collects every dimension of every output."""
 
-    timeline: list[tuple[object, int]] | None = None
+    timeline: list[tuple[object, int, int, int]] | None = None
+    marker: int | None = None
+    dims_seen: set[int] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._scaled: dict[int, tuple[int, int]] = {}  # storage key -> (bytes, rounded bytes) of scaled storages
+        self._scaled_bytes = 0
+        self._scaled_rounded_bytes = 0
+        self._scales = False  # whether the tensor being seen scales with the batch
+
+    def _record(self, func: object) -> None:
+        if self.timeline is not None:
+            self.timeline.append((func, self._current_bytes, self._scaled_bytes, self._scaled_rounded_bytes))
 
     def _register(self, storage: torch.UntypedStorage, func: object) -> None:
         super()._register(storage, func)
-        if self.timeline is not None:
-            self.timeline.append((func, self._current_bytes))
+        if self._scales:
+            nbytes = storage.nbytes()
+            rounded = round_up(nbytes, self.round_bytes)
+            self._scaled[id(storage)] = (nbytes, rounded)
+            self._scaled_bytes += nbytes
+            self._scaled_rounded_bytes += rounded
+        self._record(func)
 
     def _grow(self, ref: Any, nbytes: int, func: object) -> None:
         super()._grow(ref, nbytes, func)
-        if self.timeline is not None:
-            self.timeline.append((func, self._current_bytes))
+        self._record(func)
+
+    def _on_storage_freed(self, ref: Any) -> None:
+        if self._live.get(ref.key) is ref and ref.key in self._scaled:
+            nbytes, rounded = self._scaled.pop(ref.key)
+            self._scaled_bytes -= nbytes
+            self._scaled_rounded_bytes -= rounded
+        super()._on_storage_freed(ref)
 
     def _see(self, tensor: torch.Tensor, func: object = None) -> None:
         if tensor.device.type != "cpu":
@@ -151,7 +181,21 @@ class _CpuOnlyTracker(StorageTracker):
                 f"fake estimate got a {tensor.device} tensor from {func}; build and step must create CPU "
                 "tensors (use CudaEmulation to approximate a GPU)"
             )
-        super()._see(tensor, func)
+        if self.marker is not None or self.dims_seen is not None:
+            local = getattr(tensor, "_local_tensor", None)
+            shape = (local if isinstance(local, torch.Tensor) else tensor).shape
+            if self.dims_seen is not None:
+                self.dims_seen.update(shape)
+            if self.marker is not None:
+                marker = self.marker
+                self._scales = any(dim % marker == 0 for dim in shape)
+        try:
+            super()._see(tensor, func)
+        finally:
+            self._scales = False
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
 
 
 class _TrackingFakeMode(FakeTensorMode):
@@ -166,6 +210,10 @@ class _TrackingFakeMode(FakeTensorMode):
         self._handling = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
+            # Asked thousands of times a step (autograd, TensorIterator): answered as FakeTensor itself answers
+            # it, without the mode's dispatch layers (a tenth of a step).
+            return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         if self._handling:
             return super().__torch_dispatch__(func, types, args, kwargs)
         self._handling = True
@@ -234,6 +282,21 @@ class FakeEstimate:
         for batch_size in batch_sizes:
             if batch_size < 1:
                 raise KronosTuneError(f"batch size must be >= 1, got {batch_size}")
+        return self._traces(list(batch_sizes))
+
+    def trace_line(self, *variants: Callable[[nn.Module], None]) -> list[tuple[StepTrace, PeakLine]]:
+        """The step's peak at every batch size from one measured step: one build, the warm-up (``prime``, or
+        steps at batch 2), then a step at a marker batch size (a prime no dimension made so far is a multiple
+        of, from MARKER_FLOOR) whose live bytes are split into the storages that scale with the batch and the
+        others (``_CpuOnlyTracker``). The trace's figures other than its peak do not depend on the batch.
+        With ``variants``, one such step after each (called with the model: a switch such as activation
+        checkpointing that changes the step but not what it keeps between steps), in order."""
+        traces = self._traces([None] * max(len(variants), 1), list(variants))
+        return [(trace, PeakLine.from_marker(trace)) for trace in traces]
+
+    def _traces(self, batch_sizes: list[int | None],
+                variants: list[Callable[[nn.Module], None]] | None = None) -> list[StepTrace]:
+        """``trace`` of these batch sizes; None: a marker step of ``trace_line`` (after ``variants[i]``)."""
         emu = self.cuda_emulation
         round_bytes = emu.round_bytes if emu else 1
         overhead_bytes = emu.overhead_bytes if emu else 0
@@ -247,6 +310,8 @@ class FakeEstimate:
                 )
             budget = MemoryBudget(size - overhead_bytes)
         tracker = _CpuOnlyTracker(budget_bytes=budget, round_bytes=round_bytes)
+        if None in batch_sizes:
+            tracker.dims_seen = set()
         pass_meter = _wants_meter(self.step)
         fake_mode = _TrackingFakeMode(tracker)
         traces = []
@@ -257,13 +322,22 @@ class FakeEstimate:
             if self.prime is not None:
                 self.prime()
             warmup = self.warmup_steps
-            runs = [batch_sizes[0]] * warmup + list(batch_sizes)
-            for i, batch_size in enumerate(runs):
+            runs = [batch_sizes[0] or 2] * warmup + batch_sizes
+            marker = None
+            for i, size in enumerate(runs):
                 measured = i >= warmup
+                batch_size = size
+                if size is None:
+                    if marker is None:
+                        marker = _marker_batch(tracker.dims_seen or ())
+                    batch_size = tracker.marker = marker
+                    tracker.dims_seen = None
+                if measured and variants:
+                    variants[i - warmup](model)
                 if measured:
                     tracker.reset()
                     step_start_bytes = tracker.current_bytes()
-                    tracker.timeline = [(None, step_start_bytes)]
+                    tracker.timeline = [(None, step_start_bytes, 0, 0)]
                 if pass_meter:
                     self.step(model, optimizer, batch_size, meter=tracker)
                 else:
@@ -272,8 +346,11 @@ class FakeEstimate:
                     timeline, tracker.timeline = tracker.timeline, None
                     result = self._result(batch_size, tracker, model, optimizer, overhead_bytes, round_bytes,
                                           step_start_bytes)
-                    traces.append(StepTrace(result, tuple(op for op, _ in timeline),
-                                            tuple(live for _, live in timeline)))
+                    traces.append(StepTrace(result, tuple(entry[0] for entry in timeline),
+                                            tuple(entry[1] for entry in timeline),
+                                            tuple(entry[2] for entry in timeline) if size is None else (),
+                                            tuple(entry[3] for entry in timeline) if size is None else ()))
+                    tracker.marker = None
             del model, optimizer
         return traces
 
@@ -320,42 +397,64 @@ class FakeEstimate:
 
 @dataclass(frozen=True)
 class StepTrace:
-    """One measured fake step: its result, and the live bytes after every allocation or resize in it."""
+    """One measured fake step: its result, and the live bytes after every allocation or resize in it (of a
+    marker step, ``trace_line``: also the bytes of the live storages that scale with the batch, exact and as
+    counted, i.e. rounded)."""
 
     result: EstimateResult
     ops: tuple[object, ...]  # the op behind each entry (None: the step's start)
     live_bytes: tuple[int, ...]
+    scaled_bytes: tuple[int, ...] = ()
+    scaled_counted_bytes: tuple[int, ...] = ()
+
+
+MARKER_FLOOR = 1009  # the smallest marker batch size: a prime above the small dimensions every model has
+
+
+def _is_prime(number: int) -> bool:
+    return number > 1 and all(number % divisor for divisor in range(2, math.isqrt(number) + 1))
+
+
+def _marker_batch(dims: Iterable[int]) -> int:
+    """The smallest prime from MARKER_FLOOR that divides none of `dims`."""
+    large = {dim for dim in dims if dim >= MARKER_FLOOR}
+    candidate = MARKER_FLOOR
+    while not _is_prime(candidate) or any(dim % candidate == 0 for dim in large):
+        candidate += 1
+    return candidate
 
 
 @dataclass(frozen=True)
 class PeakLine:
-    """A step's peak bytes at any batch size, from the steps traced at two batch sizes.
+    """A step's peak bytes at any batch size, from one step traced at a marker batch size (``trace_line``).
 
-    When both steps made the same allocations in the same order, the live bytes at every point of the step
-    are affine in the batch size (each tensor's size is; up to the allocator's block rounding), so the peak
-    at batch B is the highest of those lines at B: exact at the two traced sizes, and it follows the peak
-    from one point of the step to another (the optimizer's temporaries at small batches, the activations at
-    large ones) where a line through two peaks would not.
+    At every point of the step the live bytes are affine in the batch size: the storages that scale with it
+    (those with a dimension the marker divides) count in proportion, the others as they are (up to the
+    allocator's block rounding of the scaled storages at another batch size, which the line leaves out). So
+    the peak at batch B is the highest of those lines at B, which follows the peak from one point of the step
+    to another (the optimizer's temporaries at small batches, the activations at large ones) where a line
+    through two peaks would not.
     """
 
-    batches: tuple[int, int]
-    fixed: tuple[float, ...]  # live bytes at batch 0, per point of the step
+    marker: int
+    fixed: tuple[float, ...]  # live bytes at batch 0, per point of the step (only the lines on top somewhere)
     per_sample: tuple[float, ...]
 
     @classmethod
-    def fit(cls, low: StepTrace, high: StepTrace) -> PeakLine | None:
-        """None when the two steps' allocations differ (not the same ops in the same order)."""
-        b0, b1 = low.result.batch_size, high.result.batch_size
-        if b0 == b1 or low.ops != high.ops:
-            return None
-        slopes = [(y - x) / (b1 - b0) for x, y in zip(low.live_bytes, high.live_bytes)]
-        lines = {(slope, x - slope * b0) for slope, x in zip(slopes, low.live_bytes)}
-        # Keep only the lines no other one is above at every batch size >= 0 (higher slope and intercept).
+    def from_marker(cls, trace: StepTrace) -> PeakLine:
+        marker = trace.result.batch_size
+        return cls.through(marker, [(live - counted, scaled / marker) for live, scaled, counted in
+                                    zip(trace.live_bytes, trace.scaled_bytes, trace.scaled_counted_bytes)])
+
+    @classmethod
+    def through(cls, marker: int, points: Iterable[tuple[float, float]]) -> PeakLine:
+        """The line of (fixed, per-sample) points, keeping only those no other one is above at every batch size
+        >= 0 (a higher slope and intercept)."""
         kept: list[tuple[float, float]] = []
-        for slope, fixed in sorted(lines, reverse=True):
+        for slope, fixed in sorted({(slope, fixed) for fixed, slope in points}, reverse=True):
             if not kept or fixed > kept[-1][1]:
                 kept.append((slope, fixed))
-        return cls((b0, b1), tuple(f for _, f in kept), tuple(s for s, _ in kept))
+        return cls(marker, tuple(f for _, f in kept), tuple(s for s, _ in kept))
 
     def peak_at(self, batch_size: int) -> int:
         return round(max(f + s * batch_size for f, s in zip(self.fixed, self.per_sample)))

@@ -16,13 +16,15 @@ the preset's effective batch.
 
 Each set-up is traced once (`_session`): one build, primed like a first step
 (`ProbeStep.prime`: optimizer state, position tables and FSDP buffers made
-without a forward or backward), then steps at batch 2 and the line's larger
-probe. A probe at any other batch size takes
-its peak from `estimate.PeakLine` (the live bytes at every point of the step
+without a forward or backward), then one step at a marker batch size whose
+live bytes are split into the storages that scale with the batch and the
+others (`FakeEstimate.trace_line`). A probe at any batch size from 2 takes its
+peak from that `estimate.PeakLine` (the live bytes at every point of the step
 are affine in the batch size, so the peak is the highest of those lines) and
-every other figure from the traced steps, which do not depend on the batch
-size. Sessions run in worker processes when there are several, and land in the
-trace cache (`trace_cache`), so a repeated plan traces nothing.
+every other figure from the traced step, which do not depend on the batch
+size; batch 1 (where some copies are views) is traced on its own when a row
+needs it. Sessions run in worker processes when there are several, and land in
+the trace cache (`trace_cache`), so a repeated plan traces nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
-    from kronos_tune.memory.estimate import PeakLine, StepTrace
+    from kronos_tune.memory.estimate import EstimateResult, FakeEstimate, PeakLine, StepTrace
 
 SETUPS = ("ddp", "fsdp", "fsdp+checkpointing", "fsdp+offload")
 PLAN_SIZES = ("mini", "small", "base", "large")
@@ -110,19 +112,20 @@ class _Probe:
     largest_unit: int  # local bytes of the largest FSDP unit's parameters (offload's device-side copy)
 
 
-def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
-           primed: bool = True) -> list[tuple[_Probe, StepTrace]]:
-    """Fake training steps of `config` at each batch size, after one build primed like a first step
-    (`ProbeStep.prime`; `primed=False`: after a warm-up step at the first batch size instead)."""
+def _estimating(config: Any, ranks: int, emulation: Any, primed: bool,
+                measure: Callable[[FakeEstimate], Any]) -> tuple[Any, int]:
+    """`measure(estimate)` for a FakeEstimate of `config`'s training step (FSDP: rank 0 of `ranks` simulated),
+    its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), and
+    the local bytes of the model's largest FSDP unit."""
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.memory.estimate import FakeEstimate
     from kronos_tune.memory.sharded import SimulatedRanks
 
-    def run(mesh: Any) -> list[tuple[_Probe, StepTrace]]:
+    def run(mesh: Any) -> tuple[Any, int]:
         holder: dict[str, Any] = {}
         with TrainTask(config, device="cpu", mesh=mesh) as task:
             def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
-                probe = holder["probe"] = task.estimate_step_factory(batches[0])
+                probe = holder["probe"] = task.estimate_step_factory(2)  # each step passes its own size
                 holder["unit"] = _largest_unit_bytes(probe.model)
                 return probe.model, probe.optimizer
 
@@ -132,12 +135,11 @@ def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
             def prime() -> None:
                 holder["probe"].prime()
 
-            traces = FakeEstimate(build, step, cuda_emulation=emulation,
-                                  prime=prime if primed else None).trace(*batches)
+            measured = measure(FakeEstimate(build, step, cuda_emulation=emulation,
+                                            prime=prime if primed else None))
             unit = holder.pop("unit")
             holder.clear()
-        return [(_Probe(t.result.allocated_peak_bytes, t.result.param_bytes, t.result.grad_bytes,
-                        t.result.optimizer_state_bytes, t.result.step_start_bytes, unit), t) for t in traces]
+        return measured, unit
 
     if config.parallelism == "fsdp":
         with SimulatedRanks(ranks) as simulated:
@@ -145,17 +147,36 @@ def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
     return run(None)
 
 
+def _probe(result: EstimateResult, unit: int) -> _Probe:
+    return _Probe(result.allocated_peak_bytes, result.param_bytes, result.grad_bytes,
+                  result.optimizer_state_bytes, result.step_start_bytes, unit)
+
+
+def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
+           primed: bool = True) -> list[tuple[_Probe, StepTrace]]:
+    """Exact fake training steps of `config` at each batch size, in one session."""
+    traces, unit = _estimating(config, ranks, emulation, primed, lambda estimate: estimate.trace(*batches))
+    return [(_probe(trace.result, unit), trace) for trace in traces]
+
+
 @dataclass
 class _Session:
-    """One set-up traced once: exact probes at the traced batch sizes, and the step's PeakLine (None when the
-    steps at the two line batch sizes differ)."""
+    """One set-up traced once (`_session`): the figures that do not depend on the batch size (`template`; its
+    peak is the marker step's) and the step's PeakLine."""
 
-    probes: dict[int, _Probe]
-    line: PeakLine | None
+    template: _Probe
+    line: PeakLine
 
     def to_json(self) -> dict[str, Any]:
-        return {"probes": {str(batch): asdict(probe) for batch, probe in self.probes.items()},
-                "line": asdict(self.line) if self.line is not None else None}
+        return {"template": asdict(self.template), "line": asdict(self.line)}
+
+    @classmethod
+    def list_from_json(cls, data: Any, count: int) -> list[_Session] | None:
+        """`count` sessions from a list of what to_json wrote, else None."""
+        if not isinstance(data, list) or len(data) != count:
+            return None
+        sessions = [cls.from_json(item) for item in data]
+        return None if None in sessions else sessions  # type: ignore[return-value]
 
     @classmethod
     def from_json(cls, data: Any) -> _Session | None:
@@ -163,34 +184,38 @@ class _Session:
         from kronos_tune.memory.estimate import PeakLine
 
         try:
-            probes = {int(batch): _Probe(**fields) for batch, fields in data["probes"].items()}
             line = data["line"]
-            return cls(probes, None if line is None else PeakLine(tuple(line["batches"]), tuple(line["fixed"]),
-                                                                  tuple(line["per_sample"])))
+            return cls(_Probe(**data["template"]),
+                       PeakLine(int(line["marker"]), tuple(line["fixed"]), tuple(line["per_sample"])))
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
 
 
-def _session(config: Any, large: int, ranks: int, emulation: Any) -> _Session:
-    """Trace batch 2 and `large` (3 if `large` is 2) in one session. Batch 1 is not on their line (a size-1
-    dimension makes some copies views) and is traced on its own when a row needs it (`_SetupProbes`)."""
-    from kronos_tune.memory.estimate import PeakLine
+def _session(config: Any, ranks: int, emulation: Any, checkpointing: tuple[str, ...] = ("none",)) -> list[_Session]:
+    """One primed build and one step at a marker batch size (`FakeEstimate.trace_line`) per activation
+    checkpointing setting, in order (a switch of the same model: it changes the step, not what the step keeps).
+    Batch 1 is not on the line (a size-1 dimension makes some copies views) and is traced on its own when a row
+    needs it."""
+    blocks = [config.replace(activation_checkpointing=setting).activation_checkpointing_blocks
+              for setting in checkpointing]
 
-    batches = (2, max(large, 3))
-    traced = _trace(config, batches, ranks, emulation)
-    return _Session({batch: probe for batch, (probe, _) in zip(batches, traced)},
-                    PeakLine.fit(traced[0][1], traced[1][1]))
+    def switch(every: int) -> Callable[[Any], None]:
+        return lambda model: model.set_activation_checkpointing(every)
+
+    config = config.replace(activation_checkpointing=checkpointing[0])
+    lines, unit = _estimating(config, ranks, emulation, True,
+                              lambda estimate: estimate.trace_line(*[switch(every) for every in blocks]))
+    return [_Session(_probe(trace.result, unit), line) for trace, line in lines]
 
 
 class _SetupProbes:
-    """Probes of one set-up at any batch size: exact where traced, else the peak from the session's
-    PeakLine and the other figures (which do not depend on the batch size) from its largest traced batch.
-    Without a line (or at batch 1) a batch size is traced on its own, as every probe was before."""
+    """Probes of one set-up at any batch size: the peak from the session's PeakLine and the other figures
+    (which do not depend on the batch size) from its traced step; batch 1 is traced on its own."""
 
     def __init__(self, config: Any, ranks: int, emulation: Any, session: _Session) -> None:
         self.config, self.ranks, self.emulation, self.line = config, ranks, emulation, session.line
-        self.template = session.probes[max(session.probes)]
-        self.probes = {batch: self._adjusted(probe) for batch, probe in session.probes.items()}
+        self.template = session.template
+        self.probes: dict[int, _Probe] = {}
 
     def _adjusted(self, probe: _Probe) -> _Probe:
         if self.config.parallelism == "ddp":  # DDP's buckets: one more copy of the trainable gradients
@@ -200,7 +225,7 @@ class _SetupProbes:
 
     def __call__(self, batch: int) -> _Probe:
         if batch not in self.probes:
-            if self.line is None or batch < 2:
+            if batch < 2:
                 probe = _trace(self.config, (batch,), self.ranks, self.emulation)[0][0]
             else:
                 probe = replace(self.template, peak=self.line.peak_at(batch))
@@ -211,7 +236,10 @@ class _SetupProbes:
 POOL_MIN_LAYERS = 16  # below this many predictor blocks to trace in all, starting worker processes costs more
 
 
-def _run_sessions(jobs: list[tuple[Any, int, int, Any]], on_start: Callable[[int], None]) -> list[_Session]:
+Job = tuple[Any, int, Any, tuple[str, ...]]  # _session's arguments: config, ranks, CUDA emulation, checkpointing
+
+
+def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list[_Session]]:
     """`_session(*job)` for every job, read from the trace cache where it holds the answer. The others run in
     worker processes (one per CPU) when they are several and not tiny, else here. `on_start(i)` is called
     before waiting for job i."""
@@ -222,36 +250,49 @@ def _run_sessions(jobs: list[tuple[Any, int, int, Any]], on_start: Callable[[int
     from kronos_core.sizes import size_spec
     from kronos_tune.memory import trace_cache
 
-    keys = [trace_cache.entry_key("plan-session", [config.to_dict(), large, ranks,
-                                                   asdict(emulation) if emulation else None])
-            for config, large, ranks, emulation in jobs]
-    sessions: dict[int, _Session | None] = {index: _Session.from_json(trace_cache.load(key))
-                                            for index, key in enumerate(keys)}
-    missing = [index for index, session in sessions.items() if session is None]
+    keys = [trace_cache.entry_key("plan-lines", [config.to_dict(), ranks, asdict(emulation) if emulation else None,
+                                                 list(checkpointing)])
+            for config, ranks, emulation, checkpointing in jobs]
+    sessions: dict[int, list[_Session] | None] = {index: _Session.list_from_json(trace_cache.load(key),
+                                                                                  len(jobs[index][3]))
+                                                  for index, key in enumerate(keys)}
+    missing = [index for index, found in sessions.items() if found is None]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    layers = sum(size_spec(jobs[index][0].model_size).model["n_layers"] for index in missing)
+    layers = sum(size_spec(jobs[index][0].model_size).model["n_layers"] * len(jobs[index][3]) for index in missing)
     pooled = len(missing) > 1 and cpus > 1 and layers >= POOL_MIN_LAYERS and not (
         dist.is_available() and dist.is_initialized())
     futures: dict[int, Any] = {}
     pool = None
     if pooled:
         import multiprocessing
+        import threading
         from concurrent.futures import ProcessPoolExecutor
 
-        # spawn: a forked child would inherit this process's torch threads and state
-        pool = ProcessPoolExecutor(min(len(missing), cpus), mp_context=multiprocessing.get_context("spawn"))
+        # A forked worker starts at once, where a spawned one imports torch again (seconds per worker); but a
+        # fork copies the locks other threads hold (a spinner's console lock, say), so only a process that
+        # runs no other thread forks. The workers trace on fake tensors: one intra-op thread each.
+        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
+            else "spawn"
+        pool = ProcessPoolExecutor(min(len(missing), cpus), mp_context=multiprocessing.get_context(method),
+                                   initializer=_one_thread)
         # The last jobs are the largest models: started first, they do not finish alone at the end.
         futures = {index: pool.submit(_session, *jobs[index]) for index in reversed(missing)}
     try:
         for index in missing:
             on_start(index)
-            session = futures[index].result() if pooled else _session(*jobs[index])
-            trace_cache.store(keys[index], session.to_json())
-            sessions[index] = session
+            traced = futures[index].result() if pooled else _session(*jobs[index])
+            trace_cache.store(keys[index], [session.to_json() for session in traced])
+            sessions[index] = traced
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return [sessions[index] for index in range(len(jobs))]  # type: ignore[misc]
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation: Any = None) -> int:
@@ -294,9 +335,12 @@ def _largest_unit_bytes(model: Any) -> int:
 
 def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int, margin: float,
          preset_batch: int, target_per_rank: int, offload: bool) -> PlanRow:
-    """Largest micro-batch under budget x (1 - margin): searched on the session's PeakLine from the guess of a
-    line through two probes; without a PeakLine (each probe a trace of its own) the guess is checked by a third
-    probe and stepped back along the line while over."""
+    """Largest micro-batch under budget x (1 - margin), searched from the guess of a line through two probes;
+    `probe_at` gives the peak at any batch size (a set-up's PeakLine: a search costs nothing), so the search
+    finds the largest that fits where the line alone, which misses a peak that moves from one point of the
+    step to another, guesses low or high."""
+    from kronos_tune.autobatch.search import search_largest
+
     limit = budget * (1.0 - margin)
 
     def device_peak(p: _Probe) -> int:
@@ -310,32 +354,15 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
     low, high = probe_at(small_batch), probe_at(large_batch)
     per_sample = max((device_peak(high) - device_peak(low)) / (large_batch - small_batch), 1.0)
     fixed = device_peak(low) - per_sample * small_batch
-    pick: int | None = int(math.floor((limit - fixed) / per_sample))
-    cap = max(target_per_rank, 1)
-    pick = min(pick, cap, MAX_MICRO_BATCH) if pick >= 1 else None
-    if pick is not None and getattr(probe_at, "line", None) is not None:
-        # Every batch from 2 up costs nothing here (the session's PeakLine): search from the line's guess for
-        # the largest that fits, which the line alone misses where the peak moves from one point to another.
-        from kronos_tune.autobatch.search import search_largest
-
-        try:
-            pick, _ = search_largest(lambda batch: device_peak(probe_at(batch)) <= limit, pick, 1,
-                                     min(cap, MAX_MICRO_BATCH))
-        except RuntimeError:  # not even 1
-            pick = None
-    shown = high if pick == large_batch else low if pick is not None else probe_at(1)
-    if pick is not None and pick not in (small_batch, large_batch):
-        checked = probe_at(pick)
-        while pick > 1 and device_peak(checked) > limit:  # the line was optimistic: step back along it
-            pick = max(1, int(pick * limit / device_peak(checked)))
-            checked = probe_at(pick)
-        shown = checked
-        if device_peak(checked) > limit:
-            pick = None
-    elif pick is not None and device_peak(shown) > limit:
+    cap = min(max(target_per_rank, 1), MAX_MICRO_BATCH)
+    guess = min(max(int(math.floor((limit - fixed) / per_sample)), 1), cap)
+    pick: int | None
+    try:
+        pick, _ = search_largest(lambda batch: device_peak(probe_at(batch)) <= limit, guess, 1, cap)
+    except RuntimeError:  # not even 1
         pick = None
-    preset_peak = device_peak(probe_at(preset_batch)) if preset_batch not in (small_batch, large_batch) else \
-        device_peak(low if preset_batch == small_batch else high)
+    shown = probe_at(pick or 1)
+    preset_peak = device_peak(probe_at(preset_batch))
     # Accumulation keeps the effective batch exactly: the micro-batch must divide the batch per rank.
     train_micro = max(d for d in range(1, pick + 1) if target_per_rank % d == 0) if pick else None
     accumulation = target_per_rank // train_micro if train_micro else None
@@ -387,34 +414,46 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
     budget = hardware.memory_per_device_bytes - (hardware.cuda_context_overhead_bytes if cuda else 0)
     margin = CUDA_MARGIN if cuda else CPU_MARGIN
     target_per_rank = work.batch_size * work.accumulation_steps
-    _, large = _probe_batches(work.batch_size, target_per_rank)
-    jobs: dict[tuple[str, str], tuple[Any, int, int, Any]] = {}  # (size, traced set-up) -> _session's arguments
+    # One job per size and parallelism: FSDP with and without activation checkpointing is one model switched
+    # between two steps. Offload changes where the shards live, not the step: it reuses the FSDP estimates.
+    traced_as = {"ddp": ("ddp", None), "fsdp": ("fsdp", None), "fsdp+offload": ("fsdp", None),
+                 "fsdp+checkpointing": ("fsdp", "all")}  # None: the preset's own checkpointing
+    traced: dict[tuple[str, str], tuple[str, str]] = {}  # (size, set-up) -> (parallelism, checkpointing)
+    configs: dict[tuple[str, str], Any] = {}  # (size, parallelism) -> config
+    settings: dict[tuple[str, str], list[str]] = {}  # and its checkpointing settings, in order
+    emulations: dict[str, Any] = {}
     for size in sizes:
         amp = "bf16" if work.amp == "fp16" else work.amp
         base, _ = train_config_from_preset(preset, model_size=size, amp=amp, data=["synthetic"])
-        emulation = CudaEmulation(context_overhead_bytes=0,
-                                  optimizer_impl=OPTIMIZER_EMULATION[base.optimizer_impl]) if cuda else None
+        emulations[size] = CudaEmulation(context_overhead_bytes=0,
+                                         optimizer_impl=OPTIMIZER_EMULATION[base.optimizer_impl]) if cuda else None
         for setup in setups:
-            # Offload changes where the shards live, not the step: it reuses the FSDP row's estimates.
-            traced = "fsdp" if setup == "fsdp+offload" else setup
-            changes: dict[str, Any] = {"parallelism": "ddp" if traced == "ddp" else "fsdp"}
-            if traced == "fsdp+checkpointing":
-                changes["activation_checkpointing"] = "all"
-            jobs.setdefault((size, traced), (base.replace(**changes), large, ranks, emulation))
-    keys = list(jobs)
+            parallelism, checkpointing = traced_as[setup]
+            checkpointing = checkpointing or base.activation_checkpointing
+            traced[(size, setup)] = (parallelism, checkpointing)
+            configs.setdefault((size, parallelism), base.replace(parallelism=parallelism))
+            if checkpointing not in settings.setdefault((size, parallelism), []):
+                settings[(size, parallelism)].append(checkpointing)
+    keys = list(configs)
+    jobs: list[Job] = [(configs[key], ranks, emulations[key[0]], tuple(settings[key])) for key in keys]
 
     def started(index: int) -> None:
         if on_progress is not None:
-            on_progress(": ".join(keys[index]))
+            size, parallelism = keys[index]
+            names = [setup for setup in SETUPS if setup in setups and traced_as[setup][0] == parallelism
+                     and setup != "fsdp+offload"] or [parallelism]
+            on_progress(f"{size}: {', '.join(names)}")
 
-    probes = {key: _SetupProbes(jobs[key][0], ranks, jobs[key][3], session)
-              for key, session in zip(keys, _run_sessions(list(jobs.values()), started))}
+    probes: dict[tuple[str, str, str], _SetupProbes] = {}
+    for key, job, sessions in zip(keys, jobs, _run_sessions(jobs, started)):
+        for checkpointing, session in zip(job[3], sessions):
+            config = job[0].replace(activation_checkpointing=checkpointing)
+            probes[(*key, checkpointing)] = _SetupProbes(config, ranks, job[2], session)
     plans = []
     for size in sizes:
         rows = []
         for setup in setups:
-            traced = "fsdp" if setup == "fsdp+offload" else setup
-            rows.append(_row(setup, probes[(size, traced)], ranks, budget, margin, work.batch_size,
+            rows.append(_row(setup, probes[(size, *traced[(size, setup)])], ranks, budget, margin, work.batch_size,
                              target_per_rank, setup == "fsdp+offload"))
         plans.append(SizePlan(size, _parameter_count(size), rows))
     assumptions = [
