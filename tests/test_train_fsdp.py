@@ -46,8 +46,13 @@ def worker_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # The shared launcher: past the timeout (a hang in a collective) it kills both ranks, not only torchrun.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
                str(out)]
-    run = run_launch(command, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent)}, timeout_s=300)
-    assert run.ok, ("timed out: " if run.timed_out else "") + "\n".join(run.tail)
+    lines: list[str] = []
+    run = run_launch(command, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent)}, timeout_s=300,
+                     on_line=lines.append)
+    # torchrun's own summary names the failing rank but not its error: show the ranks' last traceback too
+    starts = [index for index, line in enumerate(lines) if "Traceback" in line]
+    traceback = lines[starts[-1]:starts[-1] + 40] if starts else []
+    assert run.ok, ("timed out: " if run.timed_out else "") + "\n".join([*traceback, *run.tail])
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
