@@ -136,8 +136,10 @@ class _CpuOnlyTracker(StorageTracker):
     allocation or resize. Scaled bytes are those of the live storages that scale with the batch: with
     ``marker`` set (a prime batch size), a new storage scales when its first tensor has a dimension divisible
     by the marker (a prime divides a product only through a factor: a tensor whose size does not depend on
-    the batch has no such dimension unless one of its own is a multiple of the marker, which
-    ``trace_line`` rules out). While ``dims_seen`` is a set, it collects every dimension of every output."""
+    the batch has no such dimension unless one of its own is a multiple of the marker, which ``trace_line``
+    rules out for every dimension made before its step). A resize of a scaled storage is not followed (a step
+    resizes only FSDP's parameter buffers). While ``dims_seen`` is a set, it collects every dimension of every
+    output."""
 
     timeline: list[tuple[object, int, int, int]] | None = None
     marker: int | None = None
@@ -145,7 +147,7 @@ class _CpuOnlyTracker(StorageTracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._scaled: dict[int, tuple[int, int]] = {}  # storage key -> (bytes, rounded bytes) of scaled storages
+        self._scaled: dict[int, int] = {}  # storage key -> bytes, of the storages that scale with the batch
         self._scaled_bytes = 0
         self._scaled_rounded_bytes = 0
         self._scales = False  # whether the tensor being seen scales with the batch
@@ -157,11 +159,9 @@ class _CpuOnlyTracker(StorageTracker):
     def _register(self, storage: torch.UntypedStorage, func: object) -> None:
         super()._register(storage, func)
         if self._scales:
-            nbytes = storage.nbytes()
-            rounded = round_up(nbytes, self.round_bytes)
-            self._scaled[id(storage)] = (nbytes, rounded)
+            nbytes = self._scaled[id(storage)] = storage.nbytes()
             self._scaled_bytes += nbytes
-            self._scaled_rounded_bytes += rounded
+            self._scaled_rounded_bytes += round_up(nbytes, self.round_bytes)
         self._record(func)
 
     def _grow(self, ref: Any, nbytes: int, func: object) -> None:
@@ -170,9 +170,9 @@ class _CpuOnlyTracker(StorageTracker):
 
     def _on_storage_freed(self, ref: Any) -> None:
         if self._live.get(ref.key) is ref and ref.key in self._scaled:
-            nbytes, rounded = self._scaled.pop(ref.key)
+            nbytes = self._scaled.pop(ref.key)
             self._scaled_bytes -= nbytes
-            self._scaled_rounded_bytes -= rounded
+            self._scaled_rounded_bytes -= round_up(nbytes, self.round_bytes)
         super()._on_storage_freed(ref)
 
     def _see(self, tensor: torch.Tensor, func: object = None) -> None:
@@ -186,13 +186,15 @@ class _CpuOnlyTracker(StorageTracker):
             shape = (local if isinstance(local, torch.Tensor) else tensor).shape
             if self.dims_seen is not None:
                 self.dims_seen.update(shape)
-            if self.marker is not None:
-                marker = self.marker
-                self._scales = any(dim % marker == 0 for dim in shape)
-        try:
-            super()._see(tensor, func)
-        finally:
-            self._scales = False
+            marker = self.marker
+            if marker is not None and any(dim % marker == 0 for dim in shape):
+                self._scales = True
+                try:
+                    super()._see(tensor, func)
+                finally:
+                    self._scales = False
+                return
+        super()._see(tensor, func)
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -442,16 +444,13 @@ class PeakLine:
 
     @classmethod
     def from_marker(cls, trace: StepTrace) -> PeakLine:
-        marker = trace.result.batch_size
-        return cls.through(marker, [(live - counted, scaled / marker) for live, scaled, counted in
-                                    zip(trace.live_bytes, trace.scaled_bytes, trace.scaled_counted_bytes)])
-
-    @classmethod
-    def through(cls, marker: int, points: Iterable[tuple[float, float]]) -> PeakLine:
-        """The line of (fixed, per-sample) points, keeping only those no other one is above at every batch size
+        """The lines of a marker step's points, keeping only those no other one is above at every batch size
         >= 0 (a higher slope and intercept)."""
+        marker = trace.result.batch_size
+        lines = {(scaled / marker, live - counted) for live, scaled, counted in
+                 zip(trace.live_bytes, trace.scaled_bytes, trace.scaled_counted_bytes)}
         kept: list[tuple[float, float]] = []
-        for slope, fixed in sorted({(slope, fixed) for fixed, slope in points}, reverse=True):
+        for slope, fixed in sorted(lines, reverse=True):
             if not kept or fixed > kept[-1][1]:
                 kept.append((slope, fixed))
         return cls(marker, tuple(f for _, f in kept), tuple(s for s, _ in kept))

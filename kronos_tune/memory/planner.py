@@ -302,8 +302,8 @@ def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation
 
 
 def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
-    """The two batch sizes the line of a row's first pick goes through (traced in the set-up's session
-    unless the smaller is 1)."""
+    """The two batch sizes the line of a row's first guess goes through (on the set-up's PeakLine unless the
+    smaller is 1)."""
     large = max(2, min(preset_batch, target_per_rank, 16))
     return (2 if large > 2 else 1), large
 
@@ -440,8 +440,7 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
     def started(index: int) -> None:
         if on_progress is not None:
             size, parallelism = keys[index]
-            names = [setup for setup in SETUPS if setup in setups and traced_as[setup][0] == parallelism
-                     and setup != "fsdp+offload"] or [parallelism]
+            names = [setup for (of, setup), (how, _) in traced.items() if (of, how) == (size, parallelism)]
             on_progress(f"{size}: {', '.join(names)}")
 
     probes: dict[tuple[str, str, str], _SetupProbes] = {}
