@@ -108,6 +108,7 @@ def test_a_repeated_plan_reads_the_trace_cache_and_an_unreadable_entry_is_traced
         two_rank_tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     first = planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp", "fsdp+offload"))
+    assert first.sizes[0].parameters == _tiny_parameter_count()  # the whole model's, counted on the sharded one
     entries = list((tmp_path / "cache" / "traces").glob("*.json"))
     assert len(entries) == 1  # offload reuses the FSDP session
     real_estimating = planner._estimating
@@ -124,6 +125,13 @@ def test_a_repeated_plan_reads_the_trace_cache_and_an_unreadable_entry_is_traced
     monkeypatch.setattr(planner, "_estimating", no_tracing)
     with pytest.raises(AssertionError, match="traced although"):
         planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp",))
+
+
+def _tiny_parameter_count() -> int:
+    from kronos_core.model import Kronos
+    from kronos_core.sizes import size_spec
+
+    return sum(parameter.numel() for parameter in Kronos(**size_spec("tiny").model).parameters())
 
 
 def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> None:

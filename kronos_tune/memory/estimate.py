@@ -27,6 +27,7 @@ from kronos_core.train.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget
+from kronos_tune.memory.fake_cache import UNCACHED, UNKNOWN, LightKeys
 
 _MIB = 1 << 20
 
@@ -200,22 +201,60 @@ class _CpuOnlyTracker(StorageTracker):
 _PRIM_DEVICE = torch.ops.prim.device.default
 
 
+def _profiler_range_ops() -> frozenset[Any]:
+    ops = []
+    for name, overload in (("_record_function_enter_new", "default"), ("_record_function_exit", "_RecordFunction")):
+        op = getattr(getattr(torch.ops.profiler, name, None), overload, None)
+        if op is not None:
+            ops.append(op)
+    return frozenset(ops)
+
+
+# The profiler ranges FSDP opens and closes around every unit (hundreds a step) hold no tensors (a name in, a
+# handle out and back), and the mode answers them by running them, after a search for a fake kernel that costs
+# a millisecond each: they are run directly.
+_RUN_AS_THEY_ARE = _profiler_range_ops()
+LIGHT_KEYS = True  # FakeTensorMode's cache entries found by fake_cache.LightKeys (False: the mode's own keys only)
+
+
 class _TrackingFakeMode(FakeTensorMode):
     """Fake tensors whose every top-level op's outputs go to ``tracker``: the same counting as the tracker's own
     dispatch mode stacked on a FakeTensorMode, with one Python dispatch layer per op instead of two (about a
     tenth of a planner trace's time). Ops the fake mode dispatches while handling one (decompositions) are
-    not counted, as they were not when the tracker sat above it."""
+    not counted, as they were not when the tracker sat above it. Ops the mode has cached are found by a light
+    key (fake_cache.LightKeys: the mode's own key is about half of each op's cost)."""
 
     def __init__(self, tracker: StorageTracker) -> None:
         super().__init__()
         self.tracker = tracker
         self._handling = False
+        self._light_keys = LightKeys(self) if LIGHT_KEYS else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
             # Asked thousands of times a step (autograd, TensorIterator): answered as FakeTensor itself answers
             # it, without the mode's dispatch layers (a tenth of a step).
             return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
+        kwargs = kwargs or {}
+        if func in _RUN_AS_THEY_ARE:
+            with torch._C._DisableTorchDispatch():
+                return func(*args, **kwargs)
+        key = self._light_keys.key(func, args, kwargs) if self._light_keys is not None else None
+        if key is None:
+            return self._through_mode(func, types, args, kwargs)
+        out = self._light_keys.outputs(key, func, args)
+        if out is UNKNOWN:
+            mode_key = self._light_keys.mode_key(func, args, kwargs)
+            out = self._through_mode(func, types, args, kwargs)
+            self._light_keys.learn(key, mode_key)
+            return out
+        if out is UNCACHED:
+            return self._through_mode(func, types, args, kwargs)
+        if not self._handling:
+            self.tracker.see_outputs(out, func)
+        return out
+
+    def _through_mode(self, func, types, args, kwargs):  # type: ignore[no-untyped-def]
         if self._handling:
             return super().__torch_dispatch__(func, types, args, kwargs)
         self._handling = True

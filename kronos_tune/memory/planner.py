@@ -110,23 +110,25 @@ class _Probe:
     optimizer: int
     step_start: int
     largest_unit: int  # local bytes of the largest FSDP unit's parameters (offload's device-side copy)
+    parameters: int  # the model's parameter count (FSDP: of the whole model, not the shard)
 
 
 def _estimating(config: Any, ranks: int, emulation: Any, primed: bool,
-                measure: Callable[[FakeEstimate], Any]) -> tuple[Any, int]:
+                measure: Callable[[FakeEstimate], Any]) -> tuple[Any, int, int]:
     """`measure(estimate)` for a FakeEstimate of `config`'s training step (FSDP: rank 0 of `ranks` simulated),
-    its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), and
-    the local bytes of the model's largest FSDP unit."""
+    its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), the
+    local bytes of the model's largest FSDP unit and the model's parameter count."""
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.memory.estimate import FakeEstimate
     from kronos_tune.memory.sharded import SimulatedRanks
 
-    def run(mesh: Any) -> tuple[Any, int]:
+    def run(mesh: Any) -> tuple[Any, int, int]:
         holder: dict[str, Any] = {}
         with TrainTask(config, device="cpu", mesh=mesh) as task:
             def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
                 probe = holder["probe"] = task.estimate_step_factory(2)  # each step passes its own size
                 holder["unit"] = _largest_unit_bytes(probe.model)
+                holder["parameters"] = sum(param.numel() for param in probe.model.parameters())
                 return probe.model, probe.optimizer
 
             def step(model: Any, optimizer: Any, size: int, meter: Any = None) -> None:
@@ -137,9 +139,9 @@ def _estimating(config: Any, ranks: int, emulation: Any, primed: bool,
 
             measured = measure(FakeEstimate(build, step, cuda_emulation=emulation,
                                             prime=prime if primed else None))
-            unit = holder.pop("unit")
+            unit, parameters = holder.pop("unit"), holder.pop("parameters")
             holder.clear()
-        return measured, unit
+        return measured, unit, parameters
 
     if config.parallelism == "fsdp":
         with SimulatedRanks(ranks) as simulated:
@@ -147,16 +149,17 @@ def _estimating(config: Any, ranks: int, emulation: Any, primed: bool,
     return run(None)
 
 
-def _probe(result: EstimateResult, unit: int) -> _Probe:
+def _probe(result: EstimateResult, unit: int, parameters: int) -> _Probe:
     return _Probe(result.allocated_peak_bytes, result.param_bytes, result.grad_bytes,
-                  result.optimizer_state_bytes, result.step_start_bytes, unit)
+                  result.optimizer_state_bytes, result.step_start_bytes, unit, parameters)
 
 
 def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
            primed: bool = True) -> list[tuple[_Probe, StepTrace]]:
     """Exact fake training steps of `config` at each batch size, in one session."""
-    traces, unit = _estimating(config, ranks, emulation, primed, lambda estimate: estimate.trace(*batches))
-    return [(_probe(trace.result, unit), trace) for trace in traces]
+    traces, unit, parameters = _estimating(config, ranks, emulation, primed,
+                                           lambda estimate: estimate.trace(*batches))
+    return [(_probe(trace.result, unit, parameters), trace) for trace in traces]
 
 
 @dataclass
@@ -203,9 +206,9 @@ def _session(config: Any, ranks: int, emulation: Any, checkpointing: tuple[str, 
         return lambda model: model.set_activation_checkpointing(every)
 
     config = config.replace(activation_checkpointing=checkpointing[0])
-    lines, unit = _estimating(config, ranks, emulation, True,
-                              lambda estimate: estimate.trace_line(*[switch(every) for every in blocks]))
-    return [_Session(_probe(trace.result, unit), line) for trace, line in lines]
+    lines, unit, parameters = _estimating(config, ranks, emulation, True,
+                                          lambda estimate: estimate.trace_line(*[switch(every) for every in blocks]))
+    return [_Session(_probe(trace.result, unit, parameters), line) for trace, line in lines]
 
 
 class _SetupProbes:
@@ -219,8 +222,7 @@ class _SetupProbes:
 
     def _adjusted(self, probe: _Probe) -> _Probe:
         if self.config.parallelism == "ddp":  # DDP's buckets: one more copy of the trainable gradients
-            return _Probe(probe.peak + probe.grads, probe.weights, 2 * probe.grads, probe.optimizer,
-                          probe.step_start, 0)
+            return replace(probe, peak=probe.peak + probe.grads, grads=2 * probe.grads, largest_unit=0)
         return probe
 
     def __call__(self, batch: int) -> _Probe:
@@ -261,7 +263,14 @@ def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list
     layers = sum(size_spec(jobs[index][0].model_size).model["n_layers"] * len(jobs[index][3]) for index in missing)
     pooled = len(missing) > 1 and cpus > 1 and layers >= POOL_MIN_LAYERS and not (
         dist.is_available() and dist.is_initialized())
-    futures: dict[int, Any] = {}
+    # A worker's fake-tensor caches carry over from one session to the next, and one model size's DDP and FSDP
+    # steps share most of their shapes: a worker traces a whole size, DDP (the cheaper) first, where there
+    # are enough sizes to keep every worker busy.
+    by_size: dict[str, list[int]] = {}
+    for index in sorted(missing, key=lambda index: jobs[index][0].parallelism != "ddp"):
+        by_size.setdefault(jobs[index][0].model_size, []).append(index)
+    units = list(by_size.values()) if len(by_size) >= cpus else [[index] for index in missing]
+    futures: dict[int, tuple[Any, int]] = {}  # job -> (its unit's future, its place in the unit)
     pool = None
     if pooled:
         import multiprocessing
@@ -273,20 +282,30 @@ def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list
         # runs no other thread forks. The workers trace on fake tensors: one intra-op thread each.
         method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
             else "spawn"
-        pool = ProcessPoolExecutor(min(len(missing), cpus), mp_context=multiprocessing.get_context(method),
+        pool = ProcessPoolExecutor(min(len(units), cpus), mp_context=multiprocessing.get_context(method),
                                    initializer=_one_thread)
         # The last jobs are the largest models: started first, they do not finish alone at the end.
-        futures = {index: pool.submit(_session, *jobs[index]) for index in reversed(missing)}
+        for unit in sorted(units, key=max, reverse=True):
+            future = pool.submit(_sessions_in_order, [jobs[index] for index in unit])
+            futures.update({index: (future, place) for place, index in enumerate(unit)})
     try:
         for index in missing:
             on_start(index)
-            traced = futures[index].result() if pooled else _session(*jobs[index])
+            if pooled:
+                future, place = futures[index]
+                traced = future.result()[place]
+            else:
+                traced = _session(*jobs[index])
             trace_cache.store(keys[index], [session.to_json() for session in traced])
             sessions[index] = traced
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return [sessions[index] for index in range(len(jobs))]  # type: ignore[misc]
+
+
+def _sessions_in_order(jobs: list[Job]) -> list[list[_Session]]:
+    return [_session(*job) for job in jobs]
 
 
 def _one_thread() -> None:
@@ -306,16 +325,6 @@ def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
     smaller is 1)."""
     large = max(2, min(preset_batch, target_per_rank, 16))
     return (2 if large > 2 else 1), large
-
-
-def _parameter_count(size: str) -> int:
-    import torch
-
-    from kronos_core.model import Kronos
-    from kronos_core.sizes import size_spec
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in Kronos(**size_spec(size).model).parameters())
 
 
 def _largest_unit_bytes(model: Any) -> int:
@@ -454,7 +463,8 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
         for setup in setups:
             rows.append(_row(setup, probes[(size, *traced[(size, setup)])], ranks, budget, margin, work.batch_size,
                              target_per_rank, setup == "fsdp+offload"))
-        plans.append(SizePlan(size, _parameter_count(size), rows))
+        any_setup = probes[(size, *traced[(size, setups[0])])]
+        plans.append(SizePlan(size, any_setup.template.parameters, rows))
     assumptions = [
         f"per rank of {ranks} {hardware.device} devices of {hardware.memory_per_device_gb:g} GiB; budget = card"
         + (f" - {hardware.cuda_context_overhead_gb:g} GiB CUDA context" if cuda else "")

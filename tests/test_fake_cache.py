@@ -1,0 +1,105 @@
+"""fake_cache.LightKeys: FakeTensorMode's cache entries found by a cheaper key give the answers the mode's own
+keys give, op by op and over whole planner traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kronos_tune.memory import estimate, fake_cache, planner
+from kronos_tune.memory.estimate import _CpuOnlyTracker, _TrackingFakeMode
+from tests.test_planner import EMULATION, tiny_config
+
+
+@pytest.fixture
+def fresh_light_keys(monkeypatch: pytest.MonkeyPatch) -> dict:
+    entries: dict = {}
+    monkeypatch.setattr(fake_cache.LightKeys, "entries", entries)
+    return entries
+
+
+def _described(out: object) -> object:
+    if isinstance(out, torch.Tensor):
+        return (out.dtype, tuple(out.shape), out.stride(), out.storage_offset(), out.requires_grad,
+                out.untyped_storage().nbytes(), str(out.device))
+    if isinstance(out, (list, tuple)):
+        return [_described(item) for item in out]
+    return out
+
+
+def _calls(base: torch.Tensor) -> list:
+    """Pairs of calls of one op whose arguments differ in one fact that a light key must hold (strides,
+    storage offset, storage size, dtype, a Python number's type, an argument's value): where the key left it
+    out, the second call of a pair would get the first one's answer."""
+    transposed = torch.empty(4, 6).t()  # base's shape, other strides
+    whole = torch.empty(8, 4)
+    head, tail = whole[:6], whole[2:]  # base's shape and strides in one storage, at another offset
+    longer = torch.empty(7, 4)[:6]  # base's shape, strides and offset in a larger storage
+    ints = torch.empty(6, 4, dtype=torch.int32)  # base's shape, strides and storage size, another dtype
+    counts = torch.empty(6, 4, dtype=torch.int64)
+    return [
+        lambda: base * 2, lambda: transposed * 2,
+        lambda: head.view(-1), lambda: tail.view(-1),
+        lambda: base.view(-1), lambda: longer.view(-1),
+        lambda: base.neg(), lambda: ints.neg(),
+        lambda: counts * 2, lambda: counts * 2.0,
+        lambda: base.sum(dim=0), lambda: base.sum(dim=1),
+        lambda: torch.mm(base.t(), base), lambda: base.split(2, dim=1), lambda: head.add_(1),
+        lambda: torch.zeros_like(base), lambda: base.to(torch.bfloat16), lambda: transposed.contiguous(),
+    ]
+
+
+def test_a_light_key_tells_apart_every_fact_the_mode_s_key_does(fresh_light_keys: dict) -> None:
+    def answers(mode: FakeTensorMode, times: int) -> list:
+        with mode:
+            calls = _calls(torch.empty(6, 4))
+            rounds = [[_described(call()) for call in calls] for _ in range(times)]
+        return rounds
+
+    plain = FakeTensorMode()
+    plain.cache_enabled = False  # every op from its kernel: the reference
+    (reference,) = answers(plain, 1)
+    first, second = answers(_TrackingFakeMode(_CpuOnlyTracker()), 2)  # the second round is answered from light keys
+    assert first == reference
+    assert second == reference
+    assert sum(entry is not fake_cache.UNCACHED for entry in fresh_light_keys.values()) >= 10
+    # strides are in the key: a view of the transposed tensor fails as the mode makes it fail
+    def view_error(mode: FakeTensorMode) -> type:
+        with mode:
+            base = torch.empty(6, 4)
+            base.view(-1)
+            with pytest.raises(Exception) as raised:
+                base.t().view(-1)
+        return type(raised.value)
+
+    assert view_error(_TrackingFakeMode(_CpuOnlyTracker())) is view_error(plain)
+
+
+def test_an_argument_a_light_key_does_not_describe_goes_through_the_mode() -> None:
+    mode = _TrackingFakeMode(_CpuOnlyTracker())
+    keys = fake_cache.LightKeys(mode)
+    with mode:
+        fake = torch.empty(3)
+    with FakeTensorMode():
+        other = torch.empty(3)
+    assert keys.key(torch.ops.aten.mul.Tensor, (fake, 2), {}) is not None
+    assert keys.key(torch.ops.aten.mul.Tensor, (other, 2), {}) is None  # another mode's fake tensor
+    assert keys.key(torch.ops.aten.mul.Tensor, (torch.ones(3), 2), {}) is None  # a real tensor
+    assert keys.key(torch.ops.aten.mul.Tensor, (fake, object()), {}) is None
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_planner_trace_through_light_keys_is_the_trace_of_the_mode_s_own_keys(
+        parallelism: str, fresh_light_keys: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tiny_config(parallelism)
+    light = planner._trace(config, (2, 5), 2, EMULATION)
+    light_again = planner._trace(config, (2, 5), 2, EMULATION)  # every op now found by its light key
+    assert fresh_light_keys
+    monkeypatch.setattr(estimate, "LIGHT_KEYS", False)
+    own = planner._trace(config, (2, 5), 2, EMULATION)
+    for traced in (light, light_again):
+        for (probe, trace), (own_probe, own_trace) in zip(traced, own):
+            assert probe == own_probe
+            assert trace.ops == own_trace.ops and trace.live_bytes == own_trace.live_bytes
+            assert trace.result == own_trace.result
