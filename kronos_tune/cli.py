@@ -1,8 +1,9 @@
 """The `kronos-tune` command line: thin commands that parse, call the library, render.
 
 Each command lives in its own module under `kronos_tune/commands/` and adds
-itself to `app` through a `register(app)` function; this file only wires them
-and turns user-fixable errors into one line on stderr with exit code 2.
+itself to the app through a `register(app)` function; this file only wires them
+(only the one being run, so a command starts without the others' imports) and
+turns user-fixable errors into one line on stderr with exit code 2.
 """
 
 from __future__ import annotations
@@ -22,14 +23,6 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from kronos_core import __version__
 from kronos_core.errors import KronosError, KronosWarning
-
-app = typer.Typer(
-    name="kronos-tune",
-    help="Profile, tune and run the Kronos financial foundation model on your hardware.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
 # Modules under kronos_tune.commands, each with register(app).
 COMMAND_MODULES: tuple[str, ...] = (
@@ -54,7 +47,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
@@ -63,8 +55,28 @@ def _root(
     """Profile, tune and run the Kronos financial foundation model on your hardware."""
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"kronos_tune.commands.{_name}").register(app)
+def build_app(commands: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """The command line with these commands (each module registers the command of its name)."""
+    built = typer.Typer(
+        name="kronos-tune",
+        help="Profile, tune and run the Kronos financial foundation model on your hardware.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    built.callback()(_root)
+    for name in commands:
+        importlib.import_module(f"kronos_tune.commands.{name}").register(built)
+    return built
+
+
+def __getattr__(name: str) -> Any:
+    # `app` (every command) is built on first use: `main` builds only the command it runs, so a command's
+    # start-up does not import every other command's libraries.
+    if name == "app":
+        built = globals()["app"] = build_app()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def metavar(param: Any) -> str:
@@ -132,7 +144,9 @@ _python_show_warning = warnings.showwarning
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors and user-fixable errors become one line on stderr and exit code 2."""
     warnings.showwarning = _show_warning
-    command = readable_metavars(typer.main.get_command(app))
+    args = sys.argv[1:] if argv is None else argv
+    chosen = (args[0],) if args and args[0] in COMMAND_MODULES else COMMAND_MODULES
+    command = readable_metavars(typer.main.get_command(build_app(chosen)))
     try:
         code = command.main(args=argv, prog_name="kronos-tune", standalone_mode=False)
     except KronosError as error:

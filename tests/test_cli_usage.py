@@ -49,3 +49,22 @@ def test_help_names_what_options_take(capsys, monkeypatch) -> None:
     assert "INT" in line("--steps") and "[x>=1]" in line("--steps")
     assert "FILE" in line("--config") and "DIR" in line("--out") and "TEXT" in line("--data")
     assert not any(word in line("--overwrite") for word in ("INT", "TEXT", "PATH"))  # a flag takes no value
+
+
+def test_a_command_starts_without_the_other_commands_modules() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom kronos_tune.cli import main\ntry:\n    main(['plan', '--help'])\nexcept SystemExit:\n"
+             "    pass\nprint(sorted(name for name in sys.modules if name.startswith('kronos_tune.commands.')))\n"
+             "print('torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    modules, torch_loaded = result.stdout.strip().splitlines()[-2:]
+    assert modules == "['kronos_tune.commands.common', 'kronos_tune.commands.plan']" or \
+        modules == "['kronos_tune.commands.plan']", modules
+    assert torch_loaded == "False"  # plan's help needs neither torch nor the planner
+    import typer
+
+    from kronos_tune.cli import app  # the whole command line is still there for whoever asks for it
+
+    assert set(typer.main.get_command(app).commands) >= {"plan", "train", "predict", "benchmark", "presets"}

@@ -27,7 +27,7 @@ from kronos_core.train.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget
-from kronos_tune.memory.fake_cache import UNCACHED, UNKNOWN, LightKeys
+from kronos_tune.memory.fake_cache import FOREIGN, UNCACHED, UNKNOWN, LightKeys, run_meta_kernel
 
 _MIB = 1 << 20
 
@@ -224,6 +224,12 @@ class _TrackingFakeMode(FakeTensorMode):
     not counted, as they were not when the tracker sat above it. Ops the mode has cached are found by a light
     key (fake_cache.LightKeys: the mode's own key is about half of each op's cost)."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ so that torch.compile skips it: a fake
+        # estimate never runs under torch.compile, and the wrapper costs a few microseconds on every op.
+        return False
+
     def __init__(self, tracker: StorageTracker) -> None:
         super().__init__()
         self.tracker = tracker
@@ -242,14 +248,18 @@ class _TrackingFakeMode(FakeTensorMode):
         key = self._light_keys.key(func, args, kwargs) if self._light_keys is not None else None
         if key is None:
             return self._through_mode(func, types, args, kwargs)
+        if key is FOREIGN:
+            return NotImplemented  # as the mode answers: the subclass (a DTensor) dispatches to its local tensors
         out = self._light_keys.outputs(key, func, args)
         if out is UNKNOWN:
             mode_key = self._light_keys.mode_key(func, args, kwargs)
             out = self._through_mode(func, types, args, kwargs)
-            self._light_keys.learn(key, mode_key)
+            self._light_keys.learn(key, mode_key, func)
             return out
         if out is UNCACHED:
-            return self._through_mode(func, types, args, kwargs)
+            out = run_meta_kernel(self, func, args, kwargs)
+            if out is UNCACHED:
+                return self._through_mode(func, types, args, kwargs)
         if not self._handling:
             self.tracker.see_outputs(out, func)
         return out

@@ -245,6 +245,7 @@ def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list
     """`_session(*job)` for every job, read from the trace cache where it holds the answer. The others run in
     worker processes (one per CPU) when they are several and not tiny, else here. `on_start(i)` is called
     before waiting for job i."""
+    import gc
     import os
 
     import torch.distributed as dist
@@ -284,6 +285,8 @@ def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list
             else "spawn"
         pool = ProcessPoolExecutor(min(len(units), cpus), mp_context=multiprocessing.get_context(method),
                                    initializer=_one_thread)
+        if method == "fork":
+            gc.freeze()  # what the workers inherit is never scanned by their collector (nor copied by its scans)
         # The last jobs are the largest models: started first, they do not finish alone at the end.
         for unit in sorted(units, key=max, reverse=True):
             future = pool.submit(_sessions_in_order, [jobs[index] for index in unit])
@@ -301,6 +304,7 @@ def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+            gc.unfreeze()
     return [sessions[index] for index in range(len(jobs))]  # type: ignore[misc]
 
 
