@@ -158,3 +158,18 @@ def test_the_check_catches_an_undeclared_import_and_an_eager_extra(tmp_path: Pat
     assert problems[0].startswith("mod.py:4 imports pandas") and "not in pyproject.toml" in problems[0]
     assert problems[1].startswith("mod.py:5 imports matplotlib") and "imported when the module loads" in problems[1]
     assert problems[2].startswith("mod.py:7 imports torch") and "not in pyproject.toml" in problems[2]
+
+
+def test_the_training_package_imports_pandas_only_when_a_table_is_read() -> None:
+    import subprocess
+
+    probe = ("import sys\nimport kronos_core.train, kronos_tune.memory.planner, kronos_tune.autobatch.train_task\n"
+             "print('pandas' in sys.modules)\n"
+             "from kronos_core.data.synthetic import synthetic_series\n"
+             "from kronos_core.data import kline\n"
+             "frame = synthetic_series(1, 40)[0]\n"
+             "print('pandas' in sys.modules, isinstance(frame, kline.pd.DataFrame), kline.pd.DataFrame.__module__)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    before, after = result.stdout.strip().splitlines()[-2:]
+    assert before == "False"  # kronos-tune plan traces fake steps on random tensors: no table, no pandas
+    assert after == "True True pandas"  # the deferred name is the module itself once read

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from kronos_core.deferred import deferred
 from kronos_core.data.kline import (
     FEATURE_COLUMNS,
     TIME_COLUMN,
@@ -40,6 +40,8 @@ from kronos_core.data.kline import (
     validate_kline,
 )
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 N_FEATURES = len(FEATURE_COLUMNS)
 N_COLUMNS = N_FEATURES + len(TIME_FEATURES)

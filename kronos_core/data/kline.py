@@ -13,13 +13,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 # TIME_COLUMN_ALIASES, lower_columns and time_column are also imported from here.
 from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, TIME_COLUMN_ALIASES, absolute_ns,  # noqa: F401
                                      file_name, first_data_line, format_stamp, ignored_columns_note, lower_columns,
                                      order_rows, parse_timestamps, read_table, row_label, time_column, time_values)
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
 FEATURE_COLUMNS: tuple[str, ...] = PRICE_COLUMNS + ("volume", "amount")

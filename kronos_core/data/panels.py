@@ -17,12 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from kronos_core.deferred import deferred
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, check_values, fill_volume_amount
 from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, ignored_columns_note,
                                      lower_columns, order_rows, parse_timestamps, read_table, row_label, time_values)
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 SYMBOL = "symbol"  # the symbol column's name in what read_panel returns
 

@@ -8,10 +8,12 @@ stamped at its close time, so 5-minute bars run 09:35 ... 11:30, 13:05 ... 15:00
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
+from kronos_core.deferred import deferred
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 # (open, close) of each session as minutes after midnight.
 SESSIONS: tuple[tuple[int, int], ...] = ((9 * 60 + 30, 11 * 60 + 30), (13 * 60, 15 * 60))

@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError, one_line
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 TIME_COLUMN = "timestamps"
 # Accepted spellings of the time column, in order of preference.

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from kronos_core.deferred import deferred
 from kronos_core.data.kline import TIME_COLUMN, wall_clock_ns
 from kronos_core.errors import KronosError
 from kronos_core.files import write_text_atomic
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 SPAN_FILE = "data_span.json"
 SPAN_FORMAT = 1

@@ -20,10 +20,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait as wait_ready
 
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from kronos_core.deferred import deferred
 from kronos_core.data.kline import find_data_files, read_kline
 from kronos_core.data.panels import read_panel, split_panel
 from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
@@ -31,6 +31,8 @@ from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.data_span import DataSpan, cut_frames
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 
 def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
