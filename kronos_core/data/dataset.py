@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from kronos_core.deferred import deferred
 from kronos_core.data.kline import (
     FEATURE_COLUMNS,
     TIME_COLUMN,
@@ -39,6 +38,7 @@ from kronos_core.data.kline import (
     normalize_window,
     validate_kline,
 )
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kronos_core.deferred import deferred
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, check_values, fill_volume_amount
 from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, ignored_columns_note,
                                      lower_columns, order_rows, parse_timestamps, read_table, row_label, time_values)
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)

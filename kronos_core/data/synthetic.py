@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kronos_core.deferred import deferred
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kronos_core.deferred import deferred
 from kronos_core.data.kline import TIME_COLUMN, wall_clock_ns
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 from kronos_core.files import write_text_atomic
 

@@ -23,10 +23,10 @@ from multiprocessing.connection import wait as wait_ready
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from kronos_core.deferred import deferred
 from kronos_core.data.kline import find_data_files, read_kline
 from kronos_core.data.panels import read_panel, split_panel
 from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
