@@ -52,6 +52,33 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
+def test_an_evaluation_inside_the_rounds_is_followed_by_untimed_blocks(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run = BenchRun(tmp_path, ProtocolOptions(seed=3, block_s=0.02, min_rounds=20, target_ci=0.0, max_rounds=20))
+    # 3 to 10 warm-up steps, the metered step and the first untimed block come before the rounds: step 14 is
+    # in round 2 to 9
+    base, trial = start_worker(run, "baseline", 3), start_worker(run, "trial", 3, eval_step=14)
+    try:
+        interleaver = Interleaver(run, "evaluates", 1, 30.0)
+        first_id = next(trial.ids)  # block commands are numbered: the count of blocks the trial ran
+        interleaver.measure(base, trial)
+        assert next(trial.ids) - first_id - 1 == 20 + 1 + 1  # the rounds, the first untimed block, the settle
+        assert len(interleaver.blocks) == 20 and interleaver.stop == "max-rounds"
+        settled = interleaver.timing()["settled_after"]
+        assert len(settled) == 1 and 2 <= settled[0] <= 9, settled
+        assert trial.block(1) and not trial.evaluated_in_block  # the evaluation ran once, in that round
+        # without an evaluation among the rounds nothing is settled
+        plain = Interleaver(run, "plain", 1, 30.0)
+        first_id = next(trial.ids)
+        plain.measure(base, trial)
+        assert next(trial.ids) - first_id - 1 == 20 + 1
+        assert plain.timing()["settled_after"] == [] and len(plain.blocks) == 20
+    finally:
+        base.close()
+        trial.close()
+
+
 def test_the_benchmark_table_counts_false_positives_and_detections() -> None:
     rows = [{"load": "none", "design": "paired", "effect": 0.0, "verdict": "same", "resolution": 0.02},
             {"load": "none", "design": "paired", "effect": 0.0, "verdict": "faster", "resolution": 0.04},

@@ -85,8 +85,9 @@ class BenchRun:
                             deadline), stack_file
 
 
-def tiny_job(name: str, seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
-    """A trial spec and job of the tiny model on synthetic data (no evaluation: only timing matters here)."""
+def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """A trial spec and job of the tiny model on synthetic data (by default no evaluation: only timing matters
+    here)."""
     from kronos_core.train import TrainConfig
     from kronos_tune.protocol.measure import StepPlan
     from kronos_tune.protocol.records import TrialSpec
@@ -95,18 +96,18 @@ def tiny_job(name: str, seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
                          predict_window=4, batch_size=8, samples_per_epoch=1_000_000, epochs=1, eval_samples=8,
                          synthetic_series=2, synthetic_rows=200, seed=seed, device="cpu", num_workers=0,
                          output_dir=str(work / "run"))
-    plan = StepPlan(min_warmup=3, max_warmup=10, eval_step=None)
+    plan = StepPlan(min_warmup=3, max_warmup=10, eval_step=eval_step)
     return (TrialSpec(name, "single", {}, config),
             {"config": config.to_dict(), "plan": plan.to_dict(), "budget_bytes": None,
              "result_file": str(work / "result.json")})
 
 
-def start_worker(run: BenchRun, name: str, seed: int) -> Any:
+def start_worker(run: BenchRun, name: str, seed: int, eval_step: int | None = None) -> Any:
     from kronos_tune.protocol.live_worker import LiveWorker
 
     work = run.folder / name
     work.mkdir(parents=True)
-    spec, job = tiny_job(name, seed, work)
+    spec, job = tiny_job(name, seed, work, eval_step)
     worker = LiveWorker(run, spec, work, job, who=f"the {name} worker")
     worker.ready()
     return worker

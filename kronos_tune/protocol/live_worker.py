@@ -76,6 +76,7 @@ class LiveWorker:
         self.unit = "its start-up and warm-up"
         self.ids = itertools.count(1)
         self.ended = False
+        self.evaluated_in_block = False  # the last block ran the evaluation (between two of its steps)
         self._thread = threading.Thread(target=self._launch, args=({**job, "commands": str(self.fifo)},),
                                         name=f"worker-{spec.name}", daemon=True)
         self._thread.start()
@@ -141,15 +142,19 @@ class LiveWorker:
         return TrainMeasurement.from_dict(self._wait(MEASURED_EVENT, on_step)["measurement"])
 
     def block(self, steps: int, on_step: StepHandler | None = None, round_: int | None = None,
-              delay: float | None = None) -> list[float]:
-        """`steps` timed steps; their times (fewer when it was cancelled or ran out of memory in the block)."""
+              delay: float | None = None, untimed_after: int | None = None) -> list[float]:
+        """`steps` timed steps; their times (fewer when it was cancelled or ran out of memory in the block).
+        ``evaluated_in_block`` says afterwards whether the evaluation ran among them."""
         command: dict[str, Any] = {"cmd": "block", "id": next(self.ids), "steps": steps}
         if delay is not None:
             command["delay"] = delay
-        self._send(command, f"block {command['id']}" + (f" (round {round_})" if round_ is not None else ""))
+        where = (f" (round {round_})" if round_ is not None else
+                 f" (untimed, after round {untimed_after})" if untimed_after is not None else "")
+        self._send(command, f"block {command['id']}{where}")
         event = self._wait(BLOCK_EVENT, on_step)
         if event.get("status") != "ok":
             self.ended = True
+        self.evaluated_in_block = bool(event.get("evaluated"))
         return [float(t) for t in event.get("times") or []]
 
     def finish(self, on_step: StepHandler | None = None) -> TrainMeasurement:

@@ -134,6 +134,7 @@ class Interleaver:
     min_rounds: int | None = None  # None: the run's min_rounds
     blocks: list[dict[str, Any]] = field(default_factory=list)
     stop: str = ""
+    settles: list[int] = field(default_factory=list)  # rounds after which untimed blocks absorbed an evaluation
     halfwidth: float = float("inf")
     measure_time_s: float = 0.0
 
@@ -169,6 +170,12 @@ class Interleaver:
                     return  # a block cut short (a cancel, or out of memory): the round is not a pair
                 self.blocks.append({"round": index, "first": first, "trial_s": times["trial"],
                                     "baseline_s": times["baseline"]})
+                if trial.evaluated_in_block or base.evaluated_in_block:
+                    # an evaluation's after-effects (its loader's worker processes starting, the training
+                    # iterator started again) spill into the next block, which is the other side's as often as
+                    # not: one untimed block a side absorbs them
+                    self.settles.append(index)
+                    self._rewarm(base, trial, on_trial_step, base_delay, after=index)
                 elapsed = time.perf_counter() - started
                 self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
                 if len(self.blocks) < self.least_rounds:
@@ -186,18 +193,22 @@ class Interleaver:
             self.measure_time_s = time.perf_counter() - started
 
     def _rewarm(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None,
-                base_delay: float | None) -> None:
-        """One untimed block on each side before the first round: the baseline's worker has waited while the
-        trial's started (its caches and thread pool gone cold), the trial's has just run its metered step."""
-        if self.run.cancel.is_set():
-            return
-        trial.block(self.steps, on_trial_step)
-        base.block(self.steps, None, None, base_delay)
+                base_delay: float | None, after: int | None = None) -> None:
+        """One untimed block on each side: before the first round (the baseline's worker has waited while the
+        trial's started, its caches and thread pool gone cold; the trial's has just run its metered step), and
+        after a round in which either side evaluated."""
+        for _ in range(2):  # twice only when the first untimed blocks ran the evaluation themselves
+            if self.run.cancel.is_set():
+                return
+            trial.block(self.steps, on_trial_step, untimed_after=after)
+            base.block(self.steps, None, None, base_delay, untimed_after=after)
+            if not (trial.evaluated_in_block or base.evaluated_in_block):
+                return
 
     def timing(self) -> dict[str, Any]:
         """What results.jsonl keeps of how the comparison was measured (with the blocks themselves)."""
         return {"design": "paired", "rounds": len(self.blocks), "steps_per_block": self.steps, "stop": self.stop,
                 "ci_halfwidth": self.halfwidth, "target_ci": self.run.options.target_ci, "budget_s": self.budget_s,
                 "measure_time_s": self.measure_time_s, "whole_budget": self.whole_budget,
-                "min_rounds": self.least_rounds,
+                "min_rounds": self.least_rounds, "settled_after": list(self.settles),
                 "order_seed": self.order_seed, "order": [block["first"] for block in self.blocks]}

@@ -253,11 +253,13 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                     if "delay" in command:
                         session.delay = float(command["delay"])
                     records: list[StepRecord] = []
+                    evaluated_before = result.val_loss_step
                     session.run(lambda: records.extend(session.block(int(command.get("steps", 1)))))
                     if result.status != "ok":  # written before the runner hears of it
                         write_json(result_file, result.to_dict())
                     emit_event(BLOCK_EVENT, id=command.get("id"), status=result.status,
-                               times=[r.step_time_s for r in records], steps=[r.step for r in records])
+                               times=[r.step_time_s for r in records], steps=[r.step for r in records],
+                               evaluated=result.val_loss_step != evaluated_before)
                 elif kind == "finish":
                     session.run(session.finish)
                     write_json(result_file, result.to_dict())
