@@ -170,12 +170,6 @@ class Interleaver:
                     return  # a block cut short (a cancel, or out of memory): the round is not a pair
                 self.blocks.append({"round": index, "first": first, "trial_s": times["trial"],
                                     "baseline_s": times["baseline"]})
-                if trial.evaluated_in_block or base.evaluated_in_block:
-                    # an evaluation's after-effects (its loader's worker processes starting, the training
-                    # iterator started again) spill into the next block, which is the other side's as often as
-                    # not: one untimed block a side absorbs them
-                    self.settles.append(index)
-                    self._rewarm(base, trial, on_trial_step, base_delay, after=index)
                 elapsed = time.perf_counter() - started
                 self.halfwidth = paired_estimate(block_ratios(self.blocks)).halfwidth
                 if len(self.blocks) < self.least_rounds:
@@ -189,6 +183,11 @@ class Interleaver:
                     self.stop = "max-rounds"
                 if self.stop:
                     return
+                if trial.evaluated_in_block or base.evaluated_in_block:
+                    # the steps just after an evaluation run slow (the training iterator starts again) and
+                    # would time the next block, the other side's as often as not: one untimed block a side
+                    self.settles.append(index)
+                    self._rewarm(base, trial, on_trial_step, base_delay, after=index)
         finally:
             self.measure_time_s = time.perf_counter() - started
 
