@@ -18,6 +18,7 @@ import pytest
 
 from kronos_tune.presets import resolve_preset
 from kronos_tune.protocol import ProtocolOptions, TrialStep, load_results, run_protocol
+from kronos_tune.protocol.records import TrialFinished
 from kronos_tune.protocol.runner import ProtocolRun
 
 from test_protocol_run import FAST, Events, write_preset  # noqa: E402
@@ -160,3 +161,19 @@ def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_pr
 
     assert not [p for p in psutil.process_iter(["cmdline"]) if "trial_worker" in " ".join(p.info["cmdline"] or [])
                 and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_cancel_after_the_last_trial_leaves_a_complete_run(tmp_path: Path) -> None:
+    preset = resolve_preset(write_preset(tmp_path / "presets"))
+    cancel = threading.Event()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, TrialFinished) and event.result.name == "combined":  # always the last one planned
+            cancel.set()  # too late: nothing is left to stop
+
+    options = ProtocolOptions(**{**FAST, "only": ("accumulation",), "skip": (*FAST["skip"], "baseline-repeat")})
+    report = run_protocol(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
+    assert cancel.is_set() and report.planned[-1] == "combined"
+    assert not report.cancelled and not report.not_run and not report.partial
+    assert {t.name for t in report.trials if t.status == "ok"} == {"baseline", "noise-probe", "accumulation"}
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "complete"

@@ -118,6 +118,26 @@ def test_cancel_stops_at_a_step_boundary_and_the_next_start_continues_the_run(tm
     assert [line["step"] for line in lines if line["kind"] == "train"] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
+def test_a_cancel_after_the_last_step_leaves_a_run_both_the_folder_and_the_dashboard_call_complete(
+        tmp_path: Path) -> None:
+    from kronos_tune.tui import jobs
+    from kronos_tune.tui.messages import JobFinished, TrainingStep
+
+    config_file, folder, cancel = tiny_config(tmp_path), tmp_path / "run", threading.Event()
+    posted: list[Any] = []
+
+    def post(message: Any) -> None:
+        posted.append(message)
+        if isinstance(message, TrainingStep) and message.record.step == 8:  # the last step
+            cancel.set()
+
+    jobs.train(post, config_file, folder, False, cancel)
+    finished = posted[-1]
+    assert cancel.is_set() and isinstance(finished, JobFinished)
+    assert finished.phase == "done" and finished.outcome.startswith("8/8 steps, done"), finished.outcome
+    assert run_json(folder)["status"] == "complete" and load_checkpoint(folder)["step"] == 8
+
+
 def files_of(folder: Path) -> list[str]:
     """The folder's files relative to it; TensorBoard event files (host, pid and time in their names) as one."""
     names = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}

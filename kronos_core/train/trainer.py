@@ -199,7 +199,7 @@ class Trainer:
             every = config.save_every
             if (every and self.step % every == 0) or (not every and epoch_end):
                 self.save_checkpoint()
-            if self._stop_agreed():
+            if self.step < target and self._stop_agreed():  # a stop after the last step interrupts nothing
                 interrupted = True
                 break
         if not interrupted and self._eval_step != self.step:

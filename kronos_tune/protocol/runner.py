@@ -275,6 +275,9 @@ class ProtocolRun:
         from kronos_tune.telemetry.resource_monitor import collect_environment
 
         trials = [self.results[s.name] for s in self.specs if s.name in self.results]
+        not_run = [s.name for s in self.specs if s.name not in self.results]
+        # a cancel that arrives after the last trial finished stops nothing: the run is complete, not cancelled
+        stopped = self.cancel.is_set() and (bool(not_run) or any(t.status == "cancelled" for t in trials))
         options = self.options.to_dict()
         if self.task == "predict" and self.specs:
             options["predict_series_used"] = max(getattr(s.config, "measured_series", 0) for s in self.specs)
@@ -282,8 +285,8 @@ class ProtocolRun:
         report = ProtocolReport(
             preset=self.preset.name, task=self.task, device=self.device, device_line=self.device_line,
             budget_bytes=self.budget_bytes, budget_mode=self.budget_mode, trials=trials,
-            planned=[s.name for s in self.specs], not_run=[s.name for s in self.specs if s.name not in self.results],
-            cancelled=self.cancel.is_set(), environment=collect_environment(), options=options,
+            planned=[s.name for s in self.specs], not_run=not_run, cancelled=stopped,
+            environment=collect_environment(), options=options,
             notes=list(self.notes), preset_source=str(self.preset.source_path) if self.preset.source_path else None,
             out_dir=str(self.out_dir), started_at=self.started_at, finished_at=_now(),
             wall_time_s=time.perf_counter() - self.started)

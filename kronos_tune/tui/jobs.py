@@ -28,9 +28,10 @@ if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
 Post = Callable[[Message], object]
 
 
-def _finish(post: Post, job: str, cancel: threading.Event, outcome: str, result: Any = None) -> None:
-    phase = "cancelled" if cancel.is_set() else "done"
-    post(JobFinished(job, phase, outcome, result))
+def _finish(post: Post, job: str, stopped_early: bool, outcome: str, result: Any = None) -> None:
+    """The phase follows what the job's result says, not the cancel event: a cancel pressed after the last step
+    (or trial) was saved leaves a complete run, and the dashboard must call it done, as the folder does."""
+    post(JobFinished(job, "cancelled" if stopped_early else "done", outcome, result))
 
 
 def benchmark(post: Post, preset: Preset, task: str, options: ProtocolOptions | None, out_dir: Path,
@@ -50,7 +51,7 @@ def benchmark(post: Post, preset: Preset, task: str, options: ProtocolOptions | 
     for trial in report.trials:
         counts[trial.status] = counts.get(trial.status, 0) + 1
     summary = ", ".join(f"{count} {status}" for status, count in counts.items()) or "no trials"
-    _finish(post, job, cancel, f"{summary}; reports in {out_dir}", report)
+    _finish(post, job, report.cancelled, f"{summary}; reports in {out_dir}", report)
 
 
 def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
@@ -98,7 +99,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
     outcome = (f"batch_size {result.batch_size} x accumulation {result.accumulation_steps} on {device}, "
                f"predicted peak {format_bytes(result.predicted_peak_bytes)}, "
                f"measured {format_bytes(result.measured_peak_bytes)} of {format_bytes(preset.budget_bytes)}")
-    _finish(post, job, cancel, outcome, result)
+    _finish(post, job, False, outcome, result)
 
 
 def _training_messages(post: Post, folder: Path, resume: bool) -> TrainListener:
@@ -156,5 +157,5 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
     summary = stage.summary
     state = "stopped early (t continues it)" if summary["interrupted"] else "done"
     loss = "n/a" if summary["best_val_loss"] is None else f"{summary['best_val_loss']:.4f}"
-    _finish(post, job, cancel, f"{summary['steps']}/{summary['total_steps']} steps, {state}, best val loss "
-                               f"{loss}; in {folder}", result)
+    outcome = f"{summary['steps']}/{summary['total_steps']} steps, {state}, best val loss {loss}; in {folder}"
+    _finish(post, job, bool(summary["interrupted"]), outcome, result)
