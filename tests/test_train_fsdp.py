@@ -43,16 +43,15 @@ def two_rank_preset(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("fsdp")
+    logs = out / "rank-logs"  # each rank's own stdout/stderr, also teed to the console
     # The shared launcher: past the timeout (a hang in a collective) it kills both ranks, not only torchrun.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
-               str(out)]
-    lines: list[str] = []
-    run = run_launch(command, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent)}, timeout_s=300,
-                     on_line=lines.append)
-    # torchrun's own summary names the failing rank but not its error: show the ranks' last traceback too
-    starts = [index for index, line in enumerate(lines) if "Traceback" in line]
-    traceback = lines[starts[-1]:starts[-1] + 40] if starts else []
-    assert run.ok, ("timed out: " if run.timed_out else "") + "\n".join([*traceback, *run.tail])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--log-dir", str(logs), "--redirects", "3", "--tee", "3", str(WORKER), str(out)]
+    run = run_launch(command, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent.parent)}, timeout_s=300)
+    # torchrun's own summary names the failing rank but not its error: show each rank's stderr tail too
+    ranks = [f"--- rank {path.parent.name} stderr:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:])
+             for path in sorted(logs.rglob("stderr.log"))]
+    assert run.ok, ("timed out: " if run.timed_out else "") + "\n".join([*ranks, *run.tail])
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
