@@ -55,6 +55,7 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
         assert paired.design == "paired" and paired.timing["paired_with"] == "kv-cache", name
         assert len(paired.blocks) == paired.timing["rounds"] >= 6 and paired.series_per_s.n == len(paired.blocks)
         assert [b["first"] for b in paired.blocks] == paired.timing["order"]
+        assert abs(paired.timing["order"].count("trial") - paired.timing["order"].count("baseline")) <= 1
         assert all(len(b["trial_s"]) == len(b["baseline_s"]) == 1 and b["baseline_s"][0] > 0 for b in paired.blocks)
         assert report.decision["verdicts"][name]["vs_reference"]["design"] == "paired"
         assert report.decision["verdicts"][name]["vs_reference"]["n"] == len(paired.blocks)

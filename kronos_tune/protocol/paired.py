@@ -4,8 +4,10 @@ The baseline's worker is started once, warmed up once and kept alive (paused
 in a read between blocks) for the whole run; every timed comparison (each
 single trial, the noise-probe, the combined trial) starts its own worker and
 then runs rounds of two blocks, the trial's and the baseline's, in an order
-drawn per round from a generator seeded with the run's seed and the trial's
-name (so a periodic load cannot line up with it, and the run can be repeated).
+drawn from a generator seeded with the run's seed and the trial's name, once
+per pair of rounds and mirrored in the second (order.trial_leads: each side
+leads equally often; a periodic load cannot line up with it; the run can be
+repeated).
 Each round gives one ratio (the trial block's median step time over the
 baseline block's); rounds are added until the interval of their centre
 (stats.paired_estimate) is within ``target_ci`` or the trial's measuring
@@ -21,7 +23,6 @@ threshold); ``choose_design`` says which and why, and the result keeps it.
 
 from __future__ import annotations
 
-import random
 import shutil
 import tempfile
 import time
@@ -33,6 +34,7 @@ from typing import Any
 from kronos_core.units import format_bytes
 from kronos_tune.protocol.context import RunContext
 from kronos_tune.protocol.live_worker import LiveWorker, StepHandler
+from kronos_tune.protocol.order import trial_leads
 from kronos_tune.protocol.records import TrialResult, TrialSpec
 from kronos_tune.protocol.stats import block_ratios, paired_estimate
 
@@ -149,7 +151,7 @@ class Interleaver:
     def measure(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None = None,
                 base_delay: float | None = None) -> None:
         options = self.run.options
-        rng = random.Random(self.order_seed)
+        leads = trial_leads(self.order_seed)
         started = time.perf_counter()
         try:
             self._rewarm(base, trial, on_trial_step, base_delay)
@@ -158,7 +160,7 @@ class Interleaver:
                     self.stop = "cancelled"
                     return
                 index = len(self.blocks) + 1
-                first = "trial" if rng.random() < 0.5 else "baseline"
+                first = "trial" if next(leads) else "baseline"
                 times: dict[str, list[float]] = {}
                 for side in (first, "baseline" if first == "trial" else "trial"):
                     if side == "trial":

@@ -16,7 +16,7 @@ The rule:
    ``Estimator``: by default ``stats.ratio_ci`` (ratio of medians, bootstrap
    over each side's repeats). A trial measured *paired* (predict_trials:
    each timed run beside a run of its reference's settings, in one worker,
-   the order drawn per round) is compared with that reference by the paired
+   the order counterbalanced per pair of rounds) is compared with that reference by the paired
    rule instead (``stats.paired_compare`` on the per-round ratios, as the
    train task does). Faster = the interval below 1 and the ratio at least
    the threshold below 1.

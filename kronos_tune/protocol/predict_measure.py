@@ -23,7 +23,6 @@ allocator peak, on the CPU the peak is not measured).
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
+from kronos_tune.protocol.order import trial_leads
 from kronos_tune.protocol.records import PredictSettings, PredictStep
 
 @dataclass
@@ -182,7 +182,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                        reference: PredictSettings | None = None, order_seed: str = "") -> PredictMeasurement:
     """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result. With `reference`
     (paired), each timed run is a round: the trial's run and the reference settings' run on the same series, in
-    an order drawn per round from `order_seed` (the reference's predictor is built after the metered run, so
+    an order drawn from `order_seed` per pair of rounds and mirrored in the second (order.trial_leads) (the reference's predictor is built after the metered run, so
     the meter sees the trial alone)."""
     from kronos_tune.memory import make_meter
 
@@ -214,7 +214,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
         if reference is not None:
             other = _predictor(reference, device)
             _run(other, reference, inputs)  # its first run (allocations, caches) is not timed, as the trial's
-        rng = random.Random(order_seed)
+        leads = trial_leads(order_seed)
         for index in range(repeats):
             if should_stop():
                 result.status, result.reason = "cancelled", f"cancelled after {index} timed runs"
@@ -222,7 +222,7 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             if other is None or reference is None:
                 result.seconds.append(_timed_run(predictor, settings, inputs))
             else:
-                trial_first = rng.random() < 0.5
+                trial_first = next(leads)
                 result.order.append("trial" if trial_first else "baseline")
                 if trial_first:
                     result.seconds.append(_timed_run(predictor, settings, inputs))

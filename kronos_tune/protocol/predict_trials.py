@@ -47,7 +47,7 @@ def paired_reference(run: RunContext, spec: TrialSpec) -> tuple[TrialResult | No
     if done is None or done.status != "ok" or not done.config:
         return None, f"no {reference} run to pair with ({reference} {done.status if done else 'did not run'})"
     return done, (f"each timed run paired with a run of {reference}'s settings on the same series in the same "
-                  f"worker, the order drawn per round")
+                  f"worker, the order drawn per pair of rounds and mirrored in the second")
 
 
 def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:

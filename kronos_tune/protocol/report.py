@@ -277,8 +277,9 @@ def timing_lines(report: ProtocolReport) -> list[str]:
         steps = sorted({tr.timing["steps_per_block"] for tr in report.trials if tr.timing.get("steps_per_block")})
         size = f"{'/'.join(str(n) for n in steps)} step(s)" if steps else f"about {opts.get('block_s', 0.5):g} s"
         lines.append(f"Paired design ({', '.join(paired)}): each against a live, warmed-up baseline worker in "
-                     f"alternating blocks of {size}, the order within each round drawn "
-                     f"at random (seed {opts.get('seed')} and the trial's name), rounds added until the interval of "
+                     f"alternating blocks of {size}, the order drawn at random for each pair of rounds and "
+                     f"mirrored in the second, so that each side leads equally often (seed {opts.get('seed')} and "
+                     f"the trial's name), rounds added until the interval of "
                      f"the block ratios is within ±{100 * opts.get('target_ci', 0.02):.0f}% or the trial's budget is "
                      f"spent (the A/A comparison, whose reach is the resolution, runs its whole budget: "
                      f"{_aa_rounds(report)}); decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
