@@ -70,6 +70,10 @@ def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndar
         if errors:
             first = errors[0]
             reason = f"rank {first.get('rank')} failed: {first.get('message')}"
+        elif spec.multi_node and any("RendezvousConnectionError" in line for line in result.tail):
+            # the node whose agent hosts the rendezvous store (whichever bound the endpoint first) went away
+            reason = (f"torchrun exited with code {result.returncode}: the connection to the rendezvous store was "
+                      f"lost (the node hosting it at the rendezvous endpoint stopped or is unreachable)")
         else:
             last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
             reason = f"torchrun exited with code {result.returncode} ({last[:200]})"
