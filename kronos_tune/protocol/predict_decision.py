@@ -16,9 +16,9 @@ The rule:
    ``Estimator``: by default ``stats.ratio_ci`` (ratio of medians, bootstrap
    over each side's repeats). A trial measured *paired* (predict_trials:
    each timed run beside a run of its reference's settings, in one worker,
-   the order counterbalanced per pair of rounds) is compared with that reference by the paired
-   rule instead (``stats.paired_compare`` on the per-round ratios, as the
-   train task does). Faster = the interval below 1 and the ratio at least
+   the order counterbalanced per pair of rounds) is compared with that
+   reference by the paired rule instead (``stats.paired_compare`` on the
+   per-round ratios, as the train task does). Faster = the interval below 1 and the ratio at least
    the threshold below 1.
 2. Quality, by the change's exactness class. *exact* (kv-cache, autobatch,
    sharding): the greedy output must be identical to the exact reference's

@@ -182,8 +182,8 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                        reference: PredictSettings | None = None, order_seed: str = "") -> PredictMeasurement:
     """One metered run (peak, budget), then `repeats` timed runs; out-of-memory is a result. With `reference`
     (paired), each timed run is a round: the trial's run and the reference settings' run on the same series, in
-    an order drawn from `order_seed` per pair of rounds and mirrored in the second (order.trial_leads) (the reference's predictor is built after the metered run, so
-    the meter sees the trial alone)."""
+    an order drawn from `order_seed` per pair of rounds and mirrored in the second (order.trial_leads). The
+    reference's predictor is built after the metered run, so the meter sees the trial alone."""
     from kronos_tune.memory import make_meter
 
     if settings.devices > 1:

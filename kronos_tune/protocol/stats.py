@@ -22,9 +22,9 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
   ratios (the median of their pairwise means: a geometric mean that one block
   hit by a load burst cannot drag) with the Wilcoxon signed-rank interval,
   exact and distribution-free (it assumes only that noise is symmetric,
-  which randomizing and counterbalancing the order of the blocks makes true); a round more
-  than five robust standard deviations off the others (its two blocks
-  straddled a change of load) is set aside first. ``resolution``
+  which randomizing and counterbalancing the order of the blocks makes
+  true); a round more than five robust standard deviations off the others
+  (its two blocks straddled a change of load) is set aside first. ``resolution``
   is how far an A/A comparison's interval reaches from 1: the smallest change
   such a run can tell from noise.
 """

@@ -33,8 +33,9 @@ FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B):
                  "tokenizer's encode pass and the causal mask are not counted")
 TIMING_RULE = ("paired comparisons (the trial's worker and a live baseline worker in alternating short blocks, the "
                "order drawn at random from the run's seed for each pair of rounds and mirrored in the second): one "
-               "ratio per round, the trial block's median step time over the baseline block's; the Hodges-Lehmann centre of the ratios with "
-               "its 95% Wilcoxon signed-rank interval; faster when the interval lies below 1 and the centre is at "
+               "ratio per round, the trial block's median step time over the baseline block's; the Hodges-Lehmann "
+               "centre of the ratios with its 95% Wilcoxon signed-rank interval; faster when the interval lies "
+               "below 1 and the centre is at "
                f"least max({100 * PAIRED_FLOOR:g}%, the run's resolution) below 1 (slower mirrored), the "
                "resolution being how far the A/A comparison's interval (noise-probe vs baseline, interleaved the "
                "same way) reaches from 1. Sequential comparisons (the trial alone, where two workers cannot live "
