@@ -77,10 +77,12 @@ def _scores_table(result: PredictResult) -> Table:
     table.add_column("series", no_wrap=True)
     table.add_column("MAE", justify="right")
     table.add_column("MAPE", justify="right")
+    table.add_column("MAE of persistence", justify="right")
     for item in result.scores or []:
-        table.add_row(item.series, f"{item.mae:.6g}", f"{item.mape:.3f} %")
+        table.add_row(item.series, f"{item.mae:.6g}", f"{item.mape:.3f} %", f"{item.persistence_mae:.6g}")
     table.add_section()
-    table.add_row("mean", f"{result.mean_mae:.6g}", f"{result.mean_mape:.3f} %", style="bold")
+    table.add_row("mean", f"{result.mean_mae:.6g}", f"{result.mean_mape:.3f} %", f"{result.mean_persistence_mae:.6g}",
+                  style="bold")
     return table
 
 

@@ -42,6 +42,7 @@ class SeriesScore:
     series: str
     mae: float
     mape: float  # percent
+    persistence_mae: float = math.nan  # of a no-change forecast (the last history close) over the same bars
 
 
 @dataclass
@@ -73,6 +74,10 @@ class PredictResult:
     def mean_mape(self) -> float | None:
         return float(np.mean([s.mape for s in self.scores])) if self.scores else None
 
+    @property
+    def mean_persistence_mae(self) -> float | None:
+        return float(np.mean([s.persistence_mae for s in self.scores])) if self.scores else None
+
     def long_frame(self) -> pd.DataFrame:
         return long_frame(self.series_names, self.frames)
 
@@ -95,7 +100,9 @@ class PredictResult:
         if self.scores is not None:
             report["mae"] = self.mean_mae
             report["mape"] = self.mean_mape
-            report["per_series"] = [{"series": s.series, "mae": s.mae, "mape": s.mape} for s in self.scores]
+            report["persistence_mae"] = self.mean_persistence_mae
+            report["per_series"] = [{"series": s.series, "mae": s.mae, "mape": s.mape,
+                                     "persistence_mae": s.persistence_mae} for s in self.scores]
         report["notes"] = [f"{level}: {message}" for level, message in self.notes]
         report["predictions"] = predictions_json(self.series_names, self.frames, self.precision)
         return report
@@ -149,10 +156,15 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback,
 # Scoring and output --------------------------------------------------------------------------
 
 
-def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray) -> SeriesScore:
-    """MAE and MAPE (percent) of the predicted close against the actual close (prices are > 0)."""
+def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray,
+          last_close: float = math.nan) -> SeriesScore:
+    """MAE and MAPE (percent) of the predicted close against the actual close (prices are > 0), and the MAE of
+    persistence (no change from `last_close`, the history's last close) over the same bars."""
+    from kronos_tune.backtest.naive import persistence_mae
+
     error = np.abs(np.asarray(predicted_close, dtype=np.float64) - actual_close)
-    return SeriesScore(name, float(error.mean()), float((error / np.abs(actual_close)).mean() * 100.0))
+    return SeriesScore(name, float(error.mean()), float((error / np.abs(actual_close)).mean() * 100.0),
+                       persistence_mae(last_close, actual_close))
 
 
 # The job -------------------------------------------------------------------------------------
@@ -243,8 +255,9 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
 
     scores = None
     if config.holdout and frames:
-        scores = [score(name, frame["close"].to_numpy(), actual)
-                  for name, frame, actual in zip(names, frames, inputs.actual_close)]
+        last_closes = inputs.x[:, -1, FEATURE_COLUMNS.index("close")]
+        scores = [score(name, frame["close"].to_numpy(), actual, float(last))
+                  for name, frame, actual, last in zip(names, frames, inputs.actual_close, last_closes)]
     if config.out is not None and frames:
         write_table(long_frame(names, frames), config.out, precision)
         if output_format(config.out) == "csv":
