@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 
-from kronos_core.bench import predict as bench
-from kronos_core.bench.phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, mean_cache_length, split_phases,
-                                      time_phases, weight_bytes_per_step)
+from benchmarks import predict as bench
+from benchmarks.predict_phases import (PhaseTimes, breakdown_lines, kv_bytes_per_step, mean_cache_length,
+                                       split_phases, time_phases, weight_bytes_per_step)
 from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import build_model, build_tokenizer
 from kronos_core.data.synthetic import synthetic_series
@@ -89,7 +89,7 @@ def test_breakdown_ceilings_follow_from_the_phases(tiny):
 
 
 def test_bench_predict_command_compares_paths_and_breaks_down(capsys, one_thread):
-    code = bench.main(["predict", "--size", "tiny", "--series", "3", "--lookback", "64", "--pred-len", "5",
+    code = bench.main(["--size", "tiny", "--series", "3", "--lookback", "64", "--pred-len", "5",
                        "--repeats", "2", "--breakdown", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0
@@ -104,11 +104,11 @@ def test_bench_predict_command_compares_paths_and_breaks_down(capsys, one_thread
 
 
 def test_bench_panel_input_and_host_path(capsys, one_thread):
-    code = bench.main(["predict", "--size", "tiny", "--series", "3", "--lookback", "40", "--pred-len", "3",
+    code = bench.main(["--size", "tiny", "--series", "3", "--lookback", "40", "--pred-len", "3",
                        "--repeats", "1", "--input", "panel", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "as panel" in out and "greedy outputs identical: True" in out
-    assert bench.main(["predict", "--series", "4", "--lookback", "30", "--pred-len", "2", "--paths", "host",
+    assert bench.main(["--series", "4", "--lookback", "30", "--pred-len", "2", "--paths", "host",
                        "--repeats", "2", "--input", "panel"]) == 0
     out = capsys.readouterr().out
     assert "host path only (panel in and out, no model)" in out and out.splitlines()[-1].startswith("host")

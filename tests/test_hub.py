@@ -305,7 +305,7 @@ def test_train_from_hub_ids_records_them_in_run_json(hub: dict, tmp_path: Path,
 
 def test_the_load_benchmarks_cache_is_one_the_library_reads(hub: dict, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from kronos_core.bench.load import write_hub_cache
+    from benchmarks.load import write_hub_cache
 
     cache = tmp_path / "bench-cache"
     commit = write_hub_cache(hub["a"], cache, "kronos-bench/tiny")

@@ -24,7 +24,7 @@ from kronos_tune.memory import (
     estimate_step_peak,
     make_meter,
 )
-from kronos_tune.memory.bench import make_build, make_step, measure_real_peak
+from benchmarks.memory import make_build, make_step, measure_real_peak
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 MIB = 1 << 20

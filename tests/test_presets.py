@@ -9,6 +9,7 @@ import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -89,7 +90,7 @@ def test_a_wheel_install_finds_the_builtin_presets(tmp_path: Path) -> None:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for folder in ("kronos_core", "kronos_tune", "presets"):
+    for folder in ("kronos_core", "kronos_tune", "presets", "benchmarks"):  # benchmarks/: in the source, not in the wheel
         shutil.copytree(REPO / folder, source / folder, ignore=skip)
 
     # without PYTHONPATH: a checkout on it (a worktree's) would import instead of the installed wheel
@@ -110,6 +111,9 @@ def test_a_wheel_install_finds_the_builtin_presets(tmp_path: Path) -> None:
     child_site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
     Path(child_site, "parent-env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     wheel = next((tmp_path / "dist").glob("*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert {"kronos_core", "kronos_tune"} <= tops and "benchmarks" not in tops, tops
     run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
     probe = ("import kronos_tune, kronos_tune.presets as p; print(kronos_tune.__file__); "
              "print(p.builtin_preset_dir()); print(' '.join(sorted(x.name for x in p.list_presets())))")

@@ -249,7 +249,7 @@ def test_a_fresh_process_loads_without_importing_torch_dynamo(tmp_path):
 
 @pytest.mark.slow
 def test_the_load_benchmark_reports_both_figures():
-    done = subprocess.run([sys.executable, "-m", "kronos_core.bench", "load", "--size", "tiny", "--repeats", "1"],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.load", "--size", "tiny", "--repeats", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

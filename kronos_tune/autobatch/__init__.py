@@ -11,8 +11,9 @@ so ``from kronos_tune import autobatch`` works whichever was imported first.
 * ``search``: the generic core (``autobatch``, ``AutobatchResult``, ``Probe``, ``ProbeStep``);
 * ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
 * ``predict_task``: the prediction chunk size (``max_batch_size``) for a preset's predict workload;
-* ``render``: Rich summary, terminal plot, TOML snippet;
-* ``bench``: ``python -m kronos_tune.autobatch.bench`` compares the pick with the true maximum.
+* ``render``: Rich summary, terminal plot, TOML snippet.
+
+``python -m benchmarks.autobatch`` (repository root) compares the pick with the true maximum.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark of the real predictor training step: `python -m kronos_core.bench.train`.
+"""Benchmark of the real predictor training step: `python -m benchmarks.train`.
 
 1. Kronos-small, eager fp32, batch 16, window 101 (lookback 90 + predict 10 + 1):
    median / min / max step time over repeated optimizer steps after one warm-up.
@@ -124,7 +124,7 @@ def render(results: list[BenchResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kronos_core.bench.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="small", help="model size (default small)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setup (after one warm-up)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

@@ -1,6 +1,6 @@
 """Compare the exact CPU meter with the fake estimate on a tiny transformer.
 
-    python -m kronos_tune.memory.bench [--batches 8 32 64] [--repeats 3]
+    python -m benchmarks.memory [--batches 8 32 64] [--repeats 3]
 
 For each mode (fp32, bf16 autocast, activation checkpointing) and batch size it
 prints the real ``CpuExactMeter`` peak of a warm training step, the
@@ -191,7 +191,7 @@ def _fmt_row(row: CompareRow) -> str:
 
 
 def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> list[CompareRow]:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.memory.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--overhead-repeats", type=int, default=7)

@@ -1,6 +1,6 @@
 """How much does the telemetry sampler slow a CPU training loop down?
 
-    python -m kronos_tune.telemetry.bench [--repeats 7] [--interval 0.1] [--steps 40] [--budget 45]
+    python -m benchmarks.telemetry [--repeats 7] [--interval 0.1] [--steps 40] [--budget 45]
 
 Runs a small fixed-seed MLP training loop in interleaved repeats without (A)
 and with (B) a background Sampler (A B A B ...), so drifts in machine load hit
@@ -126,7 +126,7 @@ def run(repeats: int, interval_s: float, steps: int, budget_s: float = 45.0, pre
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.telemetry.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="runs with and without the sampler (each)")
     parser.add_argument("--interval", type=float, default=0.1, help="sampler interval in seconds (default 10 Hz)")
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (at most)")

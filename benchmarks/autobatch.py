@@ -1,6 +1,6 @@
 """How good is autobatch's pick, and what does the search cost? Real steps on this CPU.
 
-    python -m kronos_tune.autobatch.bench [--task train|predict] [--preset cpu] [--model-size tiny]
+    python -m benchmarks.autobatch [--task train|predict] [--preset cpu] [--model-size tiny]
                                          [--budget-gb 0.5] [--margin F] [--train-steps 20] [--repeats 3]
 
 train: runs ``autobatch`` on the preset's fine-tuning workload (model size
@@ -179,7 +179,7 @@ def bench_predict(preset: Preset, model_size: str | None, budget_bytes: int, mar
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.autobatch.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.autobatch", description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=("train", "predict"), default="train")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--model-size", default="tiny", help="override the preset's model size ('' keeps it)")

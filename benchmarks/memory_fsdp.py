@@ -1,6 +1,6 @@
 """Benchmark: FSDP against DDP with N gloo processes on this CPU, and the planner against the measurement.
 
-    python -m kronos_tune.memory.bench_fsdp [--size mini] [--steps 10] [--batch-size 8] [--nproc 2]
+    python -m benchmarks.memory_fsdp [--size mini] [--steps 10] [--batch-size 8] [--nproc 2]
 
 Starts torchrun with N processes (gloo); each runs the same workload twice in
 one process group, DDP then FSDP, from the same initial weights on the same
@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import child_env
 from kronos_core.launch import LaunchSpec, emit_event, run_launch, torchrun_command
 
 
@@ -91,10 +92,10 @@ def _run_rank(size: str, steps: int, batch_size: int, out: Path) -> None:
 def _launch(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The ranks through the shared launcher (kronos_core.launch); each reports one "result" event."""
     with tempfile.TemporaryDirectory(prefix="kronos-fsdp-bench-") as tmp:
-        command = torchrun_command(LaunchSpec(nproc=args.nproc), "kronos_tune.memory.bench_fsdp",
+        command = torchrun_command(LaunchSpec(nproc=args.nproc), "benchmarks.memory_fsdp",
                                    ["--rank-worker", "--size", args.size, "--steps", str(args.steps),
                                     "--batch-size", str(args.batch_size), "--out", tmp])
-        run = run_launch(command, env={"OMP_NUM_THREADS": "1"})
+        run = run_launch(command, env=child_env({"OMP_NUM_THREADS": "1"}))
         if not run.ok:
             tail = "\n".join(run.tail)
             raise SystemExit(f"torchrun failed ({run.returncode}):\n{tail}")
@@ -103,7 +104,7 @@ def _launch(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.memory.bench_fsdp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="mini")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8, help="micro-batch per rank")

@@ -1,8 +1,8 @@
 """Prediction benchmark: KV-cached vs full-recompute generation on the same weights, and the host path alone.
 
-    python -m kronos_core.bench predict --size small --series 8 --lookback 400 --pred-len 30
-    python -m kronos_core.bench predict --series 2048 --pred-len 120 --paths cached --amp bf16 --breakdown
-    python -m kronos_core.bench predict --size tiny --series 2048 --pred-len 8 --paths host --input panel
+    python -m benchmarks.predict --size small --series 8 --lookback 400 --pred-len 30
+    python -m benchmarks.predict --series 2048 --pred-len 120 --paths cached --amp bf16 --breakdown
+    python -m benchmarks.predict --size tiny --series 2048 --pred-len 8 --paths host --input panel
 
 Series come from a K-line CSV (`--csv`, windows at different offsets) or from
 the synthetic generator; `--input lists` passes them to predict_batch as
@@ -14,9 +14,7 @@ exactly. The first full-size call is reported apart from the steady state
 selection and graph capture. `--paths host` times only the host work
 (inputs to arrays, outputs to frames), without the model.
 
-    python -m kronos_core.bench load --size base --repeats 3
-
-measures the host memory `from_pretrained` adds, in fresh processes (see kronos_core.bench.load).
+The host memory `from_pretrained` adds is measured apart: `python -m benchmarks.load`.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.bench.load import add_parser as add_load_parser, bench_load
-from kronos_core.bench.phases import breakdown_lines, measure_read_bandwidth, time_phases
+from benchmarks.predict_phases import breakdown_lines, measure_read_bandwidth, time_phases
 from kronos_core.data.kline import FEATURE_COLUMNS, read_kline
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.predict.panel import panel_frame, panel_inputs, predict_panel
@@ -194,10 +191,8 @@ def _print_breakdown(args: argparse.Namespace, predictor: KronosPredictor, call,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_core.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    predict = sub.add_parser("predict", help="KV-cached vs full-recompute batch prediction")
+    predict = argparse.ArgumentParser(prog="python -m benchmarks.predict", description=__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     predict.add_argument("--size", default="small")
     predict.add_argument("--series", type=int, default=8)
     predict.add_argument("--lookback", type=int, default=400)
@@ -223,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--breakdown", action="store_true",
                          help="also time the cached path's phases and print the per-step memory floor and "
                               "the speed-up ceilings")
-    add_load_parser(sub)
-    args = parser.parse_args(argv)
-    return bench_load(args) if args.command == "load" else bench_predict(args)
+    return bench_predict(predict.parse_args(argv))
 
 
 if __name__ == "__main__":

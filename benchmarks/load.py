@@ -1,9 +1,9 @@
 """Host memory of `from_pretrained`: what loading a pretrained folder adds to a fresh process.
 
-    python -m kronos_core.bench load --size base --repeats 3
-    python -m kronos_core.bench load --folder ./Kronos-small --dtype bf16
-    python -m kronos_core.bench load --size small --hub                       # folder vs hub id, temp cache
-    python -m kronos_core.bench load --hub-id NeoQuasar/Kronos-small          # an id in your HF cache
+    python -m benchmarks.load --size base --repeats 3
+    python -m benchmarks.load --folder ./Kronos-small --dtype bf16
+    python -m benchmarks.load --size small --hub                       # folder vs hub id, temp cache
+    python -m benchmarks.load --hub-id NeoQuasar/Kronos-small          # an id in your HF cache
 
 A random-init predictor of the named size is saved once to a temp folder (or
 `--folder` names a saved one); then each repeat loads it in a fresh Python
@@ -42,12 +42,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import child_env
+
 MIB = 2 ** 20
+CHILD_FLAG = "--measure-in-this-process"
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    load = sub.add_parser("load", help="host memory added by from_pretrained, in fresh processes")
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [CHILD_FLAG]:
+        _child(*argv[1:4])
+        return 0
+    load = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     load.add_argument("--size", default="base", help="model size saved random-init to a temp folder")
     load.add_argument("--folder", default=None, help="a saved predictor folder to load instead of --size")
     load.add_argument("--repeats", type=int, default=3, help="loads, each in a fresh process")
@@ -60,16 +68,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--hub-id", default=None,
                       help="compare the folder load with a load by this hub id (OWNER/NAME[@REV]) from your "
                            "Hugging Face cache, offline")
+    return bench_load(load.parse_args(argv))
 
 
 def _measure_in_child(source: Path | str, device: str, dtype: str, env: dict[str, str] | None = None) -> dict:
-    command = [sys.executable, "-m", "kronos_core.bench.load", str(source), device, dtype]
+    command = [sys.executable, "-m", "benchmarks.load", CHILD_FLAG, str(source), device, dtype]
     if os.name == "posix":
         # A process started straight from this one inherits this one's (large) RSS high-water mark across
         # exec on Linux; started from a forked shell it begins with the shell's few MiB.
         command = ["/bin/sh", "-c", '"$0" "$@"; exit $?', *command]
-    done = subprocess.run(command, capture_output=True, text=True, check=False,
-                          env=None if env is None else {**os.environ, **env})
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=child_env(env))
     if done.returncode != 0:
         raise SystemExit(f"the loading process failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -202,4 +210,4 @@ def _child(folder: str, device: str, dtype: str) -> None:
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    sys.exit(main())

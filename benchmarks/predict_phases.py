@@ -8,7 +8,7 @@ steps cost nothing:
     ceiling = recompute_time / (cached_time - cached_steps_time)
 
 and a cached step cannot beat reading every weight plus the KV cache once
-from memory. `python -m kronos_core.bench predict --breakdown` prints both.
+from memory. `python -m benchmarks.predict --breakdown` prints both.
 """
 
 from __future__ import annotations

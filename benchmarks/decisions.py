@@ -1,9 +1,9 @@
 """How often the timing rule is right: many short A/A and planted-effect comparisons, paired and sequential.
 
-    python -m kronos_tune.protocol.bench_decisions --quick                 # a few minutes: quiet and periodic load
-    python -m kronos_tune.protocol.bench_decisions --repeats 20 --load periodic
-    python -m kronos_tune.protocol.bench_decisions --load-only --duration 900   # just the load, for another shell
-    python -m kronos_tune.protocol.bench_decisions --protocol-runs 10 --load periodic --plant fused-adamw:0.10
+    python -m benchmarks.decisions --quick                 # a few minutes: quiet and periodic load
+    python -m benchmarks.decisions --repeats 20 --load periodic
+    python -m benchmarks.decisions --load-only --duration 900   # just the load, for another shell
+    python -m benchmarks.decisions --protocol-runs 10 --load periodic --plant fused-adamw:0.10
 
 Two live trial workers train the tiny model (the same configuration, so every
 difference between them is noise) and are compared over and over, in the two
@@ -78,7 +78,7 @@ class BenchRun:
 
     def launch(self, spec: Any, work: Path, job: dict[str, Any], on_event: Any,
                deadline: Any = None) -> tuple[Any, Path]:
-        from kronos_tune.protocol.isolation import launch_trial
+        from kronos_tune.benchmark.run.isolation import launch_trial
 
         stack_file = self.folder / f"{spec.name}-stacks.txt"
         return launch_trial(spec.name, 1, work, job, on_event, self.cancel, self.trial_timeout_s, stack_file,
@@ -89,8 +89,8 @@ def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> 
     """A trial spec and job of the tiny model on synthetic data (by default no evaluation: only timing matters
     here)."""
     from kronos_core.train import TrainConfig
-    from kronos_tune.protocol.measure import StepPlan
-    from kronos_tune.protocol.records import TrialSpec
+    from kronos_tune.benchmark.train.measure import StepPlan
+    from kronos_tune.benchmark.results import TrialSpec
 
     config = TrainConfig(what="predictor", model_size="tiny", data=["synthetic"], lookback_window=16,
                          predict_window=4, batch_size=8, samples_per_epoch=1_000_000, epochs=1, eval_samples=8,
@@ -103,7 +103,7 @@ def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> 
 
 
 def start_worker(run: BenchRun, name: str, seed: int, eval_step: int | None = None) -> Any:
-    from kronos_tune.protocol.live_worker import LiveWorker
+    from kronos_tune.benchmark.run.live_worker import LiveWorker
 
     work = run.folder / name
     work.mkdir(parents=True)
@@ -125,8 +125,8 @@ def delay_for(effect: float) -> float:
 def paired_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: float, steps: int,
                 label: str) -> Any:
     """One paired comparison with `effect` planted: the stats.Comparison estimate (threshold set later)."""
-    from kronos_tune.protocol.paired import Interleaver
-    from kronos_tune.protocol.stats import block_ratios
+    from kronos_tune.benchmark.run.paired import Interleaver
+    from kronos_tune.benchmark.stats import block_ratios
 
     trial.block(1, delay=0.0)  # the trial side never carries a delay
     interleaver = Interleaver(run, label, steps, budget_s)
@@ -136,8 +136,8 @@ def paired_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: f
 
 def sequential_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: float, steps: int) -> Any:
     """The baseline, the trial, the baseline again (each a third of the budget): as the protocol was."""
-    from kronos_tune.protocol.decision import FLOOR
-    from kronos_tune.protocol.stats import compare
+    from kronos_tune.benchmark.train.decide import FLOOR
+    from kronos_tune.benchmark.stats import compare
 
     long = steps * max(1, round(budget_s / 3 / max(1e-3, run.options.block_s)))
     first = base.block(long, delay=delay_for(effect))
@@ -164,10 +164,10 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
                     say: Any = print) -> list[dict[str, Any]]:
     """Every comparison of the benchmark: per load, per repeat, per design: A/A (resolution), A/A (the null
     test), then the planted effects."""
-    from kronos_tune.protocol.decision import PAIRED_FLOOR
-    from kronos_tune.protocol.paired import steps_per_block
-    from kronos_tune.protocol.records import ProtocolOptions
-    from kronos_tune.protocol.stats import paired_compare
+    from kronos_tune.benchmark.train.decide import PAIRED_FLOOR
+    from kronos_tune.benchmark.run.paired import steps_per_block
+    from kronos_tune.benchmark.options import ProtocolOptions
+    from kronos_tune.benchmark.stats import paired_compare
 
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="kronos-bench-decisions-"))
@@ -251,7 +251,7 @@ def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.protocol.bench_decisions",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decisions",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats of 2 s comparisons, quiet and periodic")
     parser.add_argument("--load", choices=("none", "periodic", "both"), default="both")
