@@ -45,3 +45,27 @@ def test_unknown_key_error_points_to_the_list(tmp_path, capsys) -> None:
     assert run(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'batch_size'" in err and "kronos-tune config keys" in err and err.count("\n") == 1
+
+
+def test_every_key_is_described() -> None:
+    from kronos_tune.commands.config import config_keys
+
+    assert [key.name for key in config_keys() if not key.description] == []
+
+
+def test_listing_at_80_columns_keeps_each_description_whole(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert run(["config", "keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    at = next(i for i, line in enumerate(lines) if line.startswith("train_until = "))
+    described = " ".join(line.strip() for line in lines[at + 1:at + 5] if line.startswith("    "))
+    assert "2010-05-14" in described and "fraction" in described  # wrapped at word ends, not squeezed
+
+
+def test_redirected_listing_is_not_wrapped(capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert run(["config", "keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("tokenizer_dir = "))
+    assert lines[at + 1].strip().endswith("a random-init tokenizer") and lines[at + 2].startswith("predictor_dir")

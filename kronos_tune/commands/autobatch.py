@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 
 from kronos_core.units import format_bytes
 from kronos_tune.autobatch.maximize import check_rule, largest_fitting, scale_for_batch
+from kronos_tune.commands.common import make_console
 from kronos_tune.errors import KronosTuneError
 
 if TYPE_CHECKING:
@@ -116,8 +117,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     if estimate:
         assumptions.append("estimate: every probe runs on fake tensors (nothing allocated)")
 
-    console = Console(stderr=True) if as_json else Console()
-    progress = Console(stderr=True)
+    console = make_console(stderr=True) if as_json else make_console()
+    progress = make_console(stderr=True)
     unit = "series per chunk" if task == "predict" else "batch size"
 
     def on_probe(probe: Probe) -> None:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, LiveProgress,
                                          OfflineOption, SampleCountOption, SeedOption, SizeOption, TemperatureOption,
-                                         TopPOption, WindowModeOption)
+                                         TopPOption, WindowModeOption, make_console)
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -171,7 +171,7 @@ def backtest_command(
     from kronos_tune.backtest.report import JSON_NAME
     from kronos_tune.backtest.runner import run_backtest
 
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
 
     def on_note(level: str, message: str) -> None:
         console.print(Text.assemble((f"{level}:", "yellow" if level == "warning" else "cyan"), " ", message),

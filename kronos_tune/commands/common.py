@@ -1,11 +1,14 @@
-"""What several commands share: the options of the prediction commands, and a Rich bar that `with` shows."""
+"""What several commands share: the options of the prediction commands, the console every command prints
+on, and a Rich bar that `with` shows."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.console import Console
 
 CheckpointOption = Annotated[Optional[Path], typer.Option(
     "--checkpoint", help="Predictor folder (config.json + model.safetensors) or Hugging Face hub id, e.g. "
@@ -27,6 +30,19 @@ WindowModeOption = Annotated[str, typer.Option(
 CalendarOption = Annotated[Optional[str], typer.Option(
     "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. XSHG, "
                        "XSHE, XHKG, XNYS; needs the \\[calendars] extra. Default: each series' own bar grid.")]
+
+
+# Redirected output without COLUMNS: wide enough that no table cell or progress line is cut (Rich would use 80).
+REDIRECTED_WIDTH = 400
+
+
+def make_console(stderr: bool = False) -> Console:
+    """The console a command prints on: a terminal's own width; redirected to a file or pipe, the width from
+    COLUMNS when set, else REDIRECTED_WIDTH, so tables and the final progress lines come out whole."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        console.width = REDIRECTED_WIDTH
+    return console
 
 
 class LiveProgress:

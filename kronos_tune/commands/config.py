@@ -7,10 +7,11 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from rich.console import Group
+from rich.padding import Padding
+from rich.text import Text
+
+from kronos_tune.commands.common import make_console
 
 # What each key does, in a line. A key missing here is still listed (with its type and default).
 DESCRIPTIONS: dict[str, str] = {
@@ -22,6 +23,9 @@ DESCRIPTIONS: dict[str, str] = {
                      "left out: random init",
     "data": "CSV/Parquet files or folders of K-lines, or [\"synthetic\"]",
     "symbol_column": "data files are panels (one long table of many symbols); this column names each series",
+    "train_until": "train on bars up to this date (2010-05-14 or 20100514: that whole day; 2010-05-14 15:00: "
+                   "up to that bar), or this fraction of the data's timeline (0.75); year first, day/month "
+                   "forms are refused; recorded in data_span.json for the backtest's leakage check",
     "synthetic_series": "synthetic data: number of series",
     "synthetic_rows": "synthetic data: rows per series",
     "val_fraction": "share of each series kept for validation (its last rows)",
@@ -111,17 +115,17 @@ def config_keys() -> list[KeyInfo]:
     return keys
 
 
-def keys_table(keys: list[KeyInfo]) -> Table:
-    table = Table(title="TrainConfig keys (a `kronos-tune train --config FILE` TOML file: flat key = value lines)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("key", style="bold", no_wrap=True)
-    table.add_column("type", no_wrap=True)
-    table.add_column("default", overflow="fold")
-    table.add_column("what it does", overflow="fold")
+def keys_listing(keys: list[KeyInfo]) -> Group:
+    """Each key as `name = default  type`, its description indented below: readable at 80 columns, where
+    a four-column table squeezed the descriptions to a dozen characters."""
+    parts: list[Any] = [Text("TrainConfig keys: a `kronos-tune train --config FILE` TOML file holds flat "
+                             "key = value lines\n", style="bold")]
     for key in keys:
-        text = key.description + (f" ({', '.join(key.choices)})" if key.choices else "")
-        table.add_row(key.name, escape(key.type), escape(_toml_value(key.default)), escape(text))
-    return table
+        parts.append(Text.assemble((key.name, "bold"), " = ", _toml_value(key.default), ("  " + key.type, "dim")))
+        choices = f"; one of: {', '.join(key.choices)}" if key.choices else ""
+        text = (key.description or "(no description)") + choices
+        parts.append(Padding(Text(text), (0, 0, 0, 4), expand=False))
+    return Group(*parts)
 
 
 config_app = typer.Typer(help="Training configuration files: the keys they take.", no_args_is_help=True)
@@ -134,7 +138,7 @@ def keys(as_json: Annotated[bool, typer.Option("--json", help="Print the keys as
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(key) for key in found], indent=2))
         return
-    Console().print(keys_table(found))
+    make_console().print(keys_listing(found))
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kronos_core.units import format_bytes
+from kronos_tune.commands.common import make_console
 
 
 def render_plan(plan, console: Console) -> None:  # type: ignore[no-untyped-def]
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
         from kronos_tune.presets import resolve_preset
 
         chosen = resolve_preset(preset, preset_dir)
-        console = Console(stderr=as_json)
+        console = make_console(stderr=as_json)
         # The spinner (a thread) starts at the first progress report, once the planner's workers exist: a
         # process running no other thread can fork them instead of spawning (kronos_tune.memory.planner).
         status = console.status("estimating on fake tensors")

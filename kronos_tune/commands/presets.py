@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
+from kronos_tune.commands.common import make_console
 from kronos_tune.presets import (
     BYTES_PER_GIB,
     Preset,
@@ -82,7 +82,7 @@ def _presets_table(presets: list[Preset]) -> Table:
 def presets_main(ctx: typer.Context, preset_dir: PresetDirOption = None) -> None:
     """List every preset (built-in, KRONOS_TUNE_PRESET_DIR, --preset-dir) in one table."""
     if ctx.invoked_subcommand is None:
-        Console().print(_presets_table(list_presets(preset_dir)))
+        make_console().print(_presets_table(list_presets(preset_dir)))
 
 
 @presets_app.command("show")
@@ -94,7 +94,7 @@ def show(
     """Print one preset as TOML, with the memory budget derived from it (`> file.toml` gives a valid preset)."""
     parent_dirs: list[Path] = list(ctx.parent.params.get("preset_dir") or []) if ctx.parent else []
     preset = resolve_preset(name, parent_dirs + list(preset_dir or []))
-    console = Console()
+    console = make_console()
     if not console.is_terminal:  # a file or a pipe: plain TOML, whatever the width
         typer.echo(show_text(preset), nl=False)
     else:  # colours; lines are never wrapped (soft wrap), so a copied line stays TOML

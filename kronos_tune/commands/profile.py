@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kronos_core.units import format_bytes
+from kronos_tune.commands.common import make_console
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         device, device_note = runnable_device(chosen)
         dtype = {"bf16": "bf16", "fp16": "fp16"}.get(config.amp, "fp32")
         peak = chosen.peak_flops(dtype) if device == chosen.hardware.device else None
-        console = Console(stderr=as_json)
+        console = make_console(stderr=as_json)
         if device_note:
             console.print(f"[yellow]{device_note}[/]")
         with console.status(f"profiling {steps} steps of Kronos-{config.model_size}, batch {config.batch_size}"):

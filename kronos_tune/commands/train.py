@@ -36,7 +36,7 @@ from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
 from kronos_core.train.loading import load_training_data
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import LiveProgress, OfflineOption
+from kronos_tune.commands.common import LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
@@ -279,7 +279,7 @@ def register(app: typer.Typer) -> None:
                 raise KronosTuneError(f"--resume {resume}: that run was started from {theirs}, not {source}; leave "
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
-        console = Console()
+        console = make_console()
         weights = _pretrained_weights(base, what, offline, console)
         if config is not None:
             partial = partial_config_note(config)
