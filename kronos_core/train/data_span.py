@@ -1,6 +1,7 @@
 """Which bars a training run read: the `train_until` cut and the data span written next to its checkpoints.
 
-`train_until` is a date (``2010-05-14``, ``20100514`` or a timestamp) or a fraction in (0, 1). A date keeps
+`train_until` is a date (``2010-05-14``, ``20100514`` or a timestamp; day and month first, ``05/06/2010``, is
+refused as ambiguous) or a fraction in (0, 1). A date keeps
 every bar at or before it (a date without a time keeps that whole day); a fraction is a date too: the bar at
 that fraction of the data's timeline (every distinct timestamp of every series), so one cut holds for the
 whole panel and a backtest can start after it. Training and validation windows both come from the bars
@@ -34,6 +35,8 @@ SPAN_FILE = "data_span.json"
 SPAN_FORMAT = 1
 _DATE_ONLY = re.compile(r"^\s*(\d{8}|\d{4}[-/.]\d{1,2}[-/.]\d{1,2})\s*$")
 _NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+# Day and month first, in either order (05/06/2010, 18.05.2010, 05-06-10): pandas guesses which one is the day.
+_DAY_MONTH = re.compile(r"^\s*(?P<a>\d{1,2})(?P<sep>[/.-])(?P<b>\d{1,2})((?P=sep)(?P<year>\d{2,4}))?(?=$|[\sT])")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,21 @@ def _where(paths: list[Path], synthetic: bool) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
+def refuse_ambiguous_date(text: str, where: str) -> None:
+    """Raise KronosError for a date written day and month first (05/06/2010: 5 June or 6 May?), saying how to
+    write it; `where` names the setting ("train_until '05/06/2010' (--train-until)")."""
+    match = _DAY_MONTH.match(text)
+    if match is None:
+        return
+    a, b, year = int(match["a"]), int(match["b"]), match["year"] or "YYYY"
+    if len(year) == 2:
+        year = f"20{year}"
+    readings = [f"{year}-{month:02d}-{day:02d}" for day, month in ((a, b), (b, a)) if 1 <= month <= 12]
+    said = " or ".join(dict.fromkeys(readings)) or f"{year}-MM-DD"
+    raise KronosError(f"{where}: day and month first (DD/MM or MM/DD) is ambiguous; write the year first: "
+                      f"{said} (YYYY-MM-DD, or YYYYMMDD)")
+
+
 def parse_train_until(value: str) -> tuple[str, float | pd.Timestamp]:
     """('fraction', f) or ('date', timestamp); a date without a time becomes the end of that day (exclusive
     limit handled by the caller via `limit_ns`)."""
@@ -91,6 +109,7 @@ def parse_train_until(value: str) -> tuple[str, float | pd.Timestamp]:
             raise KronosError(f"train_until {text!r} (--train-until): a fraction must be between 0 and 1 "
                               f"(e.g. 0.75), or give a date such as 2010-05-14")
         return "fraction", fraction
+    refuse_ambiguous_date(text, f"train_until {text!r} (--train-until)")
     try:
         stamp = pd.Timestamp(pd.to_datetime(text, format="%Y%m%d") if re.fullmatch(r"\d{8}", text) else text)
     except (ValueError, TypeError, OverflowError):
