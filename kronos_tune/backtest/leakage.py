@@ -9,8 +9,8 @@ them and marks the run. Checkpoints without a span (published weights, older run
 not checked; the report says so.
 
 `--checkpoint` (and `--compare checkpoint=...`) may name a training run's folder: its ``best/`` is the
-checkpoint, and its tokenizer (the run's ``tokenizer_dir``, or the random-init one it saved in
-``tokenizer/``) is used when no tokenizer is given.
+checkpoint, and its tokenizer is used when no tokenizer is given (kronos_tune.checkpoints, shared with
+predict and train).
 """
 
 from __future__ import annotations
@@ -22,58 +22,26 @@ from typing import Any
 
 import pandas as pd
 
-from kronos_core.errors import KronosError
-from kronos_core.files import load_toml
 from kronos_core.train.data_span import SPAN_FILE, read_data_span
 from kronos_tune.backtest.config import BacktestConfig, short_model_name
 from kronos_tune.backtest.origins import OriginPlan
+from kronos_tune.checkpoints import resolve_pair
 from kronos_tune.errors import KronosTuneError
-
-BEST = "best"
-
-
-def _is_checkpoint(folder: Path) -> bool:
-    return (folder / "config.json").is_file()
-
-
-def _tokenizer_of_run(run: Path) -> Path | None:
-    """The tokenizer a training run's predictor was trained with: its tokenizer_dir, else its saved one."""
-    try:
-        values = load_toml(run / "config.toml", what="training config")
-    except KronosError:
-        values = {}
-    if values.get("tokenizer_dir"):
-        return Path(values["tokenizer_dir"])
-    return run / "tokenizer" if _is_checkpoint(run / "tokenizer") else None
-
-
-def resolve_model(checkpoint: str | Path) -> tuple[Path, Path | None]:
-    """(checkpoint folder, the tokenizer of its training run or None) for a checkpoint or a run folder."""
-    path = Path(str(checkpoint))
-    if path.is_dir() and not _is_checkpoint(path):
-        if (path / "predictor" / BEST).is_dir():  # a `--what both` run
-            path = path / "predictor"
-        if _is_checkpoint(path / BEST):
-            return path / BEST, _tokenizer_of_run(path)
-        return path, None  # loading names what is missing
-    run = path.parent
-    if path.name == BEST and (run / "config.toml").is_file():
-        return path, _tokenizer_of_run(run)
-    return path, None
 
 
 def resolve_models(config: BacktestConfig) -> BacktestConfig:
-    """Run folders replaced by their best/ checkpoint, and tokenizers filled in from the runs."""
+    """Run folders replaced by their best/ checkpoint, and tokenizers filled in from the runs; every path
+    checked before any work (kronos_tune.checkpoints)."""
     changes: dict[str, Any] = {}
     if config.checkpoint is not None:
-        checkpoint, tokenizer = resolve_model(config.checkpoint)
-        changes["checkpoint"] = checkpoint
-        if config.tokenizer is None and tokenizer is not None:
+        changes["checkpoint"], tokenizer = resolve_pair(config.checkpoint, config.tokenizer)
+        if tokenizer is not None:
             changes["tokenizer"] = tokenizer
     compare = config.compare
     if compare is not None and compare.checkpoint is not None:
-        checkpoint, tokenizer = resolve_model(compare.checkpoint)
-        chosen = compare.tokenizer or tokenizer or changes.get("tokenizer", config.tokenizer)
+        checkpoint, tokenizer = resolve_pair(compare.checkpoint, compare.tokenizer, "--compare checkpoint=",
+                                             "--compare tokenizer=")
+        chosen = tokenizer or changes.get("tokenizer", config.tokenizer)
         if chosen is None:
             raise KronosTuneError(f"--compare checkpoint={compare.checkpoint}: no tokenizer for it; add "
                                   f"tokenizer=DIR, e.g. --compare checkpoint={compare.checkpoint},tokenizer=DIR")

@@ -17,7 +17,7 @@ from rich.text import Text
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, OfflineOption,
                                          SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
-                                         WindowModeOption)
+                                         WindowModeOption, make_console)
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
     from typer._click.core import ParameterSource
@@ -179,11 +179,12 @@ def predict_command(
 ) -> None:
     """Predict the next --pred-len bars of each series; timestamps follow --calendar, or else each series' own
     bar grid."""
+    from kronos_tune.checkpoints import resolve_pair
     from kronos_tune.predict.config_file import merge_predict_file, read_predict_file
     from kronos_tune.predict.job import PredictConfig, run_predict
     from kronos_tune.predict.quantiles import parse_quantiles
 
-    console = Console()
+    console = make_console()
 
     def on_note(level: str, message: str) -> None:
         """With --json, notes go to stderr so stdout holds the JSON object alone."""
@@ -207,6 +208,7 @@ def predict_command(
     for name in ("lookback", "pred_len"):
         if values[name] is None:
             raise MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
+    values["checkpoint"], values["tokenizer"] = resolve_pair(values["checkpoint"], values["tokenizer"])
     config = PredictConfig(**values)
     bar = None if as_json else _PredictBar(console)
     try:

@@ -229,6 +229,23 @@ def _pretrained_weights(config: TrainConfig, what: str | None, offline: bool, co
     return {label: found.to_dict() for label, found in sources.items()}
 
 
+def checked_weights(config: TrainConfig, what: str | None) -> dict[str, str]:
+    """predictor_dir and tokenizer_dir checked before any work (kronos_tune.checkpoints): a training run's
+    folder becomes its best/ (with its tokenizer when none is given); what changed."""
+    from kronos_tune.checkpoints import resolve_checkpoint, resolve_pair
+
+    if (what or config.what) == "tokenizer":
+        found = None if config.tokenizer_dir is None else \
+            resolve_checkpoint(config.tokenizer_dir, "tokenizer_dir", stage="tokenizer").checkpoint
+        chosen = {"tokenizer_dir": found}
+    else:
+        predictor, tokenizer = resolve_pair(config.predictor_dir, config.tokenizer_dir, "predictor_dir",
+                                            "tokenizer_dir")
+        chosen = {"predictor_dir": predictor, "tokenizer_dir": tokenizer}
+    return {key: str(value) for key, value in chosen.items()
+            if value is not None and Path(str(getattr(config, key) or "")) != value}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -271,6 +288,7 @@ def register(app: typer.Typer) -> None:
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
                      "device": device, "symbol_column": symbol_column, "train_until": train_until}
         base, source = build_config(preset, config, resume, overrides)
+        base = base.replace(**checked_weights(base, what))
         if base.train_until is not None:
             load_training_data(base)  # reads the data: a cut outside it is one line before any folder is made
         if resume is not None and (preset or config):
