@@ -1,5 +1,6 @@
-"""fake_cache.LightKeys: FakeTensorMode's cache entries found by a cheaper key give the answers the mode's own
-keys give, op by op and over whole planner traces."""
+"""The shortcuts through FakeTensorMode (kronos_core.torch_private, on private PyTorch names) change nothing but
+speed: light keys give the answers the mode's own keys give, op by op, and planner traces and whole plans are
+identical with the shortcuts off (the public FakeTensorMode path)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kronos_tune.memory import estimate, fake_cache, planner
-from kronos_tune.memory.estimate import _CpuOnlyTracker, _TrackingFakeMode
-from tests.test_planner import EMULATION, tiny_config
+from kronos_core import torch_private
+from kronos_core.torch_private import CountingFakeMode
+from kronos_tune.memory import planner
+from kronos_tune.memory.estimate import _CpuOnlyTracker
+from tests.test_planner import EMULATION, tiny_config, two_rank_tiny  # noqa: F401 - a fixture
 
 
 @pytest.fixture
 def fresh_light_keys(monkeypatch: pytest.MonkeyPatch) -> dict:
     entries: dict = {}
-    monkeypatch.setattr(fake_cache.LightKeys, "entries", entries)
+    monkeypatch.setattr(torch_private.LightKeys, "entries", entries)
+    monkeypatch.setattr(torch_private, "SHORTCUTS", True)
     return entries
+
+
+def _shortcut_mode() -> FakeTensorMode:
+    return CountingFakeMode.make(_CpuOnlyTracker().see_outputs, shortcuts=True)
 
 
 def _described(out: object) -> object:
@@ -60,10 +68,10 @@ def test_a_light_key_tells_apart_every_fact_the_mode_s_key_does(fresh_light_keys
     plain = FakeTensorMode()
     plain.cache_enabled = False  # every op from its kernel: the reference
     (reference,) = answers(plain, 1)
-    first, second = answers(_TrackingFakeMode(_CpuOnlyTracker()), 2)  # the second round is answered from light keys
+    first, second = answers(_shortcut_mode(), 2)  # the second round is answered from light keys
     assert first == reference
     assert second == reference
-    assert sum(entry is not fake_cache.UNCACHED for entry in fresh_light_keys.values()) >= 10
+    assert sum(entry is not torch_private.UNCACHED for entry in fresh_light_keys.values()) >= 10
     # strides are in the key: a view of the transposed tensor fails as the mode makes it fail
     def view_error(mode: FakeTensorMode) -> type:
         with mode:
@@ -73,12 +81,12 @@ def test_a_light_key_tells_apart_every_fact_the_mode_s_key_does(fresh_light_keys
                 base.t().view(-1)
         return type(raised.value)
 
-    assert view_error(_TrackingFakeMode(_CpuOnlyTracker())) is view_error(plain)
+    assert view_error(_shortcut_mode()) is view_error(plain)
 
 
 def test_an_argument_a_light_key_does_not_describe_goes_through_the_mode() -> None:
-    mode = _TrackingFakeMode(_CpuOnlyTracker())
-    keys = fake_cache.LightKeys(mode)
+    mode = _shortcut_mode()
+    keys = torch_private.LightKeys(mode)
     with mode:
         fake = torch.empty(3)
     with FakeTensorMode():
@@ -97,11 +105,30 @@ def test_a_planner_trace_through_light_keys_is_the_trace_of_the_mode_s_own_keys(
     light_again = planner._trace(config, (2, 5), 2, EMULATION)  # every op now found by its light key
     assert fresh_light_keys
     if parallelism == "fsdp":  # FSDP's copy-in op, which the mode does not cache, went to its meta kernel
-        assert fake_cache._META_ROUTES.get(torch.ops.fsdp.all_gather_copy_in.default) is True
-    monkeypatch.setattr(estimate, "LIGHT_KEYS", False)
+        assert torch_private._META_ROUTES.get(torch.ops.fsdp.all_gather_copy_in.default) is True
+    monkeypatch.setattr(torch_private, "SHORTCUTS", False)  # FakeTensorMode's own dispatch for every op
     own = planner._trace(config, (2, 5), 2, EMULATION)
     for traced in (light, light_again):
         for (probe, trace), (own_probe, own_trace) in zip(traced, own):
             assert probe == own_probe
             assert trace.ops == own_trace.ops and trace.live_bytes == own_trace.live_bytes
             assert trace.result == own_trace.result
+
+
+def test_a_plan_without_the_shortcuts_is_the_plan_with_them(two_rank_tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KRONOS_TUNE_CACHE_DIR", "off")
+    monkeypatch.setattr(torch_private, "SHORTCUTS", True)
+    with_shortcuts = planner.plan_preset(two_rank_tiny, sizes=("tiny",))
+    monkeypatch.setattr(torch_private, "SHORTCUTS", False)
+    assert type(CountingFakeMode.make(_CpuOnlyTracker().see_outputs)) is CountingFakeMode
+    assert planner.plan_preset(two_rank_tiny, sizes=("tiny",)).to_dict() == with_shortcuts.to_dict()
+
+
+def test_the_shortcuts_are_off_when_the_environment_says_so_or_a_private_name_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert torch_private.shortcuts_available()  # the PyTorch the suite runs on has every name they use
+    monkeypatch.setenv(torch_private.SHORTCUTS_ENV, "off")
+    assert not torch_private.shortcuts_wanted()
+    monkeypatch.delenv(torch_private.SHORTCUTS_ENV)
+    monkeypatch.delattr(torch._subclasses.fake_tensor.FakeTensorMode, "_output_from_cache_entry")
+    assert not torch_private.shortcuts_available() and not torch_private.shortcuts_wanted()

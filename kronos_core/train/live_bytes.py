@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kronos_core.errors import KronosError
+from kronos_core.torch_private import TorchDispatchMode, local_shard
 from kronos_core.units import format_bytes
 
 #: The exception a real CUDA allocator raises; ``torch.OutOfMemoryError`` is
@@ -161,11 +161,8 @@ class StorageTracker(TorchDispatchMode):
                 self._see_all(item, func)
 
     def _see(self, tensor: torch.Tensor, func: Any = None) -> None:
-        local = getattr(tensor, "_local_tensor", None)
-        if isinstance(local, torch.Tensor):  # a DTensor (FSDP): this rank holds only its local shard
-            tensor = local
         try:
-            storage = tensor.untyped_storage()
+            storage = local_shard(tensor).untyped_storage()  # a DTensor (FSDP): this rank holds only its shard
         except (RuntimeError, NotImplementedError, TypeError):
             return  # sparse / nested / storage-less subclasses: not counted
         ref = self._live.get(id(storage))

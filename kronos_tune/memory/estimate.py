@@ -21,13 +21,12 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from kronos_core.torch_private import CountingFakeMode, local_shard
 from kronos_core.train.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget
-from kronos_tune.memory.fake_cache import FOREIGN, UNCACHED, UNKNOWN, LightKeys, run_meta_kernel
 
 _MIB = 1 << 20
 
@@ -105,10 +104,7 @@ def _unique_storage_bytes(tensors: Iterable[torch.Tensor | None], round_bytes: i
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
             continue
-        local = getattr(t, "_local_tensor", None)
-        if isinstance(local, torch.Tensor):  # DTensor (FSDP): this rank's shard
-            t = local
-        st = t.untyped_storage()
+        st = local_shard(t).untyped_storage()  # DTensor (FSDP): this rank's shard
         if id(st) not in seen:
             seen.add(id(st))
             total += round_up(st.nbytes(), round_bytes)
@@ -183,8 +179,7 @@ class _CpuOnlyTracker(StorageTracker):
                 "tensors (use CudaEmulation to approximate a GPU)"
             )
         if self.marker is not None or self.dims_seen is not None:
-            local = getattr(tensor, "_local_tensor", None)
-            shape = (local if isinstance(local, torch.Tensor) else tensor).shape
+            shape = local_shard(tensor).shape
             if self.dims_seen is not None:
                 self.dims_seen.update(shape)
             marker = self.marker
@@ -196,84 +191,6 @@ class _CpuOnlyTracker(StorageTracker):
                     self._scales = False
                 return
         super()._see(tensor, func)
-
-
-_PRIM_DEVICE = torch.ops.prim.device.default
-
-
-def _profiler_range_ops() -> frozenset[Any]:
-    ops = []
-    for name, overload in (("_record_function_enter_new", "default"), ("_record_function_exit", "_RecordFunction")):
-        op = getattr(getattr(torch.ops.profiler, name, None), overload, None)
-        if op is not None:
-            ops.append(op)
-    return frozenset(ops)
-
-
-# The profiler ranges FSDP opens and closes around every unit (hundreds a step) hold no tensors (a name in, a
-# handle out and back), and the mode answers them by running them, after a search for a fake kernel that costs
-# a millisecond each: they are run directly.
-_RUN_AS_THEY_ARE = _profiler_range_ops()
-LIGHT_KEYS = True  # FakeTensorMode's cache entries found by fake_cache.LightKeys (False: the mode's own keys only)
-
-
-class _TrackingFakeMode(FakeTensorMode):
-    """Fake tensors whose every top-level op's outputs go to ``tracker``: the same counting as the tracker's own
-    dispatch mode stacked on a FakeTensorMode, with one Python dispatch layer per op instead of two (about a
-    tenth of a planner trace's time). Ops the fake mode dispatches while handling one (decompositions) are
-    not counted, as they were not when the tracker sat above it. Ops the mode has cached are found by a light
-    key (fake_cache.LightKeys: the mode's own key is about half of each op's cost)."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode wraps a subclass's __torch_dispatch__ so that torch.compile skips it: a fake
-        # estimate never runs under torch.compile, and the wrapper costs a few microseconds on every op.
-        return False
-
-    def __init__(self, tracker: StorageTracker) -> None:
-        super().__init__()
-        self.tracker = tracker
-        self._handling = False
-        self._light_keys = LightKeys(self) if LIGHT_KEYS else None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func is _PRIM_DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
-            # Asked thousands of times a step (autograd, TensorIterator): answered as FakeTensor itself answers
-            # it, without the mode's dispatch layers (a tenth of a step).
-            return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
-        kwargs = kwargs or {}
-        if func in _RUN_AS_THEY_ARE:
-            with torch._C._DisableTorchDispatch():
-                return func(*args, **kwargs)
-        key = self._light_keys.key(func, args, kwargs) if self._light_keys is not None else None
-        if key is None:
-            return self._through_mode(func, types, args, kwargs)
-        if key is FOREIGN:
-            return NotImplemented  # as the mode answers: the subclass (a DTensor) dispatches to its local tensors
-        out = self._light_keys.outputs(key, func, args)
-        if out is UNKNOWN:
-            mode_key = self._light_keys.mode_key(func, args, kwargs)
-            out = self._through_mode(func, types, args, kwargs)
-            self._light_keys.learn(key, mode_key, func)
-            return out
-        if out is UNCACHED:
-            out = run_meta_kernel(self, func, args, kwargs)
-            if out is UNCACHED:
-                return self._through_mode(func, types, args, kwargs)
-        if not self._handling:
-            self.tracker.see_outputs(out, func)
-        return out
-
-    def _through_mode(self, func, types, args, kwargs):  # type: ignore[no-untyped-def]
-        if self._handling:
-            return super().__torch_dispatch__(func, types, args, kwargs)
-        self._handling = True
-        try:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-        finally:
-            self._handling = False
-        self.tracker.see_outputs(out, func)
-        return out
 
 
 def _wants_meter(step: StepFn) -> bool:
@@ -364,7 +281,7 @@ class FakeEstimate:
         if None in batch_sizes:
             tracker.dims_seen = set()
         pass_meter = _wants_meter(self.step)
-        fake_mode = _TrackingFakeMode(tracker)
+        fake_mode = CountingFakeMode.make(tracker.see_outputs)
         traces = []
         with fake_mode, tracker.fed():
             model, optimizer = self.build()

@@ -332,6 +332,7 @@ def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
 
 
 def _largest_unit_bytes(model: Any) -> int:
+    from kronos_core.torch_private import local_shard
     from kronos_core.train.fsdp import is_sharded, sharded_blocks
 
     if not is_sharded(model):
@@ -340,7 +341,7 @@ def _largest_unit_bytes(model: Any) -> int:
     for unit in [*sharded_blocks(model), model]:
         local = 0
         for param in unit.parameters(recurse=unit is not model):
-            tensor = getattr(param, "_local_tensor", param)
+            tensor = local_shard(param)
             local += tensor.numel() * tensor.element_size()
         sizes.append(local)
     return max(sizes, default=0)

@@ -36,11 +36,10 @@ class SimulatedRanks:
         if dist.is_initialized():
             raise KronosTuneError("a process group is already running in this process; estimate sharded "
                                   "memory from a plain process (not under torchrun)")
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
+        from kronos_core.torch_private import fake_store
         from kronos_core.train.fsdp import device_mesh
 
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.world_size)
+        dist.init_process_group("fake", store=fake_store(), rank=0, world_size=self.world_size)
         self._owns = True
         self.mesh = device_mesh(torch.device("cpu"), self.world_size)
         return self
