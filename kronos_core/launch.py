@@ -7,8 +7,9 @@
 - `torchrun_command` builds `python -m torch.distributed.run` for one node
   (`--standalone`: a free port, so runs side by side never collide) or for
   several (`--nnodes`, `--node-rank`, `--rdzv-endpoint/-id/-backend`), always
-  with `--max-restarts 0`: a rank that dies makes torchrun's agent stop the
-  others and exit non-zero instead of restarting the job.
+  with `--max-restarts 0` unless the spec asks for restarts: a rank that dies
+  makes torchrun's agent stop the others and exit non-zero (or, with restarts
+  left, start the whole group again).
 - `launch_command` is torchrun_command when the spec asks for torchrun, else
   a plain `python -m module *args` (one process, the same events and stops).
 - `run_launch` runs it in its own session (process group), reads its
@@ -67,6 +68,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None   # HOST:PORT, the same on every node
     rdzv_id: str | None = None
     rdzv_backend: str | None = None    # default c10d
+    max_restarts: int = 0              # torchrun restarts the whole group this many times after a failure
 
     @property
     def multi_node(self) -> bool:
@@ -82,7 +84,8 @@ def torchrun_command(spec: LaunchSpec, module: str, args: Sequence[str], python:
     """The torchrun command line that runs `python -m module *args` on every rank."""
     if spec.nproc < 1:
         raise KronosError(f"--nproc {spec.nproc}: must be at least 1")
-    command = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc), "--max-restarts", "0"]
+    command = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc), "--max-restarts",
+               str(spec.max_restarts)]
     rendezvous = ["--rdzv-backend", spec.rdzv_backend or "c10d", "--rdzv-id", spec.rdzv_id or "kronos"]
     if spec.multi_node:
         if not spec.rdzv_endpoint:

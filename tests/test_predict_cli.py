@@ -261,8 +261,10 @@ def test_csv_without_volume_is_noted_rounded_and_never_negative(tmp_path: Path,
         assert "." not in fields[6] and "e" not in fields[6].lower(), line
     predictions = {item["series"]: item for item in report["predictions"]}
     assert set(predictions) == {"novol", "full"} and len(predictions["full"]["close"]) == 3
-    assert predictions["full"]["timestamps"][0] == written["timestamps"].iloc[3].replace(" ", "T")
-    np.testing.assert_allclose(predictions["full"]["close"], written["close"].iloc[3:].to_numpy())
+    full = written[written["series"] == "full"]  # a --out job writes its series in name order
+    assert list(written["series"]) == ["full"] * 3 + ["novol"] * 3
+    assert predictions["full"]["timestamps"][0] == full["timestamps"].iloc[0].replace(" ", "T")
+    np.testing.assert_allclose(predictions["full"]["close"], full["close"].to_numpy())
 
 
 def _write_panel(path: Path, symbols: dict[str, int]) -> pd.DataFrame:
@@ -284,7 +286,9 @@ def test_panel_file_predicts_every_symbol_like_separate_files(tmp_path: Path,
               "--out", tmp_path / "from_files.parquet")
     from_panel = pd.read_parquet(tmp_path / "from_panel.parquet")
     from_files = pd.read_parquet(tmp_path / "from_files.parquet")
-    assert list(from_panel["series"]) == list(from_files["series"]) == ["AAA"] * PRED_LEN + ["BBB"] * PRED_LEN
+    # the panel's symbol column keeps its name (as the file spells it); per-series files are named by "series"
+    assert list(from_panel.columns[:2]) == ["ticker", "timestamps"]
+    assert list(from_panel["ticker"]) == list(from_files["series"]) == ["AAA"] * PRED_LEN + ["BBB"] * PRED_LEN
     assert list(from_panel["timestamps"]) == EXPECTED_STAMPS["a"] + EXPECTED_STAMPS["b"]
     np.testing.assert_array_equal(from_panel[list(FEATURE_COLUMNS)].to_numpy(),
                                   from_files[list(FEATURE_COLUMNS)].to_numpy())
@@ -296,9 +300,13 @@ def test_panel_and_sharding_errors_are_one_line(tmp_path: Path, capsys: pytest.C
     cases = [
         (("--symbol-column", "code"), "no symbol column 'code' (found: timestamps, open, high, low, close, volume, "
                                       "amount, ticker)"),
-        (("--symbol-column", "ticker"), "symbol SHORT has 10 rows, fewer than lookback 40"),
-        (("--symbol-column", "ticker", "--skip-short", "--nproc", 3),
-         "--nproc 3 starts 3 processes for 1 series; use at most 1 processes"),
+        (("--symbol-column", "ticker"), "symbol SHORT has 10 rows, fewer than lookback 40; use a shorter "
+                                         "--lookback, or add --skip-short to leave such symbols out"),
+        (("--symbol-column", "ticker", "--lookback", 100), "no symbol has 100 rows (the longest has 60); use a "
+                                                           "shorter --lookback"),
+        (("--symbol-column", "ticker", "--resume", "--out", tmp_path / "p.csv"),
+         "--resume: no work folder"),
+        (("--symbol-column", "ticker", "--out", tmp_path / "absent" / "p.csv"), "absent does not exist"),
         (("--skip-short",), "--skip-short applies to panels; add --symbol-column NAME"),
     ]
     for extra, fragment in cases:

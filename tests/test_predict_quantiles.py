@@ -83,7 +83,7 @@ def _predict(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, st
     (["--quantiles", "0.1,0.9"], "--quantiles 0.1,0.9 needs --sample-count 2 or more (got 1)"),
     (["--quantiles", "0.9,0.1", "--sample-count", 4], "not in increasing order"),
     (["--quantiles", "0,0.5", "--sample-count", 4], "0 is outside (0, 1)"),
-    (["--quantiles", "0.1,0.9", "--sample-count", 4, "--nproc", 2], "--quantiles 0.1,0.9 runs in one process"),
+    (["--quantiles", "0.1,0.9", "--sample-count", 4, "--resume"], "--resume: no work folder"),
 ])
 def test_flag_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list,
                                          message: str) -> None:

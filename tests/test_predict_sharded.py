@@ -12,11 +12,8 @@ import pytest
 
 from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.launch import EVENT_PREFIX, LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict.sharded import ShardJob, shard_bounds
-from kronos_core.data.synthetic import synthetic_series
+from kronos_core.predict.sharded import shard_bounds
 from kronos_tune.cli import main
-from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict.shards import run_sharded
 from machine import process_gone
 
 
@@ -38,6 +35,8 @@ def test_torchrun_command_for_one_node_and_several():
     assert "--standalone" not in many and many[many.index("--rdzv-endpoint") + 1] == "host:29400"
     with pytest.raises(Exception, match="needs --rdzv-endpoint"):
         torchrun_command(LaunchSpec(nproc=1, nnodes="2"), "m", [])
+    restarting = torchrun_command(LaunchSpec(nproc=2, max_restarts=3), "m", [])
+    assert restarting[restarting.index("--max-restarts") + 1] == "3"  # predict --max-restarts passes through
 
 
 def test_launcher_streams_events_and_a_stop_file_stops_the_whole_group(tmp_path: Path):
@@ -84,24 +83,9 @@ def test_two_gloo_ranks_predict_what_one_process_predicts(tmp_path: Path, capsys
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_stops_the_others_and_nothing_looks_complete(tmp_path: Path):
-    frames = synthetic_series(4, 40, seed=1)
-    x = np.stack([f[list(FEATURE_COLUMNS)].to_numpy(np.float32)[:36] for f in frames])
-    stamps = np.zeros((4, 40, 5), np.float32)
-    job = ShardJob(size="tiny", top_k=1, fault_rank=1)
-    notes = []
-    with pytest.raises(KronosTuneError, match=r"rank 1 failed: rank 1 failed on purpose .*the other ranks were "
-                                              r"stopped and nothing was written \(parts kept in (\S+)\)") as caught:
-        run_sharded(LaunchSpec(nproc=2), job, x, stamps[:, :36], stamps[:, 36:], lambda *n: notes.append(n))
-    work = Path(str(caught.value).rsplit("parts kept in ", 1)[1].rstrip(")"))
-    assert not (work / "predictions.npy").exists()  # no merged result without every rank
-    assert not list(work.glob("part-00001*"))
-
-
-@pytest.mark.slow
 def test_protocol_sharding_trial_runs_processes_and_matches_one_process():
-    from kronos_tune.protocol.predict_measure import measure_prediction
-    from kronos_tune.protocol.records import PredictSettings
+    from kronos_tune.benchmark.predict.measure import measure_prediction
+    from kronos_tune.benchmark.results import PredictSettings
 
     one = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=4,
                           max_batch_size=2)

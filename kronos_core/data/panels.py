@@ -37,7 +37,11 @@ def read_panel(path: str | Path, symbol_col: str = SYMBOL) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise KronosError(f"{path}: file not found; check the path")
-    raw = read_table(path)
+    return panel_from_table(read_table(path), path, symbol_col)
+
+
+def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL) -> pd.DataFrame:
+    """`read_panel` on a table already read from `path` (all of it, or whole symbols of it)."""
     names = lower_columns(raw, path)
     key = symbol_col.strip().lower()
     if key not in names:
@@ -96,4 +100,4 @@ def split_panel(panel: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-__all__ = ["SYMBOL", "read_panel", "split_panel"]
+__all__ = ["SYMBOL", "panel_from_table", "read_panel", "split_panel"]

@@ -45,6 +45,7 @@ class PanelInputs:
     actual: np.ndarray | None = None  # [n, P, 6] the held-out rows (holdout > 0)
     filled_columns: tuple[str, ...] = ()  # volume/amount the panel lacked (filled by the reference rule)
     notes: list[str] = field(default_factory=list)  # what was done to the input (read_panel's and the stamps')
+    last_ns: np.ndarray | None = None  # [n] wall-clock nanoseconds of each history's last bar
 
     @property
     def pred_len(self) -> int:
@@ -85,12 +86,15 @@ def _future_for(symbols: list[str], histories: list[np.ndarray], future: FutureS
 
 def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, pred_len: int | None = None,
                  symbol_col: str = "symbol", time_col: str = TIME_COLUMN, on_short: str = "error",
-                 source: str = "panel", holdout: int = 0) -> PanelInputs:
+                 source: str = "panel", holdout: int = 0,
+                 short_fix: str = "use a shorter lookback, more data, or skip short symbols",
+                 none_fix: str = "use a shorter lookback") -> PanelInputs:
     """Validate a panel and cut the last `lookback` rows of each symbol (see the module doc).
 
     With `holdout` = P > 0 the last P rows of each symbol are held out instead: the history is the
     `lookback` rows before them, the future stamps are theirs and `actual` holds their values
-    (`future` is then ignored and may be None).
+    (`future` is then ignored and may be None). `short_fix` ends the too-few-rows error, `none_fix` the one
+    where no symbol is long enough (a command names its own flags there).
 
     Errors (KronosError, one line naming the symbol): no symbol/time/price column (the message lists the
     columns found); a missing timestamp; a duplicate timestamp; a step shorter than the symbol's usual
@@ -146,14 +150,13 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     short = counts < need
     wanted = f"lookback {lookback}" + (f" + holdout {holdout}" if holdout else "")
     skipped = [(names[k], f"{counts[k]} rows, fewer than {wanted}") for k in np.flatnonzero(short)]
+    if short.all():
+        raise KronosError(f"{source}: no symbol has {need} rows (the longest has {int(counts.max())}); {none_fix}")
     if skipped and on_short == "error":
         symbol, reason = skipped[0]
         more = f" (and {len(skipped) - 1} more symbols)" if len(skipped) > 1 else ""
-        raise KronosError(f"{source}: symbol {symbol} has {reason}{more}; use a shorter lookback, more data, "
-                          f"or skip short symbols")
+        raise KronosError(f"{source}: symbol {symbol} has {reason}{more}; {short_fix}")
     kept = np.flatnonzero(~short)
-    if len(kept) == 0:
-        raise KronosError(f"{source}: no symbol has {need} rows; use a shorter lookback")
     rows = (ends[kept] - need)[:, None] + np.arange(lookback)[None, :]
     kept_names = [names[k] for k in kept]
     actual = None
@@ -166,7 +169,7 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     calendar = calendar_features_ns(np.concatenate([ns[rows], future_ns], axis=1))
     group = SeriesGroup(list(range(len(kept))), values[rows], calendar[:, :lookback], calendar[:, lookback:])
     filled = tuple(c for c in ("volume", "amount") if c not in panel.columns)
-    return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled, notes)
+    return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled, notes, ns[rows[:, -1]])
 
 
 def _check_steps(codes: np.ndarray, ns: np.ndarray, names: list[str], source: str) -> None:

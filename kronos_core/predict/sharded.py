@@ -15,8 +15,12 @@ NCCL, or the CPU with gloo.
 
 Greedy outputs equal one process's that runs the same blocks (CPU matmuls
 round differently for other batch compositions, so compare with
-max_batch_size set to the block size). Sampling is seeded per rank
-(seed + rank), so sampled paths differ from one process's.
+max_batch_size set to the block size). Sampling is seeded with the job's
+seed on every rank (never seed + rank); with per-series stream keys in the
+inputs (`write_job(..., keys=)`) a series' sampled paths are its own whatever
+the rank. `kronos-tune predict` runs large jobs with ranks that claim chunks
+instead (kronos_tune.predict.ranks); this static split serves the predict
+benchmark's timed sharding trial.
 With `repeats` > 0 every rank runs the shard that many more times between
 barriers and rank 0 reports each run's wall time (the protocol's timing).
 """
@@ -79,10 +83,13 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
         np.save(stream, array)
 
 
-def write_job(workdir: Path, job: ShardJob, x: np.ndarray, x_stamp: np.ndarray, y_stamp: np.ndarray) -> Path:
-    """Write the inputs and settings for the ranks; returns the job file to pass them."""
+def write_job(workdir: Path, job: ShardJob, x: np.ndarray, x_stamp: np.ndarray, y_stamp: np.ndarray,
+              keys: np.ndarray | None = None) -> Path:
+    """Write the inputs and settings for the ranks; returns the job file to pass them. `keys`: each series'
+    stream key (kronos_core.predict.streams), passed to the predictor with the job's seed."""
     workdir.mkdir(parents=True, exist_ok=True)
-    np.savez(workdir / INPUTS_FILE, x=x, x_stamp=x_stamp, y_stamp=y_stamp)
+    extra = {} if keys is None else {"keys": np.asarray(keys, dtype=np.int64)}
+    np.savez(workdir / INPUTS_FILE, x=x, x_stamp=x_stamp, y_stamp=y_stamp, **extra)
     path = workdir / JOB_FILE
     path.write_text(json.dumps(asdict(job), indent=2))
     return path
@@ -94,7 +101,8 @@ def read_merged(workdir: Path) -> np.ndarray | None:
     return np.load(path) if path.is_file() else None
 
 
-def _predictor(job: ShardJob, device: torch.device):
+def build_predictor(job: ShardJob, device: torch.device):
+    """The predictor a rank runs: the job's weights and settings on `device`."""
     from kronos_core.model import Kronos
     from kronos_core.predict.predictor import KronosPredictor
     from kronos_core.sizes import build_model, build_tokenizer
@@ -124,17 +132,19 @@ def run_rank(workdir: Path) -> int:
             raise KronosError(f"rank {rank} failed on purpose (fault_rank)")
         with np.load(workdir / INPUTS_FILE) as inputs:
             x, x_stamp, y_stamp = inputs["x"], inputs["x_stamp"], inputs["y_stamp"]
+            keys = inputs["keys"] if "keys" in inputs.files else None
         begin, end = shard_bounds(len(x), world)[rank]
-        predictor = _predictor(job, ctx.device(job.device))
+        predictor = build_predictor(job, ctx.device(job.device))
         emit_event("ready", rank=rank, world=world, series=end - begin, pid=os.getpid())
         values = None
         for run in range(1 + job.repeats):
-            torch.manual_seed(job.seed + rank)
+            torch.manual_seed(job.seed)  # the same on every rank: a rank is no part of a series' draws
+            streams = {} if keys is None else {"keys": keys[begin:end], "seed": job.seed}
             ctx.barrier()
             started = time.perf_counter()
             values = predictor.predict_arrays(x[begin:end], x_stamp[begin:end], y_stamp[begin:end],
                                               T=job.temperature, top_k=job.top_k, top_p=job.top_p,
-                                              sample_count=job.sample_count, mean_only=True)
+                                              sample_count=job.sample_count, mean_only=True, **streams)
             ctx.barrier()
             if rank == 0:
                 emit_event("run", index=run, seconds=time.perf_counter() - started, series=len(x))

@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - older typer on click
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
     from kronos_core.predict.predictor import PredictProgress
     from kronos_tune.predict.job import PredictResult
+    from kronos_tune.predict.large import JobProgress
 
 TABLE_ROWS = 20
 
@@ -117,6 +118,25 @@ class _PredictBar:
             self.progress.stop()
 
 
+class _JobBar(_PredictBar):
+    """A --out job's bar: series finished (resumed ones included), series/s, time left, and per rank."""
+
+    def job(self, report: JobProgress) -> None:
+        if self.progress is None:
+            columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.fields[rate]}"))
+            self.progress = Progress(*columns, console=self.console, transient=True)
+            self.task = self.progress.add_task("series", total=report.series_total, rate="")
+            self.progress.start()
+        assert self.task is not None
+        eta = report.eta_s
+        rate = f"{report.series_per_s:.1f} series/s" + ("" if eta is None else f", {eta:.0f} s left")
+        if len(report.ranks) > 1:
+            rate += " (" + ", ".join(f"rank {rank}: {series / seconds if seconds else 0:.1f}/s"
+                                     for rank, (series, seconds) in sorted(report.ranks.items())) + ")"
+        self.progress.update(self.task, total=report.series_total, completed=report.series_done, rate=rate)
+
+
 def predict_command(
     ctx: typer.Context,
     lookback: Annotated[Optional[int], typer.Option(
@@ -151,6 +171,14 @@ def predict_command(
     max_context: Annotated[Optional[int], typer.Option(
         "--max-context", help="Tokens the predictor sees; default 512 (2048 with --size mini).")] = None,
     seed: SeedOption = 0,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the --out job that was interrupted (its work folder beside --out keeps the "
+                         "finished chunks); the same data, model and settings.")] = False,
+    chunk_series: Annotated[Optional[int], typer.Option(
+        "--chunk-series", help="Series per chunk of a --out job (kept as each finishes); default 1024.")] = None,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", help="torchrun: restart the ranks this many times after a failure (they continue from "
+                               "the finished chunks).")] = 0,
     holdout: Annotated[bool, typer.Option(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
     symbol_column: Annotated[Optional[str], typer.Option(
@@ -202,6 +230,7 @@ def predict_command(
         skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
         calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
+        resume=resume, chunk_series=chunk_series, max_restarts=max_restarts,
     )
     if config_file is not None:
         values = merge_predict_file(values, given_flags(ctx), read_predict_file(config_file))
@@ -210,9 +239,9 @@ def predict_command(
             raise MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
     values["checkpoint"], values["tokenizer"] = resolve_pair(values["checkpoint"], values["tokenizer"])
     config = PredictConfig(**values)
-    bar = None if as_json else _PredictBar(console)
+    bar = None if as_json else _JobBar(console)
     try:
-        result = run_predict(config, on_note=on_note, on_progress=bar)
+        result = run_predict(config, on_note=on_note, on_progress=bar, on_job_progress=bar and bar.job)
     finally:
         if bar is not None:
             bar.close()
@@ -220,7 +249,7 @@ def predict_command(
     if as_json:
         typer.echo(json.dumps(_json_ready(result.to_json_dict())))
         return
-    if not result.frames:  # a node whose ranks are done; the node with rank 0 writes the predictions
+    if not result.series:  # a node whose ranks are done; the node with rank 0 writes the predictions
         return
     if result.scores is not None:
         console.print(_scores_table(result))
@@ -230,10 +259,10 @@ def predict_command(
         console.print(f"not saved: pass --out FILE.csv or FILE.parquet to write all {total_rows} rows "
                       f"of {len(result.frames)} series", markup=False, highlight=False, soft_wrap=True)
     else:
-        console.print(f"wrote {sum(len(f) for f in result.frames)} rows to {out}", markup=False, highlight=False,
-                      soft_wrap=True)
+        rows = result.job["rows"] if result.job else sum(len(f) for f in result.frames)
+        console.print(f"wrote {rows} rows to {out}", markup=False, highlight=False, soft_wrap=True)
     console.print(
-        f"{len(result.frames)} series in {result.seconds:.2f} s (predict {result.predict_seconds:.2f} s, "
+        f"{result.series} series in {result.seconds:.2f} s (predict {result.predict_seconds:.2f} s, "
         f"{result.series_per_s:.2f} series/s) on {result.device}; "
         f"peak RSS {format_bytes(result.peak_rss_bytes, 'MiB', 1)}"
         + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),

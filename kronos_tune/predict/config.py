@@ -90,11 +90,14 @@ class PredictConfig(InputSpec):
     rdzv_backend: str | None = None
     calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
     quantiles: tuple[float, ...] = ()  # levels in (0, 1): per-bar quantiles of the sample paths (quantiles.py)
+    resume: bool = False               # continue the job whose work folder sits beside --out
+    chunk_series: int | None = None    # series per chunk of a --out job (None: chunks.DEFAULT_CHUNK_SERIES)
+    max_restarts: int = 0              # torchrun restarts a failed group this many times (it continues)
 
     @property
     def launch(self) -> LaunchSpec:
         return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
-                          self.rdzv_backend)
+                          self.rdzv_backend, self.max_restarts)
 
 
 # Checks before any work ----------------------------------------------------------------------
@@ -140,6 +143,7 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
     if config.out is not None:
         check_output_path(config.out)
+    check_job_flags(config)
     if config.calendar is not None:
         exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
     if config.quantiles:
@@ -154,9 +158,29 @@ def check_quantiles(config: PredictConfig) -> None:
     if config.sample_count < 2:
         raise KronosTuneError(f"--quantiles {levels} needs --sample-count 2 or more (got {config.sample_count}): "
                               f"the quantiles are taken over the sample paths; e.g. --sample-count 20")
-    if config.launch.launched:
-        raise KronosTuneError(f"--quantiles {levels} runs in one process: the ranks of --nproc/--nnodes return "
-                              f"mean paths only; leave out the torchrun flags")
+
+
+def check_job_flags(config: PredictConfig) -> None:
+    """The flags of a large job: a work folder needs --out, on several nodes on storage they all share."""
+    if config.resume and config.out is None:
+        raise KronosTuneError("--resume continues a job that writes --out FILE; give the same --out as the "
+                              "interrupted run")
+    if config.chunk_series is not None and config.chunk_series < 1:
+        raise KronosTuneError(f"--chunk-series {config.chunk_series}: must be at least 1")
+    if config.max_restarts < 0:
+        raise KronosTuneError(f"--max-restarts {config.max_restarts}: must be 0 or more")
+    if config.max_restarts and not config.launch.launched:
+        raise KronosTuneError(f"--max-restarts {config.max_restarts} restarts torchrun's ranks; add --nproc N "
+                              f"(or the --nnodes flags), or leave it out")
+    if config.launch.multi_node and config.out is None:
+        raise KronosTuneError(f"--nnodes {config.nnodes} needs --out FILE on storage every node shares (its work "
+                              f"folder holds the ranks' parts)")
+
+
+def resolve_max_context(config: PredictConfig) -> int:
+    if config.max_context is not None:
+        return config.max_context
+    return size_spec(config.size).context if config.size is not None else DEFAULT_MAX_CONTEXT
 
 
 def resolve_device(device: str) -> str:

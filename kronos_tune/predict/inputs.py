@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, find_data_files, read_kline, wall_clock_ns
 from kronos_core.errors import KronosError
 from kronos_core.predict.panel import panel_inputs, read_panel
 from kronos_core.predict.arrays import prepare_lists
@@ -25,7 +25,8 @@ from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.times import future_timestamps
 from kronos_tune.predict.config import PredictConfig
-from kronos_tune.predict.output import Precision, input_precision
+from kronos_tune.predict.output import input_precision
+from kronos_tune.predict.series import LoadedSeries
 
 
 DEFAULT_SYNTHETIC_SERIES = 4
@@ -70,7 +71,7 @@ def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: 
         need = config.lookback + config.pred_len
         if rows < need:
             raise KronosTuneError(f"{where} has {rows} rows; --holdout needs --lookback {config.lookback} + "
-                                  f"--pred-len {config.pred_len} = {need}; use a shorter lookback or more data")
+                                  f"--pred-len {config.pred_len} = {need}; use a shorter --lookback or more data")
         history = frame.iloc[rows - need:rows - config.pred_len].reset_index(drop=True)
         tail = frame.iloc[rows - config.pred_len:]
         future = pd.DatetimeIndex(tail[TIME_COLUMN], name=TIME_COLUMN)
@@ -78,7 +79,7 @@ def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: 
                            tuple(frame.attrs.get("filled_columns", ())))
     if rows < config.lookback:
         raise KronosTuneError(f"{where} has {rows} rows, fewer than --lookback {config.lookback}; "
-                              "use a shorter lookback or more data")
+                              "use a shorter --lookback or more data")
     history = frame.iloc[rows - config.lookback:].reset_index(drop=True)
     # The whole file defines the bar grid; the history alone may be too short to show it.
     future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where, config.calendar)
@@ -100,46 +101,40 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
     return [_series_input(f"synthetic_{i}", frame, config, f"synthetic_{i}") for i, frame in enumerate(frames)]
 
 
-@dataclass
-class LoadedSeries:
-    """Every series as arrays (one history length), with what the output and the scores need."""
-
-    names: list[str]
-    x: np.ndarray                      # [N, L, 6] raw features
-    x_stamp: np.ndarray                # [N, L, 5]
-    y_stamp: np.ndarray                # [N, P, 5]
-    futures: list[pd.DatetimeIndex]    # output index of each series
-    actual_close: np.ndarray | None    # [N, P] (holdout)
-    no_volume: np.ndarray              # [N] bool: the input had no volume column (predict zeros)
-    precision: Precision               # decimals of the input's (float64) values, for text output
-
-
-def _from_series(items: list[SeriesInput], pred_len: int) -> LoadedSeries:
+def _from_series(items: list[SeriesInput], pred_len: int, on_note: NoteCallback) -> LoadedSeries:
     prepared = prepare_lists([item.history[list(FEATURE_COLUMNS)] for item in items],
                              [item.history[TIME_COLUMN] for item in items], [item.future for item in items], pred_len)
     (group,) = prepared.groups  # every history has --lookback rows
     actual = None if items[0].actual_close is None else np.stack([item.actual_close for item in items])
     raw = np.stack([item.history[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64) for item in items])
-    return LoadedSeries([item.name for item in items], group.x, group.x_stamp, group.y_stamp,
-                     [pd.DatetimeIndex(item.future, name=TIME_COLUMN) for item in items], actual,
-                     np.array(["volume" in item.filled for item in items]), input_precision(raw))
+    zones = {str(pd.DatetimeIndex(item.future).tz) for item in items}
+    tz = pd.DatetimeIndex(items[0].future).tz
+    if len(zones) > 1:
+        on_note("note", f"the files use {len(zones)} time zones ({', '.join(sorted(zones))}); every output "
+                        f"stamp keeps its wall-clock time and is labelled {tz}")
+    future_ns = np.stack([wall_clock_ns(pd.DatetimeIndex(item.future)) for item in items])
+    last_ns = np.array([wall_clock_ns(item.history[TIME_COLUMN])[-1] for item in items], dtype=np.int64)
+    lacked = set().union(*(item.filled for item in items))
+    return LoadedSeries(np.array([item.name for item in items], dtype=object), group.x, group.x_stamp,
+                        group.y_stamp, future_ns, tz, last_ns, actual,
+                        np.array(["volume" in item.filled for item in items]), input_precision(raw),
+                        tuple(c for c in ("volume", "amount") if c in lacked))
 
 
-def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
-    paths = find_data_files(list(config.data))
-    panels = [read_panel(path, config.symbol_column) for path in paths]
-    for read in panels:
-        for message in read.attrs.get("notes", ()):
-            on_note("note", message)
-        for message in read.attrs.get("warnings", ()):
-            on_note("warning", message)
-    panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
-    panel.attrs = {}  # said above; panel_inputs adds only its own notes
-    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
+def shorter_window(config: PredictConfig) -> str:
+    """How a user fits the windows into shorter series, in the command's own flags."""
+    return "use a shorter --lookback" + (" (or --pred-len: --holdout holds out the last --pred-len rows)"
+                                         if config.holdout else "")
+
+
+def panel_series(panel: pd.DataFrame, config: PredictConfig, source: str, on_note: NoteCallback) -> LoadedSeries:
+    """The series of a panel (as `read_panel` returns it) as arrays, in the panel's symbol order."""
     inputs = panel_inputs(panel, config.lookback,
                           lambda stamps, count: future_timestamps(stamps, count, source, config.calendar),
                           pred_len=config.pred_len, source=source, on_short="skip" if config.skip_short else "error",
-                          holdout=config.pred_len if config.holdout else 0)
+                          holdout=config.pred_len if config.holdout else 0,
+                          short_fix=f"{shorter_window(config)}, or add --skip-short to leave such symbols out",
+                          none_fix=shorter_window(config))
     for message in inputs.notes:
         on_note("note", message)
     if inputs.skipped:
@@ -147,17 +142,34 @@ def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
         more = f" and {len(inputs.skipped) - 5} more" if len(inputs.skipped) > 5 else ""
         on_note("warning", f"skipped {len(inputs.skipped)} symbols with too few rows ({inputs.skipped[0][1]} for "
                            f"{inputs.skipped[0][0]}): {listed}{more}")
-    futures = [pd.DatetimeIndex(row.view("datetime64[ns]"), name=TIME_COLUMN) for row in inputs.future_ns]
-    if inputs.tz is not None:
-        futures = [f.tz_localize(inputs.tz, ambiguous="NaT", nonexistent="shift_forward") for f in futures]
     actual = None if inputs.actual is None else inputs.actual[..., FEATURE_COLUMNS.index("close")].astype(np.float64)
     no_volume = np.full(len(inputs.symbols), "volume" in inputs.filled_columns)
     group = inputs.group
     present = [c for c in FEATURE_COLUMNS if c in panel.columns]
     raw = np.zeros((len(panel), len(FEATURE_COLUMNS)))
     raw[:, [FEATURE_COLUMNS.index(c) for c in present]] = panel[present].to_numpy(dtype=np.float64)
-    return LoadedSeries(inputs.symbols, group.x, group.x_stamp, group.y_stamp, futures, actual, no_volume,
-                     input_precision(raw))
+    return LoadedSeries(np.array(inputs.symbols, dtype=object), group.x, group.x_stamp, group.y_stamp,
+                        inputs.future_ns, inputs.tz, inputs.last_ns, actual, no_volume, input_precision(raw),
+                        inputs.filled_columns, panel.attrs.get("symbol_column") or str(config.symbol_column))
+
+
+def say_read_notes(panel: pd.DataFrame, on_note: NoteCallback) -> None:
+    """What `read_panel` did to a file and what it found suspicious, each as one line."""
+    for message in panel.attrs.get("notes", ()):
+        on_note("note", message)
+    for message in panel.attrs.get("warnings", ()):
+        on_note("warning", message)
+
+
+def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
+    paths = find_data_files(list(config.data))
+    panels = [read_panel(path, config.symbol_column) for path in paths]
+    for read in panels:
+        say_read_notes(read, on_note)
+    panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)
+    panel.attrs = {"symbol_column": panels[0].attrs.get("symbol_column")}  # the notes are said above
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
+    return panel_series(panel, config, source, on_note)
 
 
 def load_inputs(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
@@ -166,11 +178,20 @@ def load_inputs(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
         if config.symbol_column is not None:
             inputs = _from_panels(config, on_note)
         else:
-            inputs = _from_series(load_series(config, on_note), config.pred_len)
+            inputs = _from_series(load_series(config, on_note), config.pred_len, on_note)
     except KronosError as error:
         raise KronosTuneError(str(error)) from None
-    missing = int(inputs.no_volume.sum())
-    if missing:
-        on_note("note", f"{missing} of {len(inputs.names)} series have no volume/amount column: the model sees "
-                        f"zeros there and their predicted volume and amount are written as 0")
+    say_filled(inputs.no_volume, inputs.lacked, on_note)
     return inputs
+
+
+def say_filled(no_volume: np.ndarray, lacked: tuple[str, ...], on_note: NoteCallback) -> None:
+    """Notes for the columns the output has and the input lacked (issue 35: say so, never silently)."""
+    missing = int(no_volume.sum())
+    if missing:
+        on_note("note", f"{missing} of {len(no_volume)} series have no volume/amount column: the model sees "
+                        f"zeros there and their predicted volume and amount are written as 0")
+    elif "amount" in lacked:
+        on_note("note", "the input has no amount column: the model sees volume x the mean of open, high, low and "
+                        "close there, and the output's amount column is predicted on that basis (not a traded "
+                        "amount from the data)")

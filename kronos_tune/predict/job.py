@@ -21,20 +21,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
 from kronos_core.model import Kronos
 from kronos_core.predict.predictor import KronosPredictor, ProgressCallback
-from kronos_core.predict.sharded import ShardJob
-from kronos_core.sizes import build_model, build_tokenizer, size_spec
+from kronos_core.sizes import build_model, build_tokenizer
 from kronos_core.tokenizer import KronosTokenizer
-from kronos_tune.predict.config import (DEFAULT_MAX_CONTEXT, RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig,
+from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, resolve_max_context,
                                         check_config, resolve_device)
 from kronos_tune.predict.inputs import NoteCallback, load_inputs
-from kronos_tune.predict.output import Precision, fix_volumes, long_frame, output_format, predictions_json, write_table
+from kronos_tune.predict.chunk_run import stream_arguments
+from kronos_tune.predict.job_state import JobProgressCallback
+from kronos_tune.predict.large import SMALL_RUN_SERIES, run_job
+from kronos_tune.predict.output import Precision, fix_volumes, long_frame, output_format, predictions_json
 from kronos_tune.predict.quantiles import quantile_columns, sample_quantiles
-from kronos_tune.predict.shards import check_shards, run_sharded
+from kronos_tune.predict.shards import check_shards
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,16 @@ class PredictResult:
     peak_gpu_bytes: int | None = None
     precision: Precision = field(default_factory=Precision)
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> PretrainedSource.to_dict()
+    series_count: int | None = None   # a job's series (its frames are kept for small runs only)
+    job: dict[str, Any] | None = None  # a --out job: chunks, resumed chunks, rows written, work folder
+
+    @property
+    def series(self) -> int:
+        return len(self.frames) if self.series_count is None else self.series_count
 
     @property
     def series_per_s(self) -> float:
-        return len(self.frames) / self.predict_seconds if self.predict_seconds > 0 else math.inf
+        return self.series / self.predict_seconds if self.predict_seconds > 0 else math.inf
 
     @property
     def mean_mae(self) -> float | None:
@@ -83,7 +91,7 @@ class PredictResult:
 
     def to_json_dict(self) -> dict[str, Any]:
         report: dict[str, Any] = {
-            "series": len(self.frames),
+            "series": self.series,
             "seconds": round(self.seconds, 6),
             "predict_seconds": round(self.predict_seconds, 6),
             "series_per_s": self.series_per_s,
@@ -103,15 +111,17 @@ class PredictResult:
             report["persistence_mae"] = self.mean_persistence_mae
             report["per_series"] = [{"series": s.series, "mae": s.mae, "mape": s.mape,
                                      "persistence_mae": s.persistence_mae} for s in self.scores]
+        if self.job is not None:
+            report["job"] = self.job
         report["notes"] = [f"{level}: {message}" for level, message in self.notes]
-        report["predictions"] = predictions_json(self.series_names, self.frames, self.precision)
+        embedded = len(self.frames) == self.series
+        report["predictions_embedded"] = embedded
+        if embedded:
+            report["predictions"] = predictions_json(self.series_names, self.frames, self.precision)
+        else:
+            report["predictions_note"] = (f"{self.series} series: the forecasts are in --out only (--json embeds "
+                                          f"them for runs of up to {SMALL_RUN_SERIES} series)")
         return report
-
-
-def resolve_max_context(config: PredictConfig) -> int:
-    if config.max_context is not None:
-        return config.max_context
-    return size_spec(config.size).context if config.size is not None else DEFAULT_MAX_CONTEXT
 
 
 # Loading -------------------------------------------------------------------------------------
@@ -170,22 +180,12 @@ def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray,
 # The job -------------------------------------------------------------------------------------
 
 
-def _shard_job(config: PredictConfig, device: str, weights: dict[str, PretrainedSource]) -> ShardJob:
-    """The ranks load the resolved folders: they never look a hub id up themselves."""
-    checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
-    return ShardJob(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
-                    tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
-                    device="cuda" if device.startswith("cuda") else "cpu",
-                    amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
-                    window_mode=config.window_mode, max_batch_size=config.max_batch_size,
-                    cuda_graphs=config.cuda_graphs, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                    sample_count=config.sample_count)
-
-
 def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
-                on_progress: ProgressCallback | None = None) -> PredictResult:
+                on_progress: ProgressCallback | None = None,
+                on_job_progress: JobProgressCallback | None = None) -> PredictResult:
     """Check the flags, read the data, load the predictor, predict, score (--holdout) and write --out.
-    `on_progress` follows the in-process prediction (kronos_core.predict.predictor.PredictProgress)."""
+    `on_progress` follows the in-process prediction of a run without --out
+    (kronos_core.predict.predictor.PredictProgress); `on_job_progress` a job's chunks (large.JobProgress)."""
     started = time.perf_counter()
     notes: list[tuple[str, str]] = []
 
@@ -208,69 +208,111 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
                      f"the window slides after {max_context - config.lookback} steps and {after}")
 
     weights = resolve_weights(config, note)  # before the data: a hub id that is not there fails at once
+    if config.out is not None or config.launch.launched:
+        return _run_job(config, weights, note, on_job_progress, started, notes, max_context)
     inputs = load_inputs(config, note)
-    device = resolve_device(config.device)
-    sharded = config.launch.launched
-    if sharded:
-        check_shards(config.launch, len(inputs.names), "cuda" if device.startswith("cuda") else "cpu")
-    # Sharded runs load the weights here too, on the CPU, so a bad checkpoint fails in one line before any rank.
-    preload = replace(config, device="cpu", amp="none", cuda_graphs=None) if sharded else config
-    predictor = load_predictor(preload, note, weights)
+    predictor = load_predictor(config, note, weights)
     if predictor.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(predictor.device)
 
     torch.manual_seed(config.seed)
     predict_started = time.perf_counter()
+    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed) or {}
     with warnings.catch_warnings():
         # The long-history warning is already a note above.
         warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
         quantiles = None
-        if sharded:
-            values = run_sharded(config.launch, _shard_job(config, device, weights), inputs.x, inputs.x_stamp,
-                                 inputs.y_stamp, note)
-        elif config.quantiles:
+        if config.quantiles:
             values, samples = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp,
                                                        T=config.temperature, top_k=config.top_k, top_p=config.top_p,
                                                        sample_count=config.sample_count, on_progress=on_progress,
-                                                       mean_and_samples=True)
+                                                       mean_and_samples=True, **streams)
             quantiles = sample_quantiles(samples, config.quantiles)  # [N, Q, P, 6]
             del samples
         else:
             values = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp, T=config.temperature,
                                               top_k=config.top_k, top_p=config.top_p,
                                               sample_count=config.sample_count, on_progress=on_progress,
-                                              mean_only=True)
+                                              mean_only=True, **streams)
     predict_seconds = time.perf_counter() - predict_started
     peak_gpu = int(torch.cuda.max_memory_allocated(predictor.device)) if predictor.device.type == "cuda" else None
     precision = inputs.precision
-    frames: list[pd.DataFrame] = []
-    names = inputs.names if values is not None else []
-    if values is not None:
-        negative = fix_volumes(values, inputs.no_volume)
-        if quantiles is not None:
-            negative += fix_volumes(quantiles, inputs.no_volume)
-        if negative:
-            note("note", f"{negative} predicted volume/amount values were below 0 and are written as 0")
-        frames = _frames(values, quantiles, config.quantiles, inputs.futures)
+    names = [str(name) for name in inputs.names]
+    negative = fix_volumes(values, inputs.no_volume)
+    if quantiles is not None:
+        negative += fix_volumes(quantiles, inputs.no_volume)
+    if negative:
+        note("note", f"{negative} predicted volume/amount values were below 0 and are written as 0")
+    frames = _frames(values, quantiles, config.quantiles, inputs.futures)
 
     scores = None
-    if config.holdout and frames:
+    if config.holdout:
         last_closes = inputs.x[:, -1, FEATURE_COLUMNS.index("close")]
         scores = [score(name, frame["close"].to_numpy(), actual, float(last))
                   for name, frame, actual, last in zip(names, frames, inputs.actual_close, last_closes)]
-    if config.out is not None and frames:
-        write_table(long_frame(names, frames), config.out, precision)
-        if output_format(config.out) == "csv":
-            note("note", f"{config.out} rounds {precision.describe()} (the input's precision)")
     return PredictResult(
-        series_names=names, frames=frames, max_context=max_context,
-        device=(f"{device.split(':')[0]} x {config.launch.nproc} processes per node" if sharded
-                else str(predictor.device)),
+        series_names=names, frames=frames, max_context=max_context, device=str(predictor.device),
         random_weights=config.checkpoint is None, seconds=time.perf_counter() - started,
-        predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out if frames else None,
+        predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=None,
         scores=scores, notes=notes, peak_gpu_bytes=peak_gpu, precision=precision,
         weights={label: source.to_dict() for label, source in weights.items()},
     )
+
+
+def _run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: NoteCallback,
+             on_progress: JobProgressCallback | None, started: float, notes: list[tuple[str, str]],
+             max_context: int) -> PredictResult:
+    """A --out job (or a sharded run): chunks kept as they finish, resumable (large.py)."""
+    device = resolve_device(config.device)
+    sharded = config.launch.launched
+    if sharded:
+        check_shards(config.launch, "cuda" if device.startswith("cuda") else "cpu")
+        # Loaded here too, on the CPU, so a bad checkpoint fails in one line before any rank starts.
+        load_predictor(replace(config, device="cpu", amp="none", cuda_graphs=None), note, weights)
+    holder: list[KronosPredictor] = []
+
+    def load() -> KronosPredictor:
+        holder.append(load_predictor(config, note, weights))
+        if holder[0].device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(holder[0].device)
+        return holder[0]
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
+        outcome = run_job(config, weights, note, load, on_progress)
+    predictor = holder[0] if holder else None
+    peak_gpu = (int(torch.cuda.max_memory_allocated(predictor.device))
+                if predictor is not None and predictor.device.type == "cuda" else None)
+    common = dict(max_context=max_context, random_weights=config.checkpoint is None, notes=notes,
+                  peak_gpu_bytes=peak_gpu, weights={label: source.to_dict() for label, source in weights.items()},
+                  device=(f"{device.split(':')[0]} x {config.launch.nproc} processes per node" if sharded
+                          else str(predictor.device if predictor is not None else device)))
+    if outcome is None:  # another node writes the output
+        return PredictResult(series_names=[], frames=[], seconds=time.perf_counter() - started,
+                             predict_seconds=0.0, peak_rss_bytes=peak_rss_bytes(), out=None, **common)
+    names: list[str] = []
+    frames: list[pd.DataFrame] = []
+    for table in outcome.tables or ():
+        chunk_names, chunk_frames = table_frames(table, config.pred_len)
+        names += chunk_names
+        frames += chunk_frames
+    scores = [score(str(name), predicted, actual, last) for name, predicted, actual, last in outcome.scores] \
+        if config.holdout else None
+    if config.out is not None and output_format(config.out) == "csv":
+        note("note", f"{config.out} rounds {outcome.precision.describe()} (the input's precision)")
+    job = {"chunks": outcome.chunks, "chunk_series": outcome.chunk_series, "resumed_chunks": outcome.resumed_chunks,
+           "rows": outcome.rows, "work": str(outcome.work), "ranks": outcome.ranks}
+    return PredictResult(series_names=names, frames=frames, seconds=time.perf_counter() - started,
+                         predict_seconds=outcome.predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out,
+                         scores=scores, precision=outcome.precision, series_count=outcome.series, job=job, **common)
+
+
+def table_frames(table: pd.DataFrame, pred_len: int) -> tuple[list[str], list[pd.DataFrame]]:
+    """Per series of a chunk's rows (parts.chunk_table): its name and a frame indexed by its future stamps."""
+    name_column = table.columns[0]
+    names = [str(name) for name in table[name_column].to_numpy()[::pred_len]]
+    body = table.drop(columns=[name_column]).set_index(TIME_COLUMN)
+    return names, [body.iloc[k * pred_len:(k + 1) * pred_len] for k in range(len(names))]
 
 
 def _frames(values: np.ndarray, quantiles: np.ndarray | None, levels: tuple[float, ...],

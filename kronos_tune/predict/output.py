@@ -62,6 +62,12 @@ def decimals_used(values: np.ndarray, limit: int) -> int:
     return limit
 
 
+def widest(precisions: list[Precision]) -> Precision:
+    """The decimals that write every part's values exactly (the most each column needs)."""
+    return Precision(max(p.price for p in precisions), max(p.volume for p in precisions),
+                     max(p.amount for p in precisions))
+
+
 def input_precision(x: np.ndarray) -> Precision:
     """Precision of raw inputs x [..., 6] (open, high, low, close, volume, amount); pass the float64 values
     as read (float32 copies only show about 7 significant digits)."""

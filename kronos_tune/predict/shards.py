@@ -1,27 +1,35 @@
-"""`kronos-tune predict --nproc N [--nnodes ...]`: the series sharded over torchrun processes.
+"""`kronos-tune predict --nproc N [--nnodes ...]`: ranks that claim chunks, so a faster rank takes more.
 
-The parent prepares every series once, writes them for the ranks
-(`kronos_core.predict.sharded.write_job`) in a fresh work folder, starts
-torchrun through `kronos_core.launch` and reads back the merged predictions
-that rank 0 writes only when every rank succeeded. A rank that fails stops
-the others (torchrun, --max-restarts 0); the error names the rank and its
-message, nothing is written to --out, and the work folder with the parts the
-finished ranks wrote is kept and named. On success the folder is removed.
+The parent writes each unfinished chunk's inputs into the job's work folder (`workdir.py`), starts torchrun
+on `kronos_tune.predict.ranks` (`kronos_core.launch`; `--max-restarts` passed through) and follows the
+ranks' events: a chunk finished (rank, series, seconds) drives the progress, rank 0's `finished` says every
+chunk is in. The ranks take chunk numbers from a counter on a TCPStore of torch.distributed hosted by
+rank 0 (the rendezvous host) and each writes its own parts and `done/` records; the records are the
+truth after any restart, so a restarted group (or a `--resume`) predicts only what is missing, and a rank
+that dies loses only its chunk in flight. On several nodes the work folder (beside --out) must be on
+storage every node shares: the ranks check it with marker files before any prediction.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import json
+import time
 from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
 import torch
 
+from kronos_core.hub import PretrainedSource
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict.sharded import ShardJob, read_merged, write_job
+from kronos_core.predict.sharded import ShardJob
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.chunks import ChunkSource, chunked
+from kronos_tune.predict.config import PredictConfig, resolve_device, resolve_max_context
+from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
+                                           holdout_actuals)
+from kronos_tune.predict.series import save_series
+from kronos_tune.predict.workdir import DoneChunk, WorkFolder
+
+JOB_FILE = "job.json"
 
 
 def world_size(spec: LaunchSpec) -> int | None:
@@ -32,60 +40,102 @@ def world_size(spec: LaunchSpec) -> int | None:
         return None
 
 
-def check_shards(spec: LaunchSpec, series: int, device: str) -> None:
-    world = world_size(spec)
-    if world is not None and world > series:
-        raise KronosTuneError(f"--nproc {spec.nproc}" + (f" on {spec.nnodes} nodes" if spec.multi_node else "")
-                              + f" starts {world} processes for {series} series; use at most {series} processes")
+def check_shards(spec: LaunchSpec, device: str) -> None:
     if device == "cuda" and spec.nproc > torch.cuda.device_count():
         raise KronosTuneError(f"--nproc {spec.nproc} on CUDA but {torch.cuda.device_count()} devices are visible; "
                               f"start at most one process per GPU")
 
 
-def run_sharded(spec: LaunchSpec, job: ShardJob, x: np.ndarray, x_stamp: np.ndarray, y_stamp: np.ndarray,
-                on_note: Callable[[str, str], None], stop_file: Path | None = None) -> np.ndarray | None:
-    """Mean paths [N, P, 6] from the ranks; None on a node other than the one whose rank 0 merges."""
-    check_shards(spec, len(x), job.device)
-    work = Path(tempfile.mkdtemp(prefix="kronos-predict-shards-"))
-    job_file = write_job(work, job, x, x_stamp, y_stamp)
-    command = torchrun_command(spec, "kronos_core.predict.sharded", [str(job_file)])
-    backend = "NCCL" if job.device == "cuda" else "gloo"
+def shard_job(config: PredictConfig, weights: dict[str, PretrainedSource]) -> ShardJob:
+    """What every rank needs; the ranks load the resolved folders (they never look a hub id up themselves)."""
+    checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
+    return ShardJob(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
+                    tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
+                    device="cuda" if resolve_device(config.device).startswith("cuda") else "cpu",
+                    amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
+                    window_mode=config.window_mode, max_batch_size=config.max_batch_size,
+                    cuda_graphs=config.cuda_graphs, temperature=config.temperature, top_k=config.top_k,
+                    top_p=config.top_p, sample_count=config.sample_count)
+
+
+def _where(spec: LaunchSpec) -> str:
+    return f"--nproc {spec.nproc}" + (f" --nnodes {spec.nnodes}" if spec.multi_node else "")
+
+
+def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work: WorkFolder, source: ChunkSource,
+              finished: dict[int, DoneChunk], note: Callable[[str, str], None],
+              on_progress: JobProgressCallback | None) -> JobOutcome | None:
+    """Every chunk predicted by the ranks; None on a node other than the one running rank 0."""
+    spec = config.launch
+    chunks = series_total = resumed_series = 0
+    actuals = []
+    name_column = "series"
+    for index, series in chunked(source.batches, work.chunk_series):
+        chunks, series_total, name_column = index + 1, series_total + len(series), series.name_column
+        if index in finished:
+            resumed_series += len(series)
+        elif not work.inputs(index).is_file():
+            save_series(work.inputs(index), series)
+        if config.holdout:
+            actuals.append(holdout_actuals(series))
+    todo = [k for k in range(chunks) if k not in finished]
+    job = shard_job(config, weights)
+    job.extra = {"work": str(work.path), "chunks": chunks,
+                 "settings": chunk_settings(config, name_column).to_dict()}
+    job_file = work.path / JOB_FILE
+    job_file.write_text(json.dumps(job.__dict__, indent=1))
+    command = torchrun_command(spec, "kronos_tune.predict.ranks", [str(job_file)])
+    started = time.perf_counter()
+    ranks: dict[int, tuple[int, float]] = {}
+    done = [resumed_series, 0]  # series finished, clipped volume values
     ready: list[int] = []
 
     def on_event(event: dict) -> None:
-        # On several nodes, say when this node's ranks have joined the others (the rendezvous is done).
-        if event.get("event") == "ready" and spec.multi_node:
+        kind = event.get("event")
+        if kind == "ready" and spec.multi_node:
             ready.append(int(event.get("rank", -1)))
             if len(ready) == spec.nproc:
-                ranks = ", ".join(map(str, sorted(ready)))
-                on_note("note", f"rendezvous done: rank{'s' if len(ready) > 1 else ''} {ranks} of "
-                                f"{event.get('world')} ready on this node")
+                listed = ", ".join(map(str, sorted(ready)))
+                note("note", f"rendezvous done: rank{'s' if len(ready) > 1 else ''} {listed} of "
+                             f"{event.get('world')} ready on this node")
+        elif kind == "chunk":
+            rank = int(event["rank"])
+            count, seconds = ranks.get(rank, (0, 0.0))
+            ranks[rank] = (count + int(event["series"]), seconds + float(event["seconds"]))
+            done[0] += int(event["series"])
+            done[1] += int(event.get("negative", 0))
+            if on_progress is not None:
+                on_progress(JobProgress(done[0], series_total, resumed_series, time.perf_counter() - started,
+                                        dict(ranks)))
 
-    result = run_launch(command, on_event=on_event, stop_file=stop_file)
-    if result.stopped:
-        raise KronosTuneError(f"predict: stopped before every rank finished; nothing was written "
-                              f"(the ranks' parts are kept in {work})")
-    if not result.ok:
-        errors = result.error_events()
-        if errors:
-            first = errors[0]
-            reason = f"rank {first.get('rank')} failed: {first.get('message')}"
-        elif spec.multi_node and any("RendezvousConnectionError" in line for line in result.tail):
-            # the node whose agent hosts the rendezvous store (whichever bound the endpoint first) went away
-            reason = (f"torchrun exited with code {result.returncode}: the connection to the rendezvous store was "
-                      f"lost (the node hosting it at the rendezvous endpoint stopped or is unreachable)")
-        else:
-            last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
-            reason = f"torchrun exited with code {result.returncode} ({last[:200]})"
-        where = f"--nproc {spec.nproc}" + (f" --nnodes {spec.nnodes}" if spec.multi_node else "")
-        raise KronosTuneError(f"predict {where}: {reason}; the other ranks were stopped and "
-                              f"nothing was written (parts kept in {work})")
-    merged = read_merged(work)
-    if merged is None:
-        on_note("note", "this node's ranks finished; the node running rank 0 writes the merged predictions")
-        shutil.rmtree(work, ignore_errors=True)
-        return None
-    world = world_size(spec)
-    on_note("note", f"predicted on {world or 'all'} processes ({backend}, torchrun)")
-    shutil.rmtree(work, ignore_errors=True)
-    return merged
+    if todo:
+        result = run_launch(command, on_event=on_event)
+        kept = f"the finished chunks are kept in {work.path}; run the same command with --resume to finish"
+        if result.stopped:
+            raise KronosTuneError(f"predict: stopped before every chunk was finished; {kept}")
+        if not result.ok:
+            raise KronosTuneError(f"predict {_where(spec)}: {_failure(spec, result)}; the other ranks were "
+                                  f"stopped; {kept}")
+        if not any(e.get("event") == "finished" for e in result.events):
+            note("note", "this node's ranks finished; the node running rank 0 writes the output")
+            return None
+        note("note", f"predicted on {world_size(spec) or 'all'} processes "
+                     f"({'NCCL' if job.device == 'cuda' else 'gloo'}, torchrun), chunks claimed by speed")
+    return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None,
+                      ranks={}, scores=actuals)
+
+
+def _failure(spec: LaunchSpec, result) -> str:
+    errors = result.error_events()
+    if errors:
+        first = errors[0]
+        return f"rank {first.get('rank')} failed: {first.get('message')}"
+    if spec.multi_node and any("RendezvousConnectionError" in line for line in result.tail):
+        # the node whose agent hosts the rendezvous store (whichever bound the endpoint first) went away
+        return (f"torchrun exited with code {result.returncode}: the connection to the rendezvous store was lost "
+                f"(the node hosting it at the rendezvous endpoint stopped or is unreachable)")
+    last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
+    return f"torchrun exited with code {result.returncode} ({last[:200]})"
+
+
+__all__ = ["check_shards", "run_ranks", "shard_job", "world_size"]

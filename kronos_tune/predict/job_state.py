@@ -1,0 +1,69 @@
+"""What a large `predict --out` job reports: its progress while it runs and its outcome.
+
+Shared by the in-process loop (large.py) and the ranks' parent (shards.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_tune.predict.chunk_run import ChunkSettings
+from kronos_tune.predict.config import PredictConfig
+from kronos_tune.predict.output import Precision
+from kronos_tune.predict.series import LoadedSeries
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Where a job stands: series finished (this run and before it), and per rank (series, seconds)."""
+
+    series_done: int
+    series_total: int
+    series_resumed: int
+    seconds: float
+    ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def series_per_s(self) -> float:
+        predicted = self.series_done - self.series_resumed
+        return predicted / self.seconds if self.seconds > 0 and predicted else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.series_per_s
+        return max(0, self.series_total - self.series_done) / rate if rate else None
+
+
+JobProgressCallback = Callable[[JobProgress], None]
+
+
+@dataclass
+class JobOutcome:
+    series: int
+    chunks: int
+    resumed_chunks: int
+    rows: int
+    predict_seconds: float
+    negative: int
+    work: Path
+    tables: list[pd.DataFrame] | None  # the chunks' rows, kept for small runs only
+    ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> chunks, series, seconds
+    chunk_series: int = 0
+    precision: Precision = field(default_factory=Precision)
+    # --holdout: per chunk (names, actual close) while predicting, then (name, predicted, actual close) per series
+    scores: list = field(default_factory=list)
+
+
+def chunk_settings(config: PredictConfig, name_column: str = "series") -> ChunkSettings:
+    return ChunkSettings(config.temperature, config.top_k, config.top_p, config.sample_count, config.quantiles,
+                         config.seed, name_column)
+
+
+def holdout_actuals(series: LoadedSeries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What --holdout scores of a chunk need besides its forecast: names, actual closes, last history closes."""
+    return series.names, series.actual_close, series.x[:, -1, FEATURE_COLUMNS.index("close")].astype(float)

@@ -1,0 +1,190 @@
+"""`kronos-tune predict --out FILE` as a job: chunks predicted and kept as they finish, resumable, any size.
+
+    open the work folder beside --out (a fresh job, or --resume: the same data, model and settings)
+    for each chunk of the series in name order (chunks.py): skip it when finished, else predict it and
+    write its part (parts.py); sharded runs hand the chunks to ranks that claim them (shards.py)
+    build --out from the parts, atomically; remove the work folder
+
+Memory is one chunk's inputs and outputs (plus one symbol batch of a sorted Parquet panel), whatever the
+number of series. Progress reports series done, series/s and the time left (per rank when sharded).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.hub import PretrainedSource
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.chunk_run import predict_chunk
+from kronos_tune.predict.chunks import DEFAULT_CHUNK_SERIES, chunked, open_source
+from kronos_tune.predict.config import PredictConfig, resolve_device
+from kronos_tune.predict.inputs import NoteCallback
+from kronos_tune.predict.output import Precision, output_format, widest
+from kronos_tune.predict.parts import assemble, read_part_close, write_part
+from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
+                                           holdout_actuals)
+from kronos_tune.predict.shards import run_ranks
+from kronos_tune.predict.workdir import DoneChunk, WorkFolder, open_work, temporary_work
+
+SMALL_RUN_SERIES = 100  # --json embeds the forecasts of runs up to this many series
+
+
+def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource]) -> dict[str, Any]:
+    """What a resume must match: the data (each file's size and time), the model, every setting that changes
+    a value. Not the process count: a job may resume on more or fewer ranks."""
+    files = []
+    for path in config.data:
+        for file in sorted(Path(path).glob("*")) if Path(path).is_dir() else [Path(path)]:
+            stat = file.stat()
+            files.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    return {
+        "data": files, "synthetic": config.synthetic, "size": config.size,
+        "weights": {label: str(source.path) for label, source in sorted(weights.items())},
+        "lookback": config.lookback, "pred_len": config.pred_len, "sample_count": config.sample_count,
+        "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p, "seed": config.seed,
+        "holdout": config.holdout, "symbol_column": config.symbol_column, "skip_short": config.skip_short,
+        "window_mode": config.window_mode, "max_context": config.max_context, "amp": config.amp,
+        "device": resolve_device(config.device).split(":")[0], "kv_cache": config.kv_cache,
+        "max_batch_size": config.max_batch_size, "calendar": config.calendar, "quantiles": list(config.quantiles),
+        "chunk_series": config.chunk_series or DEFAULT_CHUNK_SERIES,
+        "format": None if config.out is None else output_format(config.out),
+    }
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the loop like Ctrl-C (between chunks nothing is half written either way)."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def open_job(config: PredictConfig, weights: dict[str, PretrainedSource]) -> WorkFolder:
+    """The work folder (beside --out; a temporary one for a sharded run without --out)."""
+    identity = job_identity(config, weights)
+    if config.out is None:
+        return temporary_work(identity)
+    return open_work(config.out, identity, config.resume, join=config.launch.multi_node)
+
+
+def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: NoteCallback,
+            load: Callable[[], Any], on_progress: JobProgressCallback | None = None) -> JobOutcome | None:
+    """Predict every missing chunk, then write --out; None on a node whose ranks finished while another node
+    (the one running rank 0) writes the output. `load` builds the predictor (in-process runs only)."""
+    work = open_job(config, weights)
+    if config.out is not None:
+        note("note", f"work folder: {work.path} (finished chunks are kept there until --out is written"
+                     + ("; it must be on storage every node shares" if config.launch.multi_node else "") + ")")
+    finished = work.finished()
+    started = time.perf_counter()
+    try:
+        source = open_source(config, note)
+        if config.launch.launched:
+            outcome = run_ranks(config, weights, work, source, finished, note, on_progress)
+        else:
+            outcome = _run_here(config, work, source, finished, load(), on_progress)
+    except BaseException:
+        if work.created and not work.finished():
+            work.remove()  # nothing finished: leave no trace of a job that never started
+        raise
+    if outcome is None:
+        return None
+    outcome.predict_seconds = time.perf_counter() - started
+    if outcome.negative:
+        note("note", f"{outcome.negative} predicted volume/amount values were below 0 and are written as 0")
+    if outcome.resumed_chunks:
+        note("note", f"resumed: {outcome.resumed_chunks} of {outcome.chunks} chunks were finished before; "
+                     f"predicted the other {outcome.chunks - outcome.resumed_chunks}")
+    if config.out is not None:
+        outcome.rows = assemble(work, config.out, outcome.chunks)
+    finished = work.finished()
+    outcome.chunk_series = work.chunk_series
+    outcome.precision = widest([Precision(*finished[k].precision) for k in range(outcome.chunks)] or [Precision()])
+    if not outcome.ranks:
+        outcome.ranks = rank_summary(finished)
+    if outcome.tables is None and outcome.series <= SMALL_RUN_SERIES:
+        outcome.tables = [pd.read_parquet(work.part(k)) for k in range(outcome.chunks)]
+    if config.holdout:
+        outcome.scores = holdout_pairs(work, outcome.scores, config.pred_len)
+    work.remove()
+    return outcome
+
+
+def holdout_pairs(work: WorkFolder, actuals: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  pred_len: int) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
+    """(name, predicted close, actual close, last close) of every series, chunk by chunk from the parts."""
+    pairs = []
+    for chunk, (names, actual, last) in enumerate(actuals):
+        pairs.extend(zip(names, read_part_close(work, chunk, pred_len), actual, last))
+    return pairs
+
+
+def rank_summary(finished: dict[int, DoneChunk]) -> dict[str, dict[str, float]]:
+    """Per rank: the chunks and series it finished and its seconds predicting them (the manifest's record)."""
+    ranks: dict[str, dict[str, float]] = {}
+    for done in finished.values():
+        item = ranks.setdefault(str(done.rank), {"chunks": 0, "series": 0, "seconds": 0.0})
+        item["chunks"] += 1
+        item["series"] += done.series
+        item["seconds"] = round(item["seconds"] + done.seconds, 6)
+    return dict(sorted(ranks.items(), key=lambda pair: int(pair[0])))
+
+
+def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, predictor,
+              on_progress: JobProgressCallback | None) -> JobOutcome:
+    series_total = source.expected
+    done_series = resumed_series = negative = chunks = resumed = 0
+    tables: list[pd.DataFrame] | None = [] if series_total <= SMALL_RUN_SERIES else None
+    actuals: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # --holdout, per chunk
+    started = time.perf_counter()
+    index = -1
+    try:
+        with _sigterm_as_interrupt():
+            for index, series in chunked(source.batches, work.chunk_series):
+                settings = chunk_settings(config, series.name_column)
+                if index in finished:
+                    table = pd.read_parquet(work.part(index)) if tables is not None else None
+                    resumed += 1
+                    resumed_series += len(series)
+                else:
+                    chunk_started = time.perf_counter()
+                    table, clipped = predict_chunk(predictor, series, settings, index)
+                    write_part(work, index, table, series, 0, time.perf_counter() - chunk_started)
+                    negative += clipped
+                if tables is not None:
+                    tables.append(table)
+                if config.holdout:
+                    actuals.append(holdout_actuals(series))
+                done_series += len(series)
+                series_total = max(series_total, done_series)
+                if on_progress is not None:
+                    on_progress(JobProgress(done_series, series_total, resumed_series,
+                                            time.perf_counter() - started, {0: (done_series - resumed_series,
+                                                                                time.perf_counter() - started)}))
+    except KeyboardInterrupt:
+        kept = len(work.finished())
+        where = "; run the same command with --resume to finish" if config.out is not None else ""
+        raise KronosTuneError(f"predict: stopped after {kept} finished chunks (of about "
+                              f"{-(-series_total // work.chunk_series)}); they are kept in {work.path}{where}") from None
+    chunks = index + 1
+    return JobOutcome(done_series, chunks, resumed, 0, 0.0, negative, work.path, tables, scores=actuals)

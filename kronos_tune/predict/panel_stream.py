@@ -1,0 +1,110 @@
+"""Panels read a batch of whole symbols at a time, so a large job's memory does not grow with the file.
+
+A Parquet panel (or several, each a part of one universe) whose rows are sorted by symbol is read in
+record batches (pyarrow); each batch is cut after its last complete symbol, the rest carried into the
+next, and the whole symbols go through the same reading and checks as a whole file
+(`kronos_core.data.panels.panel_from_table`, `panel_inputs`). A first pass over the symbol column alone
+(cheap, flat memory) checks the order before any prediction and counts the symbols. CSV panels, and
+Parquet ones not sorted by symbol, are read whole (the caller says so in a note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kronos_core.data.panels import panel_from_table
+from kronos_core.errors import KronosError
+
+BATCH_ROWS = 262_144  # rows per Parquet record batch: tens of MiB whatever the file's size
+
+
+@dataclass(frozen=True)
+class SortedPanels:
+    """Parquet panel files whose symbols are sorted within each file and across them, in reading order."""
+
+    paths: list[Path]
+    column: str       # the symbol column as the files spell it
+    symbols: int      # distinct symbols over all files
+
+
+def _symbol_column(schema_names: list[str], wanted: str) -> str | None:
+    key = wanted.strip().lower()
+    return next((name for name in schema_names if str(name).strip().lower() == key), None)
+
+
+def sorted_panels(paths: list[Path], symbol_col: str) -> tuple[SortedPanels | None, str]:
+    """The files as one sorted stream, or None and the reason it cannot be read in symbol batches."""
+    if any(p.suffix.lower() != ".parquet" for p in paths):
+        return None, "CSV panels are read whole"
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    spans = []
+    for path in paths:
+        handle = pq.ParquetFile(path)
+        column = _symbol_column(handle.schema_arrow.names, symbol_col)
+        if column is None:
+            return None, f"{path} has no column '{symbol_col}'"  # read whole: read_panel says it in one line
+        first = last = None
+        count = 0
+        for batch in handle.iter_batches(batch_size=BATCH_ROWS, columns=[column]):
+            values = pc.cast(batch.column(0), "string")
+            if len(values) == 0:
+                continue
+            if values.null_count:
+                return None, f"{path} has empty symbols"
+            head = values[0].as_py()
+            if last is not None and head < last:
+                return None, f"{path} is not sorted by {column} ({head} after {last})"
+            if len(values) > 1:
+                if not pc.all(pc.greater_equal(values[1:], values[:-1])).as_py():
+                    return None, f"{path} is not sorted by {column}"
+                changes = pc.sum(pc.cast(pc.not_equal(values[1:], values[:-1]), "int64")).as_py() or 0
+            else:
+                changes = 0
+            count += changes + (0 if head == last else 1)
+            first = head if first is None else first
+            last = values[-1].as_py()
+        if first is not None:
+            spans.append((first, last, count, path, column))
+    spans.sort(key=lambda span: span[0])
+    for (_, end, _, before, _), (start, _, _, after, _) in zip(spans, spans[1:]):
+        if start <= end:
+            return None, f"{before} and {after} share symbols or overlap in symbol order"
+    if not spans:
+        return None, "the files hold no rows"
+    return SortedPanels([s[3] for s in spans], spans[0][4], sum(s[2] for s in spans)), ""
+
+
+def symbol_batches(panels: SortedPanels, symbol_col: str, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
+    """`read_panel` results of whole symbols, in symbol order, about `batch_rows` rows each."""
+    import pyarrow.parquet as pq
+
+    for path in panels.paths:
+        carry: pd.DataFrame | None = None
+        offset = 0  # file row of the carried rows' first
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+            frame = batch.to_pandas()
+            if carry is not None:
+                frame = pd.concat([carry, frame], ignore_index=True)
+            symbols = frame[panels.column].astype(str).to_numpy()
+            cut = int(np.searchsorted(symbols, symbols[-1], side="left"))  # the last symbol may go on
+            if cut > 0:
+                yield _checked(frame.iloc[:cut].reset_index(drop=True), path, symbol_col, offset)
+                offset += cut
+            carry = frame.iloc[cut:].reset_index(drop=True)
+        if carry is not None and len(carry):
+            yield _checked(carry, path, symbol_col, offset)
+
+
+def _checked(rows: pd.DataFrame, path: Path, symbol_col: str, offset: int) -> pd.DataFrame:
+    try:
+        return panel_from_table(rows, path, symbol_col)
+    except KronosError as error:
+        where = f" (rows counted from row {offset} of the file)" if offset else ""
+        raise KronosError(f"{error}{where}") from None
