@@ -40,6 +40,7 @@ class SeriesGroup:
     x: np.ndarray         # [n, L, 6] float32, raw (not normalized)
     x_stamp: np.ndarray   # [n, L, 5] float32 calendar features
     y_stamp: np.ndarray   # [n, P, 5]
+    last_ns: np.ndarray | None = None  # [n] int64 wall-clock ns of each member's last history bar (series keys)
 
 
 @dataclass
@@ -141,7 +142,7 @@ def prepare_lists(df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y
         raise_non_finite(x, lambda position: f"series {members[position]}")
         stamps = np.concatenate([np.stack([x_ns[i] for i in members]), np.stack([y_ns[i] for i in members])], 1)
         calendar = calendar_features_ns(stamps)
-        groups.append(SeriesGroup(members, x, calendar[:, :length], calendar[:, length:]))
+        groups.append(SeriesGroup(members, x, calendar[:, :length], calendar[:, length:], stamps[:, length - 1]))
     return PreparedLists(groups, indexes, max(by_length))
 
 

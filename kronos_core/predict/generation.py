@@ -33,6 +33,7 @@ from torch import Tensor
 
 from kronos_core.model import Kronos, KronosCache
 from kronos_core.predict.static_cache import DECODE_STEPS, StaticStep
+from kronos_core.predict.streams import RowStreams, sample_inverse_cdf
 
 WINDOW_MODES = ("refill", "shift")
 GRAPH_MIN_STEPS = 8
@@ -53,8 +54,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def sample_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> Tensor:
-    """Sample one token id per row of `logits` [B, V] -> [B]."""
+def sample_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                  streams: RowStreams | None = None) -> Tensor:
+    """Sample one token id per row of `logits` [B, V] -> [B]: from each row's own stream (streams.py) when
+    `streams` is given, else from `generator` (None: torch's global one). Greedy draws nothing."""
     if params.top_k == 1:
         return logits.argmax(dim=-1)
     logits = logits.float() / params.temperature
@@ -71,6 +74,8 @@ def sample_tokens(logits: Tensor, params: SamplingParams, generator: torch.Gener
         remove[..., 0] = False
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
     probs = F.softmax(logits, dim=-1)
+    if streams is not None:
+        return sample_inverse_cdf(probs, streams.uniforms())
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -198,7 +203,7 @@ def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_
                     params: SamplingParams, use_cache: bool = True, window_mode: str = "refill",
                     cache_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
                     on_step: Callable[[int], None] | None = None,
-                    decode_step: str = "dynamic") -> tuple[Tensor, Tensor]:
+                    decode_step: str = "dynamic", streams: RowStreams | None = None) -> tuple[Tensor, Tensor]:
     """Generate `pred_len` token pairs after the history tokens s1, s2 [B, L].
 
     `stamps` [B, L + pred_len, 5] holds the calendar features of history and
@@ -207,7 +212,8 @@ def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_
     cache ("dynamic"), over the whole preallocated cache with a mask ("static",
     fixed shapes), or as CUDA graphs of those fixed-shape steps ("graph",
     CUDA only; eager "static" when fewer than GRAPH_MIN_STEPS one-token steps
-    follow a prefill, since capturing costs a few steps).
+    follow a prefill, since capturing costs a few steps). With `streams`, every
+    row samples from its own stream (streams.py) instead of `generator`.
     """
     if window_mode not in WINDOW_MODES:
         raise ValueError(f"window_mode must be one of {WINDOW_MODES}, got {window_mode!r}")
@@ -225,8 +231,8 @@ def generate_tokens(model: Kronos, s1: Tensor, s2: Tensor, stamps: Tensor, pred_
     for step in range(pred_len):
         at = window.at(step)
         s1_logits = stepper.step(tokens_s1[:, at.tokens], tokens_s2[:, at.tokens], stamps[:, at.tokens], at)
-        next_s1 = sample_tokens(s1_logits, params, generator)
-        next_s2 = sample_tokens(stepper.s2_logits(next_s1), params, generator)
+        next_s1 = sample_tokens(s1_logits, params, generator, streams)
+        next_s2 = sample_tokens(stepper.s2_logits(next_s1), params, generator, streams)
         tokens_s1[:, at.end] = next_s1
         tokens_s2[:, at.end] = next_s2
         if on_step is not None:

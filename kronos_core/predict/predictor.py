@@ -25,6 +25,7 @@ from kronos_core.predict.generation import WINDOW_MODES, SamplingParams, generat
 from kronos_core.hostmem import available_ram_bytes
 from kronos_core.model import Kronos
 from kronos_core.predict.arrays import N_FEATURES, NORM_EPS, normalize, prepare_lists, to_device, to_host
+from kronos_core.predict.streams import RowStreams, as_int64_keys, pad_rows, series_key
 from kronos_core.tokenizer import KronosTokenizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,6 +103,10 @@ class KronosPredictor:
     a fixed-shape cache; `static_cache=True` runs those fixed-shape steps
     eagerly (see static_cache.py).
 
+    Sampling: with `keys` (and a `seed`), every (series, sample path) draws from its own random stream
+    (streams.py), so a series' sampled forecast is the same alone, in any batch, order or chunk. Without
+    `keys`, rows draw from torch's global generator in batch order, as before.
+
     `phase_clock`, when set, is called as each phase ends: "prepare" (host
     conversion), per length group "h2d" (copy to the device and normalization),
     per chunk "encode", "step" (after each generated step) and "decode", per
@@ -143,21 +148,25 @@ class KronosPredictor:
 
     def predict(self, df: pd.DataFrame, x_timestamp, y_timestamp, pred_len: int, T: float = 1.0, top_k: int = 0,
                 top_p: float = 0.9, sample_count: int = 1, verbose: bool = True, return_samples: bool = False,
-                on_progress: ProgressCallback | None = None):
+                on_progress: ProgressCallback | None = None, key: str | None = None, seed: int = 0):
         """Predict one series: a DataFrame of pred_len rows indexed by y_timestamp
-        (with return_samples=True, also an array [sample_count, pred_len, 6] of every path)."""
+        (with return_samples=True, also an array [sample_count, pred_len, 6] of every path). `key`: the
+        series' name, for its own random stream (see predict_batch's `keys`)."""
         frames, samples = self.predict_batch([df], [x_timestamp], [y_timestamp], pred_len, T, top_k, top_p,
-                                             sample_count, verbose, return_samples=True, on_progress=on_progress)
+                                             sample_count, verbose, return_samples=True, on_progress=on_progress,
+                                             keys=None if key is None else [key], seed=seed)
         return (frames[0], samples[0]) if return_samples else frames[0]
 
     def predict_batch(self, df_list: Sequence[pd.DataFrame], x_timestamp_list: Sequence, y_timestamp_list: Sequence,
                       pred_len: int, T: float = 1.0, top_k: int = 0, top_p: float = 0.9, sample_count: int = 1,
                       verbose: bool = True, return_samples: bool = False, max_batch_size: int | None = None,
-                      on_progress: ProgressCallback | None = None):
+                      on_progress: ProgressCallback | None = None, keys: Sequence[str] | None = None, seed: int = 0):
         """Predict many series; they may differ in history length (grouped by length).
 
         `verbose` is kept for the reference's signature; kronos_core draws nothing. To show progress, pass
-        `on_progress`: it is called with a PredictProgress after every generated step and finished chunk."""
+        `on_progress`: it is called with a PredictProgress after every generated step and finished chunk.
+        `keys`: each series' name (e.g. its symbol); with them, series i samples from its own stream keyed by
+        (seed, series_key(name, its last x timestamp), path), the same however the series are batched."""
         if not isinstance(df_list, (list, tuple)) or not isinstance(x_timestamp_list, (list, tuple)) \
                 or not isinstance(y_timestamp_list, (list, tuple)):
             raise KronosError("df_list, x_timestamp_list and y_timestamp_list must be lists or tuples")
@@ -168,6 +177,8 @@ class KronosPredictor:
             raise KronosError(f"pred_len must be >= 1, got {pred_len}")
         if sample_count < 1:
             raise KronosError(f"sample_count must be >= 1, got {sample_count}")
+        if keys is not None and (isinstance(keys, str) or len(keys) != len(df_list)):
+            raise KronosError(f"keys must be a list of one name per series ({len(df_list)}), got {keys!r:.80}")
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
         prepared = prepare_lists(df_list, x_timestamp_list, y_timestamp_list, pred_len)
         self._warn_long_history(prepared.longest)
@@ -179,10 +190,12 @@ class KronosPredictor:
         samples: list[np.ndarray | None] = [None] * count
         with _progress(on_progress, chunks * pred_len, count) as advance:
             for group in prepared.groups:
+                group_keys = None if keys is None else np.array(
+                    [series_key(keys[i], int(last)) for i, last in zip(group.members, group.last_ns)], dtype=np.int64)
                 mean_paths, all_paths = self.run_group(group.x, group.x_stamp, group.y_stamp, params, sample_count,
                                                   series_per_chunk, return_samples,
                                                   on_step=lambda _step: advance(0, 1),
-                                                  on_chunk=lambda done: advance(done, 0))
+                                                  on_chunk=lambda done: advance(done, 0), keys=group_keys, seed=seed)
                 for position, i in enumerate(group.members):
                     means[i] = mean_paths[position]
                     if all_paths is not None:
@@ -195,14 +208,17 @@ class KronosPredictor:
                        y_stamp: np.ndarray | torch.Tensor, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
                        sample_count: int = 1, verbose: bool = False, max_batch_size: int | None = None,
                        mean_only: bool = False, on_progress: ProgressCallback | None = None,
-                       mean_and_samples: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                       mean_and_samples: bool = False, keys: Sequence[int] | np.ndarray | None = None,
+                       seed: int = 0) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predict N series of one history length from arrays; every sample path, de-normalized.
 
         x [N, L, 6] raw open, high, low, close, volume, amount; x_stamp [N, L, 5] and y_stamp [N, P, 5]
         calendar features (`kronos_core.data.kline.calendar_features_ns` makes them from timestamps).
         Returns float32 [N, sample_count, P, 6], or with `mean_only` the mean path [N, P, 6] exactly as
         `predict_batch` computes it (mean in normalized space, then de-normalized), or with
-        `mean_and_samples` both (mean path, sample paths) from the same run.
+        `mean_and_samples` both (mean path, sample paths) from the same run. `keys`: one int per series,
+        `streams.series_key(name, last history bar ns)`; with them each series samples from its own stream
+        keyed by (seed, key, path), the same however the series are batched (see predict_batch).
         """
         if x.ndim != 3 or x.shape[2] != len(FEATURE_COLUMNS):
             raise KronosError(f"x must be [N, L, {len(FEATURE_COLUMNS)}], got {list(x.shape)}")
@@ -212,6 +228,11 @@ class KronosPredictor:
             raise KronosError(f"y_stamp must be [N, P, 5] with N = {x.shape[0]} and P >= 1, got {list(y_stamp.shape)}")
         if sample_count < 1:
             raise KronosError(f"sample_count must be >= 1, got {sample_count}")
+        if keys is not None:
+            try:
+                keys = as_int64_keys(keys, x.shape[0])
+            except ValueError as error:
+                raise KronosError(str(error)) from None
         values = x if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
         finite = torch.isfinite(values).all().item() if isinstance(values, torch.Tensor) else np.isfinite(values).all()
         if not finite:
@@ -226,7 +247,7 @@ class KronosPredictor:
         with _progress(on_progress, chunks * pred_len, x.shape[0]) as advance:
             mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_chunk,
                                            mean_and_samples or not mean_only, on_step=lambda _step: advance(0, 1),
-                                           on_chunk=lambda done: advance(done, 0))
+                                           on_chunk=lambda done: advance(done, 0), keys=keys, seed=seed)
         if mean_and_samples:
             return mean_path, samples
         return mean_path if mean_only else samples
@@ -281,8 +302,9 @@ class KronosPredictor:
                   y_stamp: np.ndarray | torch.Tensor, params: SamplingParams, sample_count: int,
                   series_per_chunk: int, want_samples: bool,
                   on_step: Callable[[int], None] | None = None,
-                  on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Predict series of one history length.
+                  on_chunk: Callable[[int], None] | None = None, keys: np.ndarray | None = None,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """Predict series of one history length (`keys`: int64 [n] series keys, see predict_arrays).
 
         Returns the mean path [n, P, 6] and, with `want_samples`, every path [n, S, P, 6], both de-normalized
         float32 numpy arrays. Marks "h2d" (copy and normalization), then per chunk what `generate_chunk`
@@ -292,12 +314,14 @@ class KronosPredictor:
         count, pred_len = x.shape[0], y_stamp.shape[1]
         x_norm, mean, std = normalize(x, self.clip, device)
         stamps = torch.cat([to_device(x_stamp, device), to_device(y_stamp, device)], dim=1)
+        keys_on_device = None if keys is None else to_device(np.asarray(keys, dtype=np.int64), device)
         self._mark("h2d")
         paths = torch.empty(count, sample_count, pred_len, N_FEATURES, device=device)
         for begin in range(0, count, series_per_chunk):
             end = min(count, begin + series_per_chunk)
+            chunk_keys = None if keys_on_device is None else keys_on_device[begin:end]
             paths[begin:end] = self.generate_chunk(x_norm[begin:end], stamps[begin:end], pred_len, params,
-                                                        sample_count, on_step)
+                                                   sample_count, on_step, keys=chunk_keys, seed=seed)
             if on_chunk is not None:
                 on_chunk(end - begin)
         scale = std + NORM_EPS  # [n, 1, 6]
@@ -310,14 +334,19 @@ class KronosPredictor:
 
     @torch.inference_mode()
     def generate_chunk(self, x_norm: torch.Tensor, stamps: torch.Tensor, pred_len: int, params: SamplingParams,
-                       sample_count: int, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+                       sample_count: int, on_step: Callable[[int], None] | None = None,
+                       keys: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
         """Normalized sample paths [n, sample_count, pred_len, 6] (float32, on the device) of n series.
 
-        x_norm [n, L, 6] normalized history and stamps [n, L + pred_len, 5], both on the device. Marks
-        "encode", "step" after each generated step, then "decode"."""
+        x_norm [n, L, 6] normalized history and stamps [n, L + pred_len, 5], both on the device; `keys` int64
+        [n] series keys (each row then samples from its own stream, and the chunk is padded to whole row
+        blocks so its arithmetic does not depend on the batch: streams.pad_rows), or None (torch's global
+        generator, no padding). Marks "encode", "step" after each generated step, then "decode"."""
         count = x_norm.shape[0]
         x = torch.clamp(x_norm.to(self.device), -self.clip, self.clip)
         stamps = stamps.to(self.device)
+        if keys is not None:
+            x, stamps, keys = (pad_rows(t) for t in (x, stamps, keys.to(self.device)))
 
         def stepped(step: int) -> None:
             if on_step is not None:
@@ -331,15 +360,16 @@ class KronosPredictor:
                 s1, s2 = s1.repeat_interleave(sample_count, 0), s2.repeat_interleave(sample_count, 0)
                 stamps = stamps.repeat_interleave(sample_count, 0)
             cache_dtype = AMP_DTYPES[self.amp] if self.amp else None
+            streams = None if keys is None else RowStreams(seed, keys, sample_count)
             new_s1, new_s2 = generate_tokens(self.model, s1, s2, stamps, pred_len, self.max_context, params,
                                              use_cache=self.use_cache, window_mode=self.window_mode,
                                              cache_dtype=cache_dtype, on_step=stepped,
-                                             decode_step=self.decode_step)
+                                             decode_step=self.decode_step, streams=streams)
             total = s1.shape[1] + pred_len
             start = max(0, total - self.max_context)
             full_s1 = torch.cat([s1, new_s1], dim=1)[:, start:]
             full_s2 = torch.cat([s2, new_s2], dim=1)[:, start:]
             decoded = self.tokenizer.decode([full_s1, full_s2], half=True)[:, -pred_len:]
-        paths = decoded.float().reshape(count, sample_count, pred_len, -1)
+        paths = decoded[:count * sample_count].float().reshape(count, sample_count, pred_len, -1)
         self._mark("decode")
         return paths

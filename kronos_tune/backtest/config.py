@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_core.predict.generation import WINDOW_MODES
+from kronos_core.predict.streams import DRAWS
 from kronos_core.sizes import size_spec
 from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.errors import KronosTuneError
@@ -163,6 +164,7 @@ class BacktestConfig(InputSpec):
             "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
+            "draws": DRAWS,  # runs begun under torch's global generator have none: they do not resume
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
             **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),

@@ -130,7 +130,7 @@ def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback,
                                     max_context=config.max_context(setting),
                                     amp=None if setting.amp == "none" else setting.amp,
                                     window_mode=setting.window_mode)
-        return KronosForecaster(predictor, setting, config.batch_size, on_chunk)
+        return KronosForecaster(predictor, setting, config.batch_size, on_chunk, seed=config.seed)
 
     return make
 
