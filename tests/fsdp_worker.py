@@ -20,7 +20,7 @@ import torch.distributed as dist
 from kronos_core.model import Kronos
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.memory import CpuExactMeter
-from kronos_tune.protocol.measure import StepPlan, measure_training
+from kronos_tune.benchmark.train.measure import StepPlan, measure_training
 
 STEPS = 4
 

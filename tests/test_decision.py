@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from kronos_tune.protocol import Spread, TrialResult
-from kronos_tune.protocol.decision import DecisionContext, decide, trajectory_check
-from kronos_tune.protocol.stats import compare, median_ci, ratio_ci, relative_halfwidth, verdict
+from kronos_tune.benchmark import Spread, TrialResult
+from kronos_tune.benchmark.train.decide import DecisionContext, decide, trajectory_check
+from kronos_tune.benchmark.stats import compare, median_ci, ratio_ci, relative_halfwidth, verdict
 
 GIB = 2**30
 

@@ -38,8 +38,8 @@ def test_past_the_deadline_the_hook_runs_then_every_process_dies_even_one_in_its
 
 
 def test_one_process_needs_no_torchrun():
-    plain = launch_command(LaunchSpec(nproc=1), "kronos_tune.protocol.trial_worker", ["--job", "j.json"])
-    assert plain == [sys.executable, "-m", "kronos_tune.protocol.trial_worker", "--job", "j.json"]
+    plain = launch_command(LaunchSpec(nproc=1), "kronos_tune.benchmark.run.trial_worker", ["--job", "j.json"])
+    assert plain == [sys.executable, "-m", "kronos_tune.benchmark.run.trial_worker", "--job", "j.json"]
     ranks = launch_command(LaunchSpec(nproc=2), "kronos_core.train", ["--events"])
     assert ranks[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in ranks and "--max-restarts" in ranks
     assert ranks[-3:] == ["-m", "kronos_core.train", "--events"]

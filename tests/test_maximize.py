@@ -16,7 +16,7 @@ from kronos_tune.cli import app, main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import ProtocolOptions, run_protocol
+from kronos_tune.benchmark import ProtocolOptions, run_protocol
 
 from tiny_preset import write_tiny_preset  # noqa: E402
 

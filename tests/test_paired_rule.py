@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kronos_tune.protocol import Spread, TrialResult
-from kronos_tune.protocol.decision import DecisionContext, decide
-from kronos_tune.protocol.kinds import TrialKind, legacy_kind
-from kronos_tune.protocol.records import SCHEMA_VERSION, NewerSchema
-from kronos_tune.protocol.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
+from kronos_tune.benchmark import Spread, TrialResult
+from kronos_tune.benchmark.train.decide import DecisionContext, decide
+from kronos_tune.benchmark.kinds import TrialKind, legacy_kind
+from kronos_tune.benchmark.results import SCHEMA_VERSION, NewerSchema
+from kronos_tune.benchmark.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
 
 from test_report_cli import run_cli, write_gpu_run  # noqa: E402
 
@@ -220,9 +220,9 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     from rich.console import Console
 
     from kronos_tune.commands.benchmark import render
-    from kronos_tune.protocol import ProtocolReport
-    from kronos_tune.protocol.report import report_markdown
-    from kronos_tune.protocol.summary import summarize
+    from kronos_tune.benchmark import ProtocolReport
+    from kronos_tune.benchmark.report.files import report_markdown
+    from kronos_tune.benchmark.report.summary import summarize
     from kronos_tune.tui.answer import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
@@ -245,7 +245,7 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
 def test_the_order_is_counterbalanced_so_a_slow_second_block_is_charged_to_neither_side() -> None:
     from itertools import islice
 
-    from kronos_tune.protocol.order import trial_leads
+    from kronos_tune.benchmark.run.order import trial_leads
 
     leads = list(islice(trial_leads("100:noise-probe"), 39))
     assert leads == list(islice(trial_leads("100:noise-probe"), 39))  # seeded: the run can be repeated

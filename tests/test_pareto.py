@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kronos_tune.protocol import TrialResult
-from kronos_tune.protocol.pareto import Point, budget_in_view, front_staircase, pareto_front, scatter_of
-from kronos_tune.protocol.records import Spread
+from kronos_tune.benchmark import TrialResult
+from kronos_tune.benchmark.report.pareto import Point, budget_in_view, front_staircase, pareto_front, scatter_of
+from kronos_tune.benchmark.results import Spread
 
 from test_decision import h200_like_results
 from test_report_cli import run_cli, write_gpu_run

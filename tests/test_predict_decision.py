@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kronos_tune.predict.config_file import read_predict_file
-from kronos_tune.protocol.predict_decision import decide_predict
-from kronos_tune.protocol.predict_summary import recommended_predict_toml, summarize_predict
-from kronos_tune.protocol.records import ProtocolReport, Spread, TrialResult
+from kronos_tune.benchmark.predict.decide import decide_predict
+from kronos_tune.benchmark.predict.summary import recommended_predict_toml, summarize_predict
+from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialResult
 
 SERIES = 100
 

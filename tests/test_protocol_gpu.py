@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import ProtocolOptions, run_protocol
+from kronos_tune.benchmark import ProtocolOptions, run_protocol
 
 from tiny_preset import tiny_preset_toml  # noqa: E402
 

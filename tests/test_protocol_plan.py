@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.protocol import (
+from kronos_tune.benchmark import (
     Delta, ProtocolOptions, ProtocolReport, Spread, TrialResult, TrialSpec, plan_trials,
 )
-from kronos_tune.protocol.plan import combine
-from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_threshold
-from kronos_tune.protocol.stats import Comparison
+from kronos_tune.benchmark.train.trial_list import combine
+from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_threshold
+from kronos_tune.benchmark.stats import Comparison
 
 
 def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> None:

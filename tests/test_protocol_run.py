@@ -17,7 +17,7 @@ from kronos_core.train import TrainConfig
 from kronos_tune.cli import app, main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import (
+from kronos_tune.benchmark import (
     ProtocolFinished, ProtocolOptions, TrialStarted, TrialStep, run_protocol,
 )
 

@@ -16,8 +16,8 @@ from kronos_tune.cli import app, main
 from kronos_tune.predict.config_file import read_predict_file
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import ProtocolOptions, TrialStarted, TrialStep, run_protocol
-from kronos_tune.protocol.predict_summary import predict_decision_lines
+from kronos_tune.benchmark import ProtocolOptions, TrialStarted, TrialStep, run_protocol
+from kronos_tune.benchmark.predict.summary import predict_decision_lines
 
 from test_protocol_run import FAST, Events, write_preset  # noqa: E402
 

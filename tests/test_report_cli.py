@@ -15,7 +15,7 @@ except ImportError:  # Python 3.10
 
 from kronos_core.train import TrainConfig
 from kronos_tune.cli import main
-from kronos_tune.protocol import TrialResult
+from kronos_tune.benchmark import TrialResult
 
 from test_decision import h200_like_results  # noqa: E402
 

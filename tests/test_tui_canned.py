@@ -54,7 +54,7 @@ def series(count: int, gpus: bool = True) -> list[Snapshot]:
 def trial_results() -> list:
     """Eight finished train trials as the protocol reports them: ok with deltas (some inside the noise),
     skipped, out of memory and failed with their one-line reasons."""
-    from kronos_tune.protocol.records import Delta, Spread, TrialResult
+    from kronos_tune.benchmark.results import Delta, Spread, TrialResult
 
     def ok(name: str, stage: str, step: float, spread: float, tokens: float, peak_gib: float, loss: float,
            deltas: dict[str, Delta]) -> TrialResult:
@@ -93,7 +93,7 @@ def trial_results() -> list:
 def trial_in_flight() -> list:
     """The protocol's events for a trial four steps into its 1 warm-up + 5 measured steps."""
     from kronos_core.train import StepRecord
-    from kronos_tune.protocol.records import TrialSpec, TrialStarted, TrialStep
+    from kronos_tune.benchmark.results import TrialSpec, TrialStarted, TrialStep
 
     spec = TrialSpec("checkpointing", "single", {"activation_checkpointing": "all"}, None,
                      description="activation checkpointing of every transformer block", warmup_steps=1,
@@ -161,8 +161,8 @@ def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
     ones with deltas, skipped ones with reasons), `combined` recommended. `names`: the trials (default: what
     the cpu preset's protocol plans today)."""
     from kronos_tune.presets import resolve_preset
-    from kronos_tune.protocol import ProtocolOptions, plan_trials
-    from kronos_tune.protocol.records import Delta, ProtocolReport, Spread, TrialResult
+    from kronos_tune.benchmark import ProtocolOptions, plan_trials
+    from kronos_tune.benchmark.results import Delta, ProtocolReport, Spread, TrialResult
 
     if names is None:
         names = tuple(spec.name for spec in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions()))

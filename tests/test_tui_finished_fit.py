@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import ProtocolOptions, plan_trials
-from kronos_tune.protocol.predict_summary import summarize_predict
-from kronos_tune.protocol.records import ProtocolReport, Spread, TrialFinished, TrialResult
+from kronos_tune.benchmark import ProtocolOptions, plan_trials
+from kronos_tune.benchmark.predict.summary import summarize_predict
+from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialFinished, TrialResult
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
 from kronos_tune.tui.model import ResultsModel

@@ -12,7 +12,7 @@ import pytest
 from textual import events
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.protocol import ProtocolOptions, plan_trials
+from kronos_tune.benchmark import ProtocolOptions, plan_trials
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_core.train import load_checkpoint

@@ -1,4 +1,4 @@
-"""`kronos-tune benchmark`: the incremental optimization protocol (kronos_tune.protocol), with live progress.
+"""`kronos-tune benchmark`: the incremental optimization protocol (kronos_tune.benchmark), with live progress.
 
 Parse the flags, call run_protocol, render its report; Ctrl-C asks the protocol to stop at the next step
 boundary (a second Ctrl-C interrupts at once) and the finished trials are still reported.
@@ -24,12 +24,13 @@ from rich.table import Table
 from kronos_tune.commands.common import LiveProgress
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
-from kronos_tune.protocol import (
+from kronos_tune.benchmark import (
     ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
 )
-from kronos_tune.protocol.plan import DESIGN_CHOICES
-from kronos_tune.protocol.plot import picture_line
-from kronos_tune.protocol.report import changes_text, fmt_seconds, resolution_line, table
+from kronos_tune.benchmark.selection import DESIGN_CHOICES
+from kronos_tune.benchmark.report.picture import picture_line
+from kronos_tune.benchmark.report.table import changes_text, fmt_seconds, table
+from kronos_tune.benchmark.report.files import resolution_line
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 EXIT_CANCELLED = 130
@@ -141,7 +142,7 @@ def render(console: Console, report: ProtocolReport) -> None:
         if report.flops:
             lines.append(f"MFU: {report.flops['formula']}")
     if report.task == "predict":
-        from kronos_tune.protocol.predict_summary import predict_decision_lines
+        from kronos_tune.benchmark.predict.summary import predict_decision_lines
 
         lines += [escape(line) for line in predict_decision_lines(report)]
     for line in lines:

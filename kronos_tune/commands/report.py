@@ -20,8 +20,9 @@ from rich.table import Table
 
 from kronos_tune.commands.benchmark import render
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.protocol.rebuild import LoadedRun, check_comparable, load_run
-from kronos_tune.protocol.report import REPORT_FILES, fmt_seconds, write_reports
+from kronos_tune.benchmark.report.rebuild import LoadedRun, check_comparable, load_run
+from kronos_tune.benchmark.report.files import REPORT_FILES, write_reports
+from kronos_tune.benchmark.report.table import fmt_seconds
 
 
 def _writable(folder: Path) -> bool:

@@ -1,49 +1,20 @@
-"""The incremental optimization protocol behind `kronos-tune benchmark`.
+"""The old name of kronos_tune.benchmark, kept for one release: its public names, loaded on first use.
 
-    from kronos_tune.protocol import plan_trials, run_protocol, ProtocolOptions
-    specs = plan_trials("cpu")                      # baseline, noise probe, single changes, combined
-    report = run_protocol("cpu", out_dir="bench")   # runs them; results.jsonl, report.*, recommended.toml
-
-Train: the preset's workload as the reference trains it, then one change at a
-time against it (bf16, fp16, activation checkpointing, accumulation,
-autobatch, torch.compile, loader workers, fused AdamW, DDP), then the changes
-that were faster or smaller and passed the quality guard, together.
-Predict: full recompute vs KV cache vs bf16 vs the autobatch chunk vs sharding.
+The modules moved (protocol/plan.py -> benchmark/trial_list.py, records.py -> results.py, runner.py ->
+run/runner.py, ...); import them from kronos_tune.benchmark. bench_decisions stays here until it moves to
+the developer benchmarks.
 """
 
-from kronos_tune.protocol.plan import plan_trials
-from kronos_tune.protocol.records import (
-    Delta,
-    PredictSettings,
-    PredictStep,
-    ProtocolFinished,
-    ProtocolOptions,
-    ProtocolReport,
-    Spread,
-    TrialFinished,
-    TrialResult,
-    TrialSpec,
-    TrialStarted,
-    TrialStep,
-)
-from kronos_tune.protocol.report import load_results, write_reports
-from kronos_tune.protocol.runner import run_protocol
+from __future__ import annotations
 
-__all__ = [
-    "Delta",
-    "PredictSettings",
-    "PredictStep",
-    "ProtocolFinished",
-    "ProtocolOptions",
-    "ProtocolReport",
-    "Spread",
-    "TrialFinished",
-    "TrialResult",
-    "TrialSpec",
-    "TrialStarted",
-    "TrialStep",
-    "load_results",
-    "plan_trials",
-    "run_protocol",
-    "write_reports",
-]
+from typing import Any
+
+from kronos_tune import benchmark
+
+__all__ = list(benchmark.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(benchmark, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

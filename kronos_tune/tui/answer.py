@@ -44,7 +44,7 @@ def _figure(result: Any, task: str) -> str:
 
 def answer_from(report: Any) -> Answer:
     """The answer of a finished (or cancelled) protocol run."""
-    from kronos_tune.protocol.report import resolution_line
+    from kronos_tune.benchmark.report.files import resolution_line
 
     rec = report.recommended or {}
     best = best_trial(report.trials, report.task)

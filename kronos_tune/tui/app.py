@@ -33,7 +33,7 @@ from kronos_tune.tui.widgets import (
 )
 
 if TYPE_CHECKING:  # the protocol imports torch: loaded when the first job needs it, not at start-up
-    from kronos_tune.protocol import ProtocolOptions, ProtocolReport
+    from kronos_tune.benchmark import ProtocolOptions, ProtocolReport
 
 class DashboardApp(ResultsView, App[int]):
     """`kronos-tune dashboard`: live telemetry, the benchmark protocol, autobatch and training in one screen."""
@@ -219,7 +219,7 @@ class DashboardApp(ResultsView, App[int]):
         self.log_line(message.text, message.level)
 
     def on_protocol_event(self, message: ProtocolEvent) -> None:
-        from kronos_tune.protocol import PredictStep, ProtocolFinished, TrialFinished, TrialStarted, TrialStep
+        from kronos_tune.benchmark import PredictStep, ProtocolFinished, TrialFinished, TrialStarted, TrialStep
 
         event = message.event
         run = self.run_state
@@ -322,7 +322,7 @@ class DashboardApp(ResultsView, App[int]):
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, report: ProtocolReport, folder: Path) -> None:
         try:
-            from kronos_tune.protocol import write_reports
+            from kronos_tune.benchmark import write_reports
 
             written = write_reports(report, folder)
         except Exception as error:

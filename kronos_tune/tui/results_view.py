@@ -16,8 +16,8 @@ from kronos_tune.tui.widgets.scatter import ScatterScreen
 
 if TYPE_CHECKING:
     from kronos_tune.presets import Preset
-    from kronos_tune.protocol import ProtocolReport, TrialResult
-    from kronos_tune.protocol.pareto import Scatter
+    from kronos_tune.benchmark import ProtocolReport, TrialResult
+    from kronos_tune.benchmark.report.pareto import Scatter
     from kronos_tune.tui.model import RunState
 
 
@@ -110,7 +110,7 @@ class ResultsView:
         is the report's, or the preset's while the benchmark runs."""
         if not self.results.results:
             return None
-        from kronos_tune.protocol.pareto import scatter_of
+        from kronos_tune.benchmark.report.pareto import scatter_of
 
         answer = self.answer if self.answer is not None and self.answer.task == self.results_task else None
         report = self.report if self.report is not None and self.report.task == self.results_task else None

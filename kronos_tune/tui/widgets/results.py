@@ -18,7 +18,7 @@ from kronos_tune.tui.format import duration, gib, rate
 from kronos_tune.tui.model import Column
 
 if TYPE_CHECKING:
-    from kronos_tune.protocol import TrialResult
+    from kronos_tune.benchmark import TrialResult
 
 STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skipped": "dim", "cancelled": "yellow"}
 NOTE_WIDTH = 44  # the reason column is cut at this width (the log pane has every reason whole)
@@ -30,7 +30,7 @@ TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", 
 
 def figure(result: TrialResult, key: str, render: Callable[[Any], str]) -> Text:
     """The value of `key` and its delta, right-aligned; '–' when the trial has no such figure."""
-    from kronos_tune.protocol.report import delta_cell  # only imported once there are results to draw
+    from kronos_tune.benchmark.report.table import delta_cell
 
     value = getattr(result, key)
     text = Text("–" if value is None else render(value), style="dim" if value is None else "")
@@ -90,7 +90,7 @@ def note(result: TrialResult) -> Text:
     if result.reason:
         return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
     if result.quality is not None and not result.quality.get("passed", True):
-        if result.task == "predict":  # the exactness class's verdict (protocol/predict_decision.py)
+        if result.task == "predict":  # the exactness class's verdict (benchmark/predict/decide.py)
             return Text(str(result.quality.get("text") or "quality below what its class promises"), style="red")
         return Text("quality guard: val loss worse than the noise allows", style="red")
     return Text("")

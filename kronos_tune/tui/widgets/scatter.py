@@ -1,6 +1,6 @@
 """The results as a scatter (`g`): time against peak memory per trial, the Pareto front, the recommendation
 and the budget, as in the report's pareto.png. Drawn with textual-plotext; where it is not installed, a small
-table of the same points. The data comes ready from kronos_tune.protocol.pareto."""
+table of the same points. The data comes ready from kronos_tune.benchmark.report.pareto."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from textual.widgets import Static
 from kronos_tune.tui.format import gib
 
 if TYPE_CHECKING:
-    from kronos_tune.protocol.pareto import Point, Scatter
+    from kronos_tune.benchmark.report.pareto import Point, Scatter
 
 FRONT_MARK = "◆"
 RECOMMENDED_MARK = "▶"
@@ -36,7 +36,7 @@ def plot_widget() -> Widget | None:
 
 
 def _scales(scatter: Scatter) -> tuple[float, str, float, str]:
-    from kronos_tune.protocol.pareto import budget_in_view, memory_scale, time_scale
+    from kronos_tune.benchmark.report.pareto import budget_in_view, memory_scale, time_scale
 
     memories = [p.memory_bytes for p in scatter.points]
     if budget_in_view(scatter):
@@ -48,7 +48,7 @@ def _scales(scatter: Scatter) -> tuple[float, str, float, str]:
 
 def caption(scatter: Scatter) -> Text:
     """Below the plot: the front and the recommendation in words, the budget, what is not drawn."""
-    from kronos_tune.protocol.pareto import budget_in_view
+    from kronos_tune.benchmark.report.pareto import budget_in_view
 
     text = Text()
     if scatter.front:
@@ -129,7 +129,7 @@ class ScatterPanel(Vertical):
         return xs, ys
 
     def _plot(self, scatter: Scatter) -> None:
-        from kronos_tune.protocol.pareto import budget_in_view, front_staircase
+        from kronos_tune.benchmark.report.pareto import budget_in_view, front_staircase
 
         plt: Any = self.plot.plt  # type: ignore[union-attr]
         mem_div, mem_unit, t_mul, t_unit = _scales(scatter)

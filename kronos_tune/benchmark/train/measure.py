@@ -26,7 +26,7 @@ from kronos_core.errors import one_line
 from kronos_core.train import StepRecord, TrainConfig, Trainer
 from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.memory.meters import MeterSwitch
-from kronos_tune.protocol.stats import relative_halfwidth
+from kronos_tune.benchmark.stats import relative_halfwidth
 
 StepCallback = Callable[[StepRecord], None]
 

@@ -2,7 +2,7 @@
 
 ``summarize_predict`` is summary.summarize's predict half: it fills the
 report's comparisons and deltas (each trial against the recompute baseline),
-its decision (predict_decision.decide_predict) and its recommendation, the
+its decision (predict/decide.py, decide_predict) and its recommendation, the
 prediction settings written to RUN/recommended.toml for
 `kronos-tune predict --config` (kronos_tune.predict.config_file). Nothing here
 touches a device.
@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kronos_tune.predict.config_file import SETTINGS_KEYS, predict_file_toml
-from kronos_tune.protocol.decision import FLOOR, drift_estimate
-from kronos_tune.protocol.predict_decision import (
+from kronos_tune.benchmark.train.decide import FLOOR, drift_estimate
+from kronos_tune.benchmark.predict.decide import (
     BASELINE, BOOTSTRAP, DEFAULT_MIN_SPEARMAN, EXACT_TOLERANCE, decide_predict, speedup_text,
 )
-from kronos_tune.protocol.quality import compute_deltas
-from kronos_tune.protocol.records import ProtocolReport, TrialResult
-from kronos_tune.protocol.stats import Comparison
+from kronos_tune.benchmark.quality import compute_deltas
+from kronos_tune.benchmark.results import ProtocolReport, TrialResult
+from kronos_tune.benchmark.stats import Comparison
 
 PREDICT_RULE = ("each trial's run times against its reference's (kv-cache against the full recompute; bf16, the "
                 "autobatch chunk and sharding against kv-cache, and the recompute too) as a ratio with a 95% "

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS
-from kronos_tune.protocol.predict_decision import BASELINE, EXACT_TOLERANCE, REFERENCE
-from kronos_tune.protocol.predict_measure import output_max_abs_diff, series_inputs
-from kronos_tune.protocol.context import RunContext
-from kronos_tune.protocol.records import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
-from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
-from kronos_tune.protocol.trial_worker import PREDICT_EVENT
+from kronos_tune.benchmark.predict.decide import BASELINE, EXACT_TOLERANCE, REFERENCE
+from kronos_tune.benchmark.predict.measure import output_max_abs_diff, series_inputs
+from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.results import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
+from kronos_tune.benchmark.run.trial_worker import PREDICT_EVENT
 
 PAIRED_MIN_ROUNDS = 6  # the fewest pairs whose signed-rank interval exists at 95 %
 
@@ -136,7 +136,7 @@ def rank_agreement(outputs: list[pd.DataFrame], reference: list[pd.DataFrame] | 
                    stage: str) -> dict | None:
     """Does the approximate setting change which series come out on top? Spearman of the predicted returns
     (last predicted close over last history close) against the reference method's, across the series
-    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything. predict_decision judges it."""
+    (backtest.agreement.ranking_agreement); needs 3+ series to mean anything. predict/decide.py judges it."""
     from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 
     if stage == "baseline" or not outputs or not reference or len(outputs) != len(reference) or len(outputs) < 3:

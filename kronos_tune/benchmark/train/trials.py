@@ -19,16 +19,17 @@ from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.profiling.flops import mfu
-from kronos_tune.protocol.context import RunContext
-from kronos_tune.protocol.decision import DecisionContext, decide, memory_binding
-from kronos_tune.protocol.isolation import raise_for_exit, timeout_reason
-from kronos_tune.protocol.live_worker import LiveWorker, WorkerGone
-from kronos_tune.protocol.measure import StepPlan, TrainMeasurement
-from kronos_tune.protocol.paired import BASELINE_WORKER, Interleaver, choose_design, steps_per_block
-from kronos_tune.protocol.plan import combine, left_out
-from kronos_tune.protocol.quality import quality_guard
-from kronos_tune.protocol.records import NOISE_PROBE, Spread, TrialResult, TrialSpec, TrialStep
-from kronos_tune.protocol.trial_worker import STEP_EVENT
+from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.train.decide import DecisionContext, decide, memory_binding
+from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
+from kronos_tune.benchmark.run.live_worker import LiveWorker, WorkerGone
+from kronos_tune.benchmark.train.measure import StepPlan, TrainMeasurement
+from kronos_tune.benchmark.run.paired import BASELINE_WORKER, Interleaver, choose_design, steps_per_block
+from kronos_tune.benchmark.train.trial_list import combine
+from kronos_tune.benchmark.selection import left_out
+from kronos_tune.benchmark.quality import quality_guard
+from kronos_tune.benchmark.results import NOISE_PROBE, Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.benchmark.run.trial_worker import STEP_EVENT
 
 
 PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16"}
@@ -47,7 +48,7 @@ def _spec(run: RunContext, name: str) -> TrialSpec:
 # Trials decided while running ---------------------------------------------------------------------------
 
 def decision_context(run: RunContext) -> DecisionContext:
-    from kronos_tune.protocol.summary import model_has_dropout
+    from kronos_tune.benchmark.report.summary import model_has_dropout
 
     margin = run.options.autobatch_margin
     return DecisionContext(budget_bytes=run.budget_bytes, objective=run.options.objective,

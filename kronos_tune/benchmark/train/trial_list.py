@@ -1,4 +1,4 @@
-"""The trials of the protocol: the baseline, one change at a time, then the helpful changes together.
+"""The train trials: the baseline, one change at a time, then the helpful changes together.
 
 Every training trial keeps the baseline's seed, data, effective batch (so the
 same windows and tokens per optimizer step) and learning-rate schedule, runs
@@ -8,102 +8,29 @@ optimizer steps from the same initial weights.
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from kronos_core.train import TrainConfig
-from kronos_tune.errors import KronosTuneError
-from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.protocol.decision import OBJECTIVES
-from kronos_tune.protocol.kinds import TrialKind
-from kronos_tune.protocol.records import NOISE_PROBE, TASKS, PredictSettings, ProtocolOptions, TrialResult, TrialSpec
-from kronos_tune.workloads import runnable_device
+from kronos_tune.benchmark.kinds import TrialKind
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult, TrialSpec
+from kronos_tune.benchmark.selection import autobatch_available, device_count, quick_reason, selection_reason
+from kronos_tune.presets import Preset
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
                 "bigger-batch", "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
                 "baseline-repeat", "combined")
 BASELINE_REPEATS = ("noise-probe", "baseline-repeat")  # the baseline run again: the noise estimates
-REQUIRED = ("baseline",)
 CPU_DDP_PROCESSES = 2
 MIN_WARMUP = 2  # train: AdamW creates its state in the first step; the metered step comes after the warm-up
 COMPILE_EXTRA_WARMUP = 4  # compile trials may need more steps to settle (recompilations)
 DRIFT_STEPS = 5  # measured steps of one interleaved baseline drift check
-LEFT_OUT = "left out of the quick run"  # the start of the reason of a trial the default run does not measure
-ADD_BACK = "add it with --full, or --only {name}"
-DESIGN_CHOICES = ("auto", "paired", "sequential")
 
 REFERENCE = TrialKind("reference")
 REPEAT = TrialKind("baseline-repeat")
 COMBINATION = TrialKind("combination")
-
-
-def autobatch_available() -> bool:
-    return importlib.util.find_spec("kronos_tune.autobatch.train_task") is not None
-
-
-def resolve(preset: Preset | str) -> Preset:
-    return preset if isinstance(preset, Preset) else resolve_preset(preset)
-
-
-def device_count(device: str) -> int:
-    return torch.cuda.device_count() if device == "cuda" else 1
-
-
-def check_names(task: str, options: ProtocolOptions, names: tuple[str, ...]) -> None:
-    if task not in TASKS:
-        raise KronosTuneError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
-    for flag, given in (("--skip", options.skip), ("--only", options.only)):
-        for name in given:
-            if name not in names:
-                raise KronosTuneError(f"{flag} {name}: no such {task} trial; trials are {', '.join(names)}")
-    for name in REQUIRED:
-        if name in options.skip:
-            raise KronosTuneError(f"--skip {name}: the {name} cannot be skipped, every delta is measured against it")
-    if options.steps < 1:
-        raise KronosTuneError(f"--steps {options.steps}: give at least 1 measured step")
-    if options.warmup < 0 or options.compile_warmup < 0:
-        raise KronosTuneError(f"--warmup {min(options.warmup, options.compile_warmup)}: give 0 or more warm-up steps")
-    if options.trial_timeout_s is not None and not options.trial_timeout_s > 0:
-        raise KronosTuneError(f"--trial-timeout {options.trial_timeout_s:g}: give a positive number of seconds")
-    if options.trial_budget_s is not None and not options.trial_budget_s > 0:
-        raise KronosTuneError(f"--trial-budget {options.trial_budget_s:g}: give a positive number of seconds")
-    if options.objective not in OBJECTIVES:
-        raise KronosTuneError(f"--objective {options.objective}: use one of {', '.join(OBJECTIVES)}")
-    if options.design not in DESIGN_CHOICES:
-        raise KronosTuneError(f"--design {options.design}: use one of {', '.join(DESIGN_CHOICES)}")
-    if not options.block_s > 0:
-        raise KronosTuneError(f"--block {options.block_s:g}: give a positive number of seconds per block")
-
-
-def left_out(name: str, why: str) -> str:
-    """The skip reason of a trial the quick (default) run leaves out, with how to add it back."""
-    return f"{LEFT_OUT}: {why}; {ADD_BACK.format(name=name)}"
-
-
-def quick_reason(spec: TrialSpec, options: ProtocolOptions, device: str) -> str | None:
-    """Why the default run leaves `spec` out on this device (None: it runs). --full and --only bring it back.
-    Memory savers are decided once the baseline has run (train_trials.leave_out_memory_savers)."""
-    if options.full or spec.name in options.only or device != "cpu":
-        return None
-    if spec.group == "compile":
-        return left_out(spec.name, "its compilation takes minutes on a CPU, a one-time cost a short finetune "
-                                   "rarely earns back")
-    if spec.kind is not None and spec.kind.kind == "optimization":
-        return left_out(spec.name, "it changes what is trained (a larger effective batch and learning rate) and "
-                                   "needs a batch search first")
-    return None
-
-
-def selection_reason(name: str, options: ProtocolOptions, optional: tuple[str, ...]) -> str | None:
-    """Why the user's --skip/--only leave `name` out (None when it runs)."""
-    if name in options.skip:
-        return "skipped by --skip"
-    if options.only and name in optional and name not in options.only:
-        return "not selected by --only"
-    return None
 
 
 def baseline_config(preset: Preset, options: ProtocolOptions, device: str) -> TrainConfig:
@@ -258,112 +185,6 @@ def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
             eval_step = max(eval_step, spec.max_warmup_steps + 1 + spec.measured_steps)
     for spec in specs:
         spec.eval_step = None if spec.stage == "drift" else eval_step
-
-
-# The predict task ----------------------------------------------------------------------------------
-
-PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
-AGREEMENT_SERIES = 100  # the ranking agreement (and the exactness check) covers at least this many series
-# Tokens one forward pass of the full-recompute reference holds at least: past this its cost per series no longer
-# falls with more series (the cores / the GPU are busy), so it is timed on that many series, not the whole count.
-REFERENCE_TOKENS = {"cpu": 4096, "cuda": 65536}
-
-
-def predict_counts(series_count: int, options: ProtocolOptions) -> tuple[int, int]:
-    """(series each timed run predicts, series the quality check compares): by default the preset's whole
-    series_count is timed, and quality covers at least AGREEMENT_SERIES series (or all the preset has)."""
-    measured = min(series_count, options.predict_series or series_count)
-    agreement = options.agreement_series or min(series_count, AGREEMENT_SERIES)
-    return measured, max(measured, agreement)
-
-
-def reference_series(measured: int, lookback: int, pred_len: int, sample_count: int, device: str) -> int:
-    """Series the recompute reference times (the first of the measured ones): enough that each of its forward
-    passes holds REFERENCE_TOKENS tokens. It recomputes the whole window for every token, so timing it on the
-    whole count would cost pred_len full passes over every series per run (minutes per run at the presets'
-    scale) and tell nothing more: its series/s is flat in the count once a pass fills the device."""
-    window = (lookback + pred_len) * max(1, sample_count)
-    return min(measured, max(1, -(-REFERENCE_TOKENS.get(device, REFERENCE_TOKENS["cuda"]) // window)))
-
-
-def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
-    p = preset.predict
-    measured, agreement = predict_counts(p.series_count, options)
-    cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
-                             measured, use_cache=True, seed=options.seed, agreement_series=agreement)
-    base = replace(cached, use_cache=False, agreement_series=None,
-                   measured_series=reference_series(measured, p.lookback, p.pred_len, p.sample_count, device))
-    bf16_skip = None
-    if device == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16_skip = "this GPU has no bf16 support"
-    elif not preset.hardware.bf16_supported:  # as the train task: the preset says the hardware has none
-        bf16_skip = "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
-    devices = shard_processes(device)
-    specs = [
-        TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
-                  "the reference method: the whole window recomputed for every new token"
-                  + (f"; timed and metered on the first {base.measured_series} of the {measured} series (its cost "
-                     f"per series is flat in the count from {REFERENCE_TOKENS.get(device, REFERENCE_TOKENS['cuda'])} "
-                     f"tokens a pass; its peak memory is for those series)" if base.measured_series < measured
-                     else "")),
-        TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
-                  "key/value cache: one new position per step (exact while the window has not slid)"),
-        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
-                  "KV cache with bf16 autocast"),
-        TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
-                  None if autobatch_available() else "autobatch not available",
-                  "KV cache with the chunk size autobatch finds within the budget"),
-        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
-                  _sharding_skip(devices, measured, device),
-                  f"KV cache, the series split over {devices} torchrun processes "
-                  + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
-    ]
-    optional = PREDICT_TRIALS[1:]
-    for spec in specs:
-        spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
-        settings = spec.config if spec.config is not None else cached
-        # the metered run, and the quality run when quality covers more series than are timed
-        spec.warmup_steps = 1 + (settings.quality_series > settings.measured_series)
-        spec.measured_steps = options.predict_repeats
-    return specs
-
-
-def check_predict_options(options: ProtocolOptions) -> None:
-    for flag, value, least in (("--predict-series", options.predict_series, 1),
-                               ("--agreement-series", options.agreement_series, 3),
-                               ("--steps", options.predict_repeats, 1)):
-        if value is not None and value < least:
-            raise KronosTuneError(f"{flag} {value}: give at least {least}")
-    if not -1 <= options.min_spearman <= 1:
-        raise KronosTuneError(f"--min-spearman {options.min_spearman:g}: a Spearman correlation is between -1 and 1")
-
-
-def shard_processes(device: str) -> int:
-    """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
-    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
-    return device_count(device)
-
-
-def _sharding_skip(processes: int, measured: int, device: str) -> str | None:
-    if processes < 2:
-        return "sharding series needs 2+ devices"
-    if measured < processes:
-        return f"{measured} measured series cannot be split over {processes} processes; raise --predict-series"
-    return None
-
-
-def plan_trials(preset: Preset | str, task: str = "train",
-                options: ProtocolOptions = ProtocolOptions()) -> list[TrialSpec]:
-    """Every trial of the protocol in run order (baseline first, combined last), skipped ones with their reason."""
-    preset = resolve(preset)
-    if task == "predict":
-        check_names(task, options, PREDICT_TRIALS)
-        check_predict_options(options)
-        device, _ = runnable_device(preset)
-        return plan_predict(preset, options, device)
-    check_names(task, options, TRAIN_TRIALS)
-    device, _ = runnable_device(preset)
-    return plan_train(preset, options, device)
 
 
 def combine(specs: list[TrialSpec], results: dict[str, TrialResult], base: TrialSpec,

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kronos_tune.protocol.context import RunContext
-from kronos_tune.protocol.isolation import Outcome, stderr_tail, timeout_reason
-from kronos_tune.protocol.measure import TrainMeasurement
-from kronos_tune.protocol.records import TrialSpec
-from kronos_tune.protocol.trial_worker import (
+from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.run.isolation import Outcome, stderr_tail, timeout_reason
+from kronos_tune.benchmark.train.measure import TrainMeasurement
+from kronos_tune.benchmark.results import TrialSpec
+from kronos_tune.benchmark.run.trial_worker import (
     BLOCK_EVENT, FINISHED_EVENT, MEASURED_EVENT, READY_EVENT, STEP_EVENT,
 )
 

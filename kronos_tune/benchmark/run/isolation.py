@@ -33,7 +33,7 @@ import psutil
 
 from kronos_core.launch import LaunchSpec, launch_command, process_tree, run_launch
 
-WORKER_MARK = "kronos_tune.protocol.trial_worker"
+WORKER_MARK = "kronos_tune.benchmark.run.trial_worker"
 LAUNCHER_MARK = "torch.distributed.run"
 STACK_WAIT_S = 2.0
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kronos_tune.protocol.records import TrialResult
-from kronos_tune.protocol.stats import Comparison
+from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.stats import Comparison
 
 
 def one_time_s(result: TrialResult) -> float:

@@ -14,7 +14,7 @@ The rule:
    and sharding against kv-cache) and, for those, the recompute baseline too.
    The comparison is a time ratio with a 95 % interval from a pluggable
    ``Estimator``: by default ``stats.ratio_ci`` (ratio of medians, bootstrap
-   over each side's repeats). A trial measured *paired* (predict_trials:
+   over each side's repeats). A trial measured *paired* (predict/trials.py:
    each timed run beside a run of its reference's settings, in one worker,
    the order counterbalanced per pair of rounds) is compared with that
    reference by the paired rule instead (``stats.paired_compare`` on the
@@ -27,7 +27,7 @@ The rule:
    agreement of the predicted returns with the exact reference's
    (backtest.agreement) must reach ``min_spearman``. The exact reference is
    the recompute's output, or kv-cache's once it proved identical to it
-   (predict_trials.exact_reference).
+   (predict/trials.py, exact_reference).
 3. A trial is eligible when it ran, kept its quality and is faster than its
    reference and than the baseline. The recommendation is the eligible trial
    with the highest series/s; the baseline when none is eligible.
@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kronos_tune.protocol.records import TrialResult
-from kronos_tune.protocol.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
+from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
 BASELINE = "recompute"
 REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "autobatch": "kv-cache", "sharding": "kv-cache"}

@@ -19,14 +19,14 @@ from kronos_core.model import Kronos
 from kronos_core.sizes import SIZES
 from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.presets import Preset
-from kronos_tune.protocol.costs import one_time_s, workload_time_s
-from kronos_tune.protocol.decision import (
+from kronos_tune.benchmark.costs import one_time_s, workload_time_s
+from kronos_tune.benchmark.train.decide import (
     EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, reference,
 )
-from kronos_tune.protocol.plan import LEFT_OUT
-from kronos_tune.protocol.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
+from kronos_tune.benchmark.selection import LEFT_OUT
+from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
     quality_threshold
-from kronos_tune.protocol.records import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
 
 FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
                  "predictor, L transformer layers, H heads, Q head dimension, T tokens per window; the frozen "
@@ -129,9 +129,9 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> None:
     opts = report.options
     base = reference(trials)  # train: "baseline"; predict: "recompute"
     if report.task != "train":
-        from kronos_tune.protocol.predict_summary import summarize_predict
+        from kronos_tune.benchmark.predict.summary import summarize_predict
 
-        summarize_predict(report)  # the predict task's decision and recommended settings (predict_summary.py)
+        summarize_predict(report)  # the predict task's decision and recommended settings (predict/summary.py)
         return
     probe = _find(trials, NOISE_PROBE)
     noise = None

@@ -1,6 +1,6 @@
 """What a trial needs of the run it belongs to.
 
-`train_trials` and `predict_trials` measure one trial each; `runner.ProtocolRun` owns the run (folder,
+`train/trials.py` and `predict/trials.py` measure one trial each; `runner.ProtocolRun` owns the run (folder,
 events, the order of trials) and hands itself to them. They see it through `RunContext`, so the trial
 modules depend on this interface and not on the runner that calls them.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kronos_tune.presets import Preset
-from kronos_tune.protocol.isolation import Outcome
-from kronos_tune.protocol.records import ProtocolOptions, TrialResult, TrialSpec
+from kronos_tune.benchmark.run.isolation import Outcome
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.results import TrialResult, TrialSpec
 
 
 class RunContext(Protocol):

@@ -16,9 +16,9 @@ from typing import Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.protocol.records import NewerSchema, ProtocolReport, TrialResult
-from kronos_tune.protocol.report import RESULTS_FILE
-from kronos_tune.protocol.summary import summarize
+from kronos_tune.benchmark.results import NewerSchema, ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import RESULTS_FILE
+from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.runs import RUN_FILE, read_run_file
 
 RESULTS_SUFFIX = "-results.jsonl"

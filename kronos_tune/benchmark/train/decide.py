@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kronos_core.units import format_bytes
-from kronos_tune.protocol.costs import duration as _duration
-from kronos_tune.protocol.costs import one_time_costs
-from kronos_tune.protocol.records import NOISE_PROBE, TrialResult
-from kronos_tune.protocol.stats import Comparison, block_ratios, compare, paired_compare
+from kronos_tune.benchmark.costs import duration as _duration
+from kronos_tune.benchmark.costs import one_time_costs
+from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
+from kronos_tune.benchmark.stats import Comparison, block_ratios, compare, paired_compare
 
 DRIFT_STAGE = "drift"
 OBJECTIVES = ("speed", "memory")

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kronos_tune.protocol.records import Delta, TrialResult
-from kronos_tune.protocol.stats import Comparison
+from kronos_tune.benchmark.results import Delta, TrialResult
+from kronos_tune.benchmark.stats import Comparison
 
 MEMORY_NOISE_FRACTION = 0.005
 

@@ -41,8 +41,8 @@ from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
-from kronos_tune.protocol.order import trial_leads
-from kronos_tune.protocol.records import PredictSettings, PredictStep
+from kronos_tune.benchmark.run.order import trial_leads
+from kronos_tune.benchmark.results import PredictSettings, PredictStep
 
 @dataclass
 class PredictMeasurement:

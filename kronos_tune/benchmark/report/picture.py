@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, save_figure
-from kronos_tune.protocol.pareto import (
+from kronos_tune.benchmark.report.pareto import (
     PICTURE_STEM, Scatter, budget_in_view, front_staircase, memory_scale, scatter_of, time_scale,
 )
-from kronos_tune.protocol.records import ProtocolReport
+from kronos_tune.benchmark.results import ProtocolReport
 
 PICTURE_ALT = "step time vs peak memory"
 FILES = (f"{PICTURE_STEM}.png", f"{PICTURE_STEM}.svg")

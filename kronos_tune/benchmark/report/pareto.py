@@ -1,5 +1,5 @@
 """Step time against peak memory, one point per trial: the data behind the report's picture (pareto.png/svg,
-kronos_tune.protocol.plot) and the dashboard's scatter. Plain Python: nothing here draws.
+kronos_tune.benchmark.report.picture) and the dashboard's scatter. Plain Python: nothing here draws.
 
 Lower is better on both axes. The time axis is the time per optimizer step when every trial runs the same
 batch; when batches differ (bigger-batch, autobatch, DDP) it is the time per training sample, so that the
@@ -14,8 +14,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kronos_tune.protocol.decision import DRIFT_STAGE
-from kronos_tune.protocol.records import TrialResult
+from kronos_tune.benchmark.train.decide import DRIFT_STAGE
+from kronos_tune.benchmark.results import TrialResult
 
 PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
 

@@ -5,7 +5,7 @@
     report.csv        one flat row per trial
     report.md         header, quality rule, the table, notes, the recommendation
     recommended.toml  (train) the recommended TrainConfig, for `kronos-tune train --config`
-    pareto.png/.svg   time against peak memory per trial (kronos_tune.protocol.plot; needs matplotlib)
+    pareto.png/.svg   time against peak memory per trial (kronos_tune.benchmark.report.picture; needs matplotlib)
 """
 
 from __future__ import annotations
@@ -15,205 +15,24 @@ import io
 import json
 import os
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kronos_core.errors import one_line
 from kronos_core.files import write_text_atomic
 from kronos_core.train import TrainConfig
-from kronos_core.units import format_bytes
-from kronos_tune.errors import KronosTuneError
-from kronos_tune.protocol.records import NOISE_PROBE, Delta, NewerSchema, ProtocolReport, TrialResult
+from kronos_tune.benchmark.report.table import fmt_seconds, table
+from kronos_tune.benchmark.results import NOISE_PROBE, RESULTS_FILE, ProtocolReport, TrialResult
 
-RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 REPORT_FILES = ("report.json", "report.csv", "report.md", "recommended.toml")
-LOWER_IS_BETTER = ("step_time_s", "peak_memory_bytes", "val_loss", "projected_train_time_s", "projected_predict_time_s")
-
-
-def append_result(path: Path, result: TrialResult) -> None:
-    """One JSON line, flushed and fsynced before returning (a crash right after keeps it)."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(result.to_dict()) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def load_results(path: str | os.PathLike) -> list[TrialResult]:
-    """Trials of a results.jsonl (or of the folder holding one); the last line of a name wins, a torn last
-    line (a crash while writing) is ignored."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    if not path.is_file():
-        return []
-    by_name: dict[str, TrialResult] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            result = TrialResult.from_dict(json.loads(line))
-        except NewerSchema as error:
-            raise KronosTuneError(f"{path}: its results are of {error}; continue it with the kronos-tune that "
-                                  f"wrote it, or use another --out") from None
-        except (json.JSONDecodeError, TypeError, KeyError):
-            continue
-        by_name.pop(result.name, None)
-        by_name[result.name] = result
-    return list(by_name.values())
-
-
-# Formatting -----------------------------------------------------------------------------------------------
-
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if value < 1:
-        return f"{1000 * value:.0f} ms"
-    if value < 120:
-        return f"{value:.2f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    if value < 172800:
-        return f"{value / 3600:.1f} h"
-    return f"{value / 86400:.1f} d"
-
-
-def fmt_rate(value: float | None) -> str:
-    return "–" if value is None else (f"{value:,.0f}" if value >= 100 else f"{value:.3g}")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """Text of one table cell; tone good | bad | noise | warn | '' (colours in the CLI, marks in Markdown)."""
-
-    text: str
-    tone: str = ""
-
-
-def delta_cell(delta: Delta | None, key: str) -> Cell:
-    if delta is None:
-        return Cell("")
-    text = f"{delta.pct:+.1f}%"
-    if delta.noise:
-        return Cell(f"~{text}", "noise")
-    better = delta.pct < 0 if key in LOWER_IS_BETTER else delta.pct > 0
-    return Cell(text, "good" if better else "bad") if delta.pct else Cell(text)
-
-
-def _spread_text(spread: Any, fmt: Any, compact: bool = False) -> str:
-    """Median, then the interquartile range (min–max for results kept without quartiles) and n."""
-    if spread is None:
-        return "–"
-    low, high = (spread.q1, spread.q3) if spread.iqr is not None else (spread.min, spread.max)
-    if compact:
-        return f"{fmt(spread.median)}\n{fmt(low).replace(' ', '')}–{fmt(high).replace(' ', '')} n={spread.n}"
-    kind = "IQR" if spread.iqr is not None else "min–max"
-    return f"{fmt(spread.median)} [{kind} {fmt(low)}–{fmt(high)}] n={spread.n}"
-
-
-def time_delta_cell(result: TrialResult, compact: bool = False) -> Cell:
-    """The step-time change vs the baseline with its 95% interval; ~ when the rule does not call it."""
-    cell = delta_cell(result.deltas.get("step_time_s"), "step_time_s")
-    comparison = result.comparison
-    if not cell.text or not comparison or comparison.get("low") is None:
-        return cell
-    low, high = 100 * (comparison["low"] - 1), 100 * (comparison["high"] - 1)
-    sep = "\n" if compact else " "
-    tone = "warn" if comparison.get("verdict") == "unresolved" else cell.tone
-    return Cell(f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]", tone)
-
-
-def trajectory_cell(result: TrialResult) -> Cell:
-    check = result.trajectory
-    if not check:
-        return Cell("")
-    text = f"{check['measured']} ({check['max_rel_deviation']:.1g})"
-    return Cell(text, "bad" if check.get("defect") else "")
-
-
-def changes_text(result: TrialResult) -> str:
-    return ", ".join(f"{k}={v}" for k, v in result.changes.items()) or "reference"
-
-
-def _status_cell(result: TrialResult, compact: bool = False) -> Cell:
-    tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn",
-            "timeout": "bad"}[result.status]
-    text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
-    if result.quality is not None and not result.quality.get("passed", True):
-        guard = result.quality.get("text") if result.task == "predict" else None  # predict: its class's verdict
-        text, tone = f"{text}; {guard or 'quality guard: worse than the noise allows'}", "bad"
-    if result.trajectory and result.trajectory.get("defect"):
-        text, tone = (f"{text}; defect: losses deviate {result.trajectory['max_rel_deviation']:.2g} from the "
-                      f"baseline's, promised {result.trajectory['expected']}"), "bad"
-    return Cell(text, tone)
-
-
-def speedup_cell(result: TrialResult, compact: bool = False) -> Cell:
-    """Predict: series/s over the reference method's, with the 95% interval; ~ when the rule does not call it."""
-    if not result.speedup:
-        return Cell("")
-    comparison = result.comparison or {}
-    text = f"{result.speedup:.2f}x"
-    if comparison.get("low") is not None and comparison.get("high") is not None:
-        text += ("\n" if compact else " ") + f"[{1 / comparison['high']:.2f}, {1 / comparison['low']:.2f}]"
-    called = comparison.get("verdict")
-    if called in ("faster", "slower"):
-        return Cell(text, "good" if called == "faster" else "bad")
-    return Cell(f"~{text}" if comparison else text, "noise" if comparison else "")
-
-
-def predict_quality_cell(result: TrialResult) -> Cell:
-    quality = result.quality or {}
-    if "passed" not in quality:
-        return Cell("")
-    if quality.get("class") == "exact":
-        return Cell("exact" if quality["passed"] else "not exact", "" if quality["passed"] else "bad")
-    if quality.get("spearman") is None:
-        return Cell("not measured", "warn")
-    return Cell(f"ρ {quality['spearman']:.3f}", "" if quality["passed"] else "bad")
-
-
-TRAIN_COLUMNS = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
-                 "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
-PREDICT_COLUMNS = ("configuration", "hardware", "series/s [IQR] n", "speed-up [95% CI]", "projected total", "memory",
-                   "Δ mem", "max Δ output vs ref", "quality", "status")
-
-
-def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
-    """Header and rows of the summary table (train or predict shape).
-
-    `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without
-    its reason (list those below the table with `changes_text` and `TrialResult.reason`)."""
-    rows = []
-    for t in report.trials:
-        name = Cell(t.name if compact else f"{t.name} ({changes_text(t)})")
-        status = _status_cell(t, compact)
-        hardware = Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware)
-        peak = Cell(format_bytes(t.peak_memory_bytes, missing="–"))
-        if report.task == "predict":
-            rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)),
-                         speedup_cell(t, compact), Cell(fmt_seconds(t.projected_predict_time_s)), peak,
-                         delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                         Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"),
-                         predict_quality_cell(t), status])
-            continue
-        loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
-        rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
-                     time_delta_cell(t, compact), Cell(fmt_seconds(t.projected_train_time_s)),
-                     peak,
-                     delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                     Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"), trajectory_cell(t),
-                     Cell("–" if t.mfu is None else f"{100 * t.mfu:.1f}%"), status])
-    return (PREDICT_COLUMNS if report.task == "predict" else TRAIN_COLUMNS), rows
 
 
 # Files ----------------------------------------------------------------------------------------------------
 
 def recommended_toml(report: ProtocolReport) -> str | None:
-    if report.task == "predict":  # prediction settings, for `kronos-tune predict --config` (predict_summary.py)
-        from kronos_tune.protocol.predict_summary import recommended_predict_toml
+    if report.task == "predict":  # prediction settings, for `kronos-tune predict --config` (predict/summary.py)
+        from kronos_tune.benchmark.predict.summary import recommended_predict_toml
 
         return recommended_predict_toml(report)
     rec = report.recommended
@@ -357,7 +176,7 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         if report.flops:
             lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
     else:
-        from kronos_tune.protocol.predict_summary import predict_markdown_lines
+        from kronos_tune.benchmark.predict.summary import predict_markdown_lines
 
         lines += [""] + predict_markdown_lines(report)  # what was predicted, the rule, each trial's verdict
     header, rows = table(report)
@@ -414,9 +233,9 @@ def report_csv(report: ProtocolReport) -> str:
 
 
 def _picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
-    """pareto.png/.svg (kronos_tune.protocol.plot) and report.md's line for them; a picture that cannot be
+    """pareto.png/.svg (kronos_tune.benchmark.report.picture) and report.md's line for them; a picture that cannot be
     drawn costs only the picture."""
-    from kronos_tune.protocol.plot import write_picture
+    from kronos_tune.benchmark.report.picture import write_picture
 
     try:
         return write_picture(report, folder)

@@ -32,17 +32,27 @@ from kronos_core.errors import one_line
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
-from kronos_tune.protocol import predict_trials, train_trials
-from kronos_tune.protocol.isolation import Outcome, launch_trial
-from kronos_tune.protocol.paired import BaselineWorkers
-from kronos_tune.protocol.plan import plan_trials, resolve
-from kronos_tune.protocol.predict_measure import autobatch_chunk
-from kronos_tune.protocol.quality import noise_estimate
-from kronos_tune.protocol.records import (
-    NOISE_PROBE, ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialResult, TrialSpec, TrialStarted,
+from kronos_tune.benchmark.predict import trials as predict_trials
+from kronos_tune.benchmark.train import trials as train_trials
+from kronos_tune.benchmark.run.isolation import Outcome, launch_trial
+from kronos_tune.benchmark.run.paired import BaselineWorkers
+from kronos_tune.benchmark.tasks import plan_trials
+from kronos_tune.benchmark.selection import resolve
+from kronos_tune.benchmark.predict.measure import autobatch_chunk
+from kronos_tune.benchmark.quality import noise_estimate
+from kronos_tune.benchmark.results import (
+    NOISE_PROBE,
+    ProtocolFinished,
+    ProtocolReport,
+    TrialFinished,
+    TrialResult,
+    TrialSpec,
+    TrialStarted,
 )
-from kronos_tune.protocol.report import RESULTS_FILE, append_result, load_results, write_reports
-from kronos_tune.protocol.summary import summarize
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
+from kronos_tune.benchmark.report.files import write_reports
+from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.run_logs import TrialCurves
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 from kronos_tune.workloads import runnable_device

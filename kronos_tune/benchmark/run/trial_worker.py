@@ -1,8 +1,9 @@
 """One trial in its own process (what the runner launches): a training trial alone or one per rank under
 torchrun, or a predict trial (``"kind": "predict"``).
 
-    python -m kronos_tune.protocol.trial_worker --job JOB.json
-    python -m torch.distributed.run --standalone --nproc-per-node N -m kronos_tune.protocol.trial_worker --job JOB.json
+    python -m kronos_tune.benchmark.run.trial_worker --job JOB.json
+    python -m torch.distributed.run --standalone --nproc-per-node N \
+        -m kronos_tune.benchmark.run.trial_worker --job JOB.json
 
 Every trial runs in a process of its own, started by the shared launcher
 (kronos_core.launch), so that the runner can stop it: a trial past its
@@ -58,7 +59,7 @@ import torch
 from kronos_core.files import atomic_writer, write_text_atomic
 from kronos_core.launch import emit_event
 from kronos_core.train import StepRecord, TrainConfig
-from kronos_tune.protocol.measure import StepPlan, TrialSession
+from kronos_tune.benchmark.train.measure import StepPlan, TrialSession
 
 STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
@@ -138,8 +139,8 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; outputs to an .npz file."""
     import numpy as np
 
-    from kronos_tune.protocol.predict_measure import measure_prediction
-    from kronos_tune.protocol.records import PredictSettings
+    from kronos_tune.benchmark.predict.measure import measure_prediction
+    from kronos_tune.benchmark.results import PredictSettings
 
     settings = PredictSettings(**job["settings"])
     device, budget = job["device"], job.get("budget_bytes")
@@ -171,7 +172,7 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kronos_tune.protocol.trial_worker")
+    parser = argparse.ArgumentParser(prog="python -m kronos_tune.benchmark.run.trial_worker")
     parser.add_argument("--job", required=True)
     args = parser.parse_args(argv)
     job = json.loads(Path(args.job).read_text(encoding="utf-8"))

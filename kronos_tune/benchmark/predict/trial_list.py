@@ -1,0 +1,102 @@
+"""The predict trials: the full recompute, the KV cache, bf16, the autobatch chunk and sharding."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.results import PredictSettings, TrialSpec
+from kronos_tune.benchmark.selection import autobatch_available, device_count, selection_reason
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.presets import Preset
+
+PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
+AGREEMENT_SERIES = 100  # the ranking agreement (and the exactness check) covers at least this many series
+# Tokens one forward pass of the full-recompute reference holds at least: past this its cost per series no longer
+# falls with more series (the cores / the GPU are busy), so it is timed on that many series, not the whole count.
+REFERENCE_TOKENS = {"cpu": 4096, "cuda": 65536}
+
+
+def predict_counts(series_count: int, options: ProtocolOptions) -> tuple[int, int]:
+    """(series each timed run predicts, series the quality check compares): by default the preset's whole
+    series_count is timed, and quality covers at least AGREEMENT_SERIES series (or all the preset has)."""
+    measured = min(series_count, options.predict_series or series_count)
+    agreement = options.agreement_series or min(series_count, AGREEMENT_SERIES)
+    return measured, max(measured, agreement)
+
+
+def reference_series(measured: int, lookback: int, pred_len: int, sample_count: int, device: str) -> int:
+    """Series the recompute reference times (the first of the measured ones): enough that each of its forward
+    passes holds REFERENCE_TOKENS tokens. It recomputes the whole window for every token, so timing it on the
+    whole count would cost pred_len full passes over every series per run (minutes per run at the presets'
+    scale) and tell nothing more: its series/s is flat in the count once a pass fills the device."""
+    window = (lookback + pred_len) * max(1, sample_count)
+    return min(measured, max(1, -(-REFERENCE_TOKENS.get(device, REFERENCE_TOKENS["cuda"]) // window)))
+
+
+def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    p = preset.predict
+    measured, agreement = predict_counts(p.series_count, options)
+    cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
+                             measured, use_cache=True, seed=options.seed, agreement_series=agreement)
+    base = replace(cached, use_cache=False, agreement_series=None,
+                   measured_series=reference_series(measured, p.lookback, p.pred_len, p.sample_count, device))
+    bf16_skip = None
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        bf16_skip = "this GPU has no bf16 support"
+    elif not preset.hardware.bf16_supported:  # as the train task: the preset says the hardware has none
+        bf16_skip = "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    devices = shard_processes(device)
+    specs = [
+        TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
+                  "the reference method: the whole window recomputed for every new token"
+                  + (f"; timed and metered on the first {base.measured_series} of the {measured} series (its cost "
+                     f"per series is flat in the count from {REFERENCE_TOKENS.get(device, REFERENCE_TOKENS['cuda'])} "
+                     f"tokens a pass; its peak memory is for those series)" if base.measured_series < measured
+                     else "")),
+        TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
+                  "key/value cache: one new position per step (exact while the window has not slid)"),
+        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
+                  "KV cache with bf16 autocast"),
+        TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
+                  None if autobatch_available() else "autobatch not available",
+                  "KV cache with the chunk size autobatch finds within the budget"),
+        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
+                  _sharding_skip(devices, measured, device),
+                  f"KV cache, the series split over {devices} torchrun processes "
+                  + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
+    ]
+    optional = PREDICT_TRIALS[1:]
+    for spec in specs:
+        spec.skip_reason = spec.skip_reason or selection_reason(spec.name, options, optional)
+        settings = spec.config if spec.config is not None else cached
+        # the metered run, and the quality run when quality covers more series than are timed
+        spec.warmup_steps = 1 + (settings.quality_series > settings.measured_series)
+        spec.measured_steps = options.predict_repeats
+    return specs
+
+
+def check_predict_options(options: ProtocolOptions) -> None:
+    for flag, value, least in (("--predict-series", options.predict_series, 1),
+                               ("--agreement-series", options.agreement_series, 3),
+                               ("--steps", options.predict_repeats, 1)):
+        if value is not None and value < least:
+            raise KronosTuneError(f"{flag} {value}: give at least {least}")
+    if not -1 <= options.min_spearman <= 1:
+        raise KronosTuneError(f"--min-spearman {options.min_spearman:g}: a Spearman correlation is between -1 and 1")
+
+
+def shard_processes(device: str) -> int:
+    """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
+    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
+    return device_count(device)
+
+
+def _sharding_skip(processes: int, measured: int, device: str) -> str | None:
+    if processes < 2:
+        return "sharding series needs 2+ devices"
+    if measured < processes:
+        return f"{measured} measured series cannot be split over {processes} processes; raise --predict-series"
+    return None
