@@ -287,7 +287,8 @@ def test_train_runs_the_panel_as_it_is(tmp_path: Path, capsys):
     code, printed, err = run(capsys, "train", "--config", write_train_config(tmp_path), "--data", path,
                              "--symbol-column", "Symbol", "--steps", "1", "--out", train_out)
     assert code == 0, err
-    assert "2 of 4 symbols are too short for a training window (21 rows" in err and "S0, S1" in err
+    assert ("2 of 4 symbols are too short for a training window and are left out (2 of the 4 read have fewer "
+            "than 21 rows") in err and "S0, S1; 2 symbols train" in err
     assert (train_out / "checkpoints").is_dir()
 
 

@@ -106,3 +106,34 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_130(tmp_path: Path) -> No
     resumed = state["step"] + 1
     assert run_cli(["train", "--resume", str(out), "--steps", str(resumed)]) == 0
     assert load_checkpoint(out)["step"] == resumed
+
+
+def test_train_says_each_warning_once_and_how_far_the_model_moved(tmp_path: Path, capsys) -> None:
+    import pandas as pd
+
+    from kronos_core.data.synthetic import synthetic_series
+
+    frames = [frame.assign(Symbol=f"S{k}") for k, frame in enumerate(synthetic_series(2, n_rows=200, seed=0))]
+    panel = pd.concat(frames, ignore_index=True)
+    panel.loc[5, "high"] = panel.loc[5, ["open", "close"]].max() - 0.5  # one row a quality note names
+    data = tmp_path / "panel.csv"
+    panel.to_csv(data, index=False)
+    out = tmp_path / "run"
+    code = run_cli(["train", "--config", str(write_config(tmp_path)), "--data", str(data), "--symbol-column",
+                    "Symbol", "--train-until", "0.9", "--steps", "2", "--out", str(out), "--no-tensorboard"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err.count("rows have high below") == 1
+    assert "tok/s (step)" in captured.out and "median" in captured.out and "over the whole" in captured.out
+    moved = next(line for line in captured.out.splitlines() if "from its start" in line)
+    assert "at step 0" in moved and "at step 2" in moved and "evaluation" in moved
+    assert (out / "start_eval.json").is_file()
+
+
+def test_a_change_inside_the_evaluation_noise_is_called_so() -> None:
+    from kronos_tune.train.moved import Movement
+
+    still = Movement(0, 2.5, 100, 2.499, low=-0.004, high=0.002, batches=40)
+    assert "barely moved" in still.line() and "-0.0010" in still.line()
+    assert "beyond the evaluation's noise" in Movement(0, 2.5, 100, 2.3, -0.25, -0.15, 40).verdict()
+    assert "noise unknown" in Movement(0, 2.5, 100, 2.3, None, None, 1).line()

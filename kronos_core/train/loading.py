@@ -69,6 +69,19 @@ def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpa
                       config.val_fraction)
 
 
+def _short_symbols_line(short: list[str], frames: list[pd.DataFrame], config: TrainConfig) -> str:
+    """The symbols left out, counted the way data_span.json counts: of `series`, those with no bar up to the
+    cut (not in `series_used`), then those read but too short; and how many train."""
+    shown = ", ".join(map(str, short[:5])) + (f" and {len(short) - 5} more" if len(short) > 5 else "")
+    read = sum(1 for frame in frames if len(frame))
+    why = (f"{len(short) - (len(frames) - read)} of the {read} read have fewer than {config.window_length} rows "
+           f"(lookback_window + predict_window + 1) before the last val_fraction")
+    if read < len(frames):
+        why = f"{len(frames) - read} have no bar up to train_until; {why}"
+    return (f"{len(short)} of {len(frames)} symbols are too short for a training window and are left out ({why}): "
+            f"{shown}; {len(frames) - len(short)} symbols train")
+
+
 def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None,
                    ) -> tuple[KlineWindowDataset, KlineEvalDataset]:
     """Split every series in time (last `val_fraction` validates) and build both datasets; `frames`: the
@@ -79,9 +92,7 @@ def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None
     short = [frame.attrs.get("symbol") or frame.attrs.get("source") or f"series {k}"
              for k, (frame, part) in enumerate(zip(frames, train)) if len(part) < config.window_length]
     if short and config.symbol_column is not None:
-        shown = ", ".join(map(str, short[:5])) + (f" and {len(short) - 5} more" if len(short) > 5 else "")
-        _say([f"{len(short)} of {len(frames)} symbols are too short for a training window ({config.window_length} "
-              f"rows, lookback_window + predict_window + 1, before the last val_fraction): {shown}"])
+        _say([_short_symbols_line(short, frames, config)])
     common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
                   preload=config.preload)
     train_set = KlineWindowDataset(train, samples_per_epoch=config.samples_per_epoch, seed=config.seed, **common)

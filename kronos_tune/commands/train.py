@@ -21,6 +21,8 @@ the next start of a cancelled run with the same config continues it.
 from __future__ import annotations
 
 import os
+import statistics
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -32,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.errors import KronosWarning
 from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
 from kronos_core.train.loading import load_training_data
@@ -41,6 +44,7 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train.job import STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
+from kronos_tune.train.moved import Movement
 from kronos_tune.train.runs import TrainPlan, check_resume_folder, partial_config_note, run_label
 
 if TYPE_CHECKING:
@@ -86,7 +90,7 @@ class TrainProgress(LiveProgress):
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"), TextColumn("lr {task.fields[lr]}"),
-            TextColumn("{task.fields[speed]} tok/s"), TextColumn("val {task.fields[val]}"),
+            TextColumn("{task.fields[speed]} tok/s (step)"), TextColumn("val {task.fields[val]}"),
             TextColumn("mem {task.fields[memory]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=console, transient=False)
         self.task = self.progress.add_task(label, total=total, completed=start, loss="-", lr="-", speed="-",
@@ -108,7 +112,9 @@ class TrainProgress(LiveProgress):
             self.progress.update(self.task, val=f"{values['val_loss']:.4f}")
 
 
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
+def print_summary(console: Console, summary: dict[str, Any], step_rates: list[float] | None = None) -> None:
+    """The stage's table; `step_rates`: the tokens/s of each step the bar showed (the whole run's figure
+    counts evaluations and checkpoints too, so the two are named apart)."""
     table = Table(title=f"{summary['what']} training", title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -124,7 +130,14 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         table.add_row(key.replace("_", " "), f"{int(value):,}" if counted else f"{value:.4f}")
     if summary.get("best_val_loss") is not None:
         table.add_row("best val loss", f"{summary['best_val_loss']:.4f}")
-    table.add_row("throughput", f"{summary.get('tokens_per_s', 0.0):,.0f} tokens/s over {summary['train_time_s']:.1f} s")
+    table.add_row("throughput", f"{summary.get('tokens_per_s', 0.0):,.0f} tokens/s over the whole "
+                                f"{summary['train_time_s']:.1f} s (evaluations and checkpoints included)")
+    if step_rates:
+        table.add_row("step speed", f"median {statistics.median(step_rates):,.0f} tokens/s over {len(step_rates)} "
+                                    f"steps (the bar's tok/s: one step, training only)")
+    moved = summary.get("moved")
+    if moved:
+        table.add_row("from its start", Movement.from_dict(moved).line())
     peaks = summary.get("peak_bytes_by_phase") or {}
     if peaks:
         table.add_row("peak memory", ", ".join(f"{k} {format_bytes(v, 'GiB')}" for k, v in peaks.items()))
@@ -141,6 +154,7 @@ class ConsoleListener(TrainListener):
         self.console = console
         self.view: TrainProgress | None = None
         self._shown = ExitStack()
+        self.step_rates: list[float] = []
 
     def _show(self, label: str, total: int | None, start: int = 0) -> None:
         self.view = self._shown.enter_context(TrainProgress(self.console, label, total, start=start))
@@ -164,6 +178,7 @@ class ConsoleListener(TrainListener):
             self.view.restart(start.step, start.target)
 
     def step(self, record: StepRecord) -> None:
+        self.step_rates.append(record.tokens_per_s)
         if self.view is not None:
             self.view.update(record.to_dict())
 
@@ -177,7 +192,8 @@ class ConsoleListener(TrainListener):
     def stage_finished(self, result: StageResult) -> None:
         self.close()
         if result.summary is not None:
-            print_summary(self.console, result.summary)
+            print_summary(self.console, result.summary, self.step_rates)
+        self.step_rates = []
         if result.error is not None:
             self.console.print(f"[red]error:[/] {result.error}", highlight=False, soft_wrap=True)
         elif result.summary is not None:
@@ -289,8 +305,10 @@ def register(app: typer.Typer) -> None:
                      "device": device, "symbol_column": symbol_column, "train_until": train_until}
         base, source = build_config(preset, config, resume, overrides)
         base = base.replace(**checked_weights(base, what))
-        if base.train_until is not None:
-            load_training_data(base)  # reads the data: a cut outside it is one line before any folder is made
+        if base.train_until is not None:  # reads the data: a cut outside it is one line before any folder is made
+            with warnings.catch_warnings():  # what reading says, the trainer's own read says once
+                warnings.simplefilter("ignore", KronosWarning)
+                load_training_data(base)
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
             if theirs is not None and theirs != source:

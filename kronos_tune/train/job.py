@@ -6,7 +6,9 @@
 folder, then runs each stage (the tokenizer and/or the predictor) in this
 process or under torchrun (`TrainRequest.launch`, through kronos_core.launch).
 Every stage's folder gets metrics.jsonl and, with `tensorboard`, TensorBoard
-event files (kronos_tune.run_logs); run.json records how the run ended.
+event files (kronos_tune.run_logs); run.json records how the run ended. A stage
+trained in this process ends by saying how far its model moved from its start
+(kronos_tune.train.moved).
 Ctrl-C / SIGTERM (in the main thread) or `cancel` stops at a step boundary
 after a checkpoint: exit code 130, the run marked cancelled and resumable.
 
@@ -34,6 +36,7 @@ from kronos_core.train.records import PhaseMeter
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log
 from kronos_tune.runs import RunDir
+from kronos_tune.train.moved import measure, record_start
 from kronos_tune.train.runs import (
     Start, TrainPlan, adopt_legacy_run, checkpoint_step, choose_folder, claim_train_dir, finish_status,
     plan_training, run_step, world_size,
@@ -217,7 +220,10 @@ def train_here(config: TrainConfig, steps: int | None, resume: Path | None, list
                 log.eval(values)
 
             trainer.callback, trainer.eval_callback = on_step, on_eval
-            summary = trainer.fit(steps)
+            record_start(trainer, Path(config.output_dir))
+            summary = trainer.fit(steps).to_dict()
+            moved = None if summary["interrupted"] else measure(trainer, Path(config.output_dir))
+            summary["moved"] = None if moved is None else moved.to_dict()
     except torch.OutOfMemoryError:
         step = trainer.step if trainer is not None else 0
         peak = trainer.peak_bytes_seen() if trainer is not None else None
@@ -235,7 +241,7 @@ def train_here(config: TrainConfig, steps: int | None, resume: Path | None, list
             log.close()
         if trainer is not None:
             trainer.close()
-    return _told(listener, _ended(config, summary.to_dict(), run))
+    return _told(listener, _ended(config, summary, run))
 
 
 def _told(listener: TrainListener, result: StageResult) -> StageResult:

@@ -21,7 +21,7 @@ from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEven
 if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_core.train import StepRecord
     from kronos_tune.autobatch import Probe
-    from kronos_tune.protocol import ProtocolOptions
+    from kronos_tune.benchmark import ProtocolOptions
     from kronos_tune.train.job import StageStart, TrainListener
     from kronos_tune.train.runs import TrainPlan
 
@@ -40,7 +40,7 @@ def benchmark(post: Post, preset: Preset, task: str, options: ProtocolOptions | 
     every protocol event is forwarded as a ProtocolEvent."""
     job = f"benchmark {task}"
     try:
-        from kronos_tune.protocol import ProtocolOptions, run_protocol
+        from kronos_tune.benchmark import ProtocolOptions, run_protocol
 
         report = run_protocol(preset, task=task, options=options or ProtocolOptions(), out_dir=out_dir,
                               resume=False, on_event=lambda event: post(ProtocolEvent(event)), cancel=cancel)
@@ -158,4 +158,8 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
     state = "stopped early (t continues it)" if summary["interrupted"] else "done"
     loss = "n/a" if summary["best_val_loss"] is None else f"{summary['best_val_loss']:.4f}"
     outcome = f"{summary['steps']}/{summary['total_steps']} steps, {state}, best val loss {loss}; in {folder}"
+    if summary.get("moved"):
+        from kronos_tune.train.moved import Movement
+
+        outcome += f"; from its start: {Movement.from_dict(summary['moved']).line()}"
     _finish(post, job, bool(summary["interrupted"]), outcome, result)
