@@ -1,5 +1,7 @@
-"""The backtest picture: cumulative curves on top, the IC / RankIC series below, and with sample paths the band's
-coverage per origin against its nominal level (matplotlib, the `plot` extra). In-sample origins are shaded."""
+"""The backtest picture: cumulative curves on top (from 0 at the first origin; the point at origin i holds the
+periods before it, the last point the end of the last holding period), the IC / RankIC series, the MAE of
+returns per origin against persistence and drift, and with sample paths the band's coverage per origin against
+its nominal level and the random-walk band's (matplotlib, the `plot` extra). In-sample origins are shaded."""
 
 from __future__ import annotations
 
@@ -17,28 +19,32 @@ MISSING_NOTE = "no picture: matplotlib is not installed (pip install 'kronos-tun
 def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str], None]) -> Path | None:
     """Write the picture to `path` and return it; without matplotlib say so in one note and return None."""
     banded = [s for s in result.scores if s.calibration is not None]
-    figure = new_figure(figsize=(10, 9.5 if banded else 7))
+    heights = (3, 2, 2, 2) if banded else (3, 2, 2)
+    figure = new_figure(figsize=(10, 2.4 * len(heights) + 2))
     if figure is None:
         note("note", MISSING_NOTE)
         return None
     # Origins evenly spaced (nights and weekends would otherwise squeeze the intraday ones together).
     times = list(range(len(result.plan.origins)))
-    panels = figure.subplots(3 if banded else 2, 1, sharex=True, height_ratios=(3, 2, 2) if banded else (3, 2))
-    curves, ics = panels[0], panels[1]
+    steps = times + [len(times)]  # the curves' points: each origin, then the end of the last holding period
+    panels = figure.subplots(len(heights), 1, sharex=True, height_ratios=heights)
+    curves, ics, errors = panels[0], panels[1], panels[2]
     main = result.scores[0]
     mode = "long-only" if result.config.long_only else "long-short"
     titles = dict(zip((s.slot for s in result.scores), result.config.titles([s.setting for s in result.scores])))
     for scores in result.scores:
         label = f"{mode} top {result.config.top_k}, {result.config.cost_bps:g} bps ({titles[scores.slot]})"
-        curves.plot(times, scores.net_equity.to_numpy() - 1.0, marker=".", label=label)
-    curves.plot(times, _benchmark(main), color="grey", linestyle="--",
-                label="equal-weight universe")
+        curves.plot(steps, _from_zero(scores.net_equity), marker=".", label=label)
+    if result.naive is not None:
+        curves.plot(steps, _from_zero(result.naive.drift.net_equity), color="C4", linestyle=":",
+                    label=f"{mode} top {result.config.top_k} by drift (naive)")
+    curves.plot(steps, _from_zero(equity_curve([p.benchmark_return for p in main.periods])), color="grey",
+                linestyle="--", label="equal-weight universe")
     curves.axhline(0.0, color="black", linewidth=0.6)
     curves.set_ylabel("cumulative return")
     curves.legend(loc="best", fontsize=8)
-    title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins"
-    if result.config.checkpoint is None:
-        title += " (random weights)"
+    title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins; " \
+            + " vs ".join(dict.fromkeys(result.config.model_name(s.setting) for s in result.scores))
     if result.overlap.origins_in_span:
         title += f"; {result.overlap.origins_in_span} origins IN-SAMPLE (--allow-overlap)"
         cut = sum(o.timestamp < result.overlap.cut for o in result.plan.origins) - 0.5
@@ -50,21 +56,52 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
         ics.plot(times, [q.ic for q in scores.quality], style, marker="o", markersize=3, label="IC" + suffix)
         ics.plot(times, [q.rank_ic for q in scores.quality], style, marker="s", markersize=3,
                  label="RankIC" + suffix)
+    if result.naive is not None:
+        ics.plot(times, [q.ic for q in result.naive.drift.quality], color="C4", linestyle=":", marker="^",
+                 markersize=3, label="IC (drift, naive)")
     ics.axhline(0.0, color="black", linewidth=0.6)
     ics.set_ylabel("correlation")
     ics.legend(loc="best", fontsize=8)
+    _plot_errors(errors, times, result, titles)
     if banded:
-        _plot_coverage(panels[2], times, banded, titles, len(result.scores) > 1)
+        _plot_coverage(panels[3], times, banded, titles, len(result.scores) > 1, result)
     panels[-1].set_xlabel("origin")
     ticks = times[::max(1, len(times) // 8)]
-    panels[-1].set_xticks(ticks, [result.plan.origins[i].timestamp.strftime("%Y-%m-%d %H:%M") for i in ticks])
+    panels[-1].set_xticks(ticks + [len(times)], _stamp_labels(result, ticks))
     figure.autofmt_xdate()
     figure.tight_layout()
     return save_figure(figure, path)
 
 
+def _from_zero(equity) -> list[float]:
+    """Cumulative return at each origin (0 at the first) and after the last period."""
+    return [0.0, *(equity.to_numpy() - 1.0)]
+
+
+def _stamp_labels(result: BacktestResult, ticks: list[int]) -> list[str]:
+    """The origins' times at `ticks`, then the end of the last horizon: dates only, unless some has a time of day."""
+    stamps = [o.timestamp for o in result.plan.origins]
+    daily = all(t == t.normalize() for t in stamps)
+    shown = "%Y-%m-%d" if daily else "%Y-%m-%d %H:%M"
+    end = "end" if result.horizon_end is None else f"{result.horizon_end.strftime(shown)} (end)"
+    return [*(stamps[i].strftime(shown) for i in ticks), end]
+
+
+def _plot_errors(axis, times: list[int], result: BacktestResult, titles: dict[str, str]) -> None:
+    """MAE of returns per origin: each setting against persistence (no change) and drift."""
+    for scores, style in zip(result.scores, ("-", ":")):
+        axis.plot(times, [q.mae_return for q in scores.quality], style, marker="o", markersize=3,
+                  label=f"MAE ({titles[scores.slot]})")
+    if result.naive is not None:
+        axis.plot(times, result.naive.persistence_mae, color="black", linestyle="--", label="persistence (no change)")
+        axis.plot(times, [q.mae_return for q in result.naive.drift.quality], color="C4", linestyle=":",
+                  label="drift (naive)")
+    axis.set_ylabel("MAE of returns")
+    axis.legend(loc="best", fontsize=8)
+
+
 def _plot_coverage(axis, times: list[int], banded: list[SettingScores], titles: dict[str, str],
-                   several: bool) -> None:
+                   several: bool, result: BacktestResult) -> None:
     """Per-origin coverage of each central interval against its nominal level, and the CRPS on a second axis."""
     crps_axis = axis.twinx()
     for scores, style in zip(banded, ("-", ":")):
@@ -76,6 +113,9 @@ def _plot_coverage(axis, times: list[int], banded: list[SettingScores], titles: 
                       label=f"P{low * 100:.0f}-P{high * 100:.0f} coverage{suffix}")
         crps_axis.plot(times, [v["crps"] for v in per_origin], style, color="grey", marker="x", markersize=3,
                        label=f"CRPS / last close{suffix}")
+    if result.naive is not None and result.naive.band is not None:
+        axis.plot(times, [v[interval_name(*INTERVALS[0])] for v in result.naive.band.per_origin], color="grey",
+                  linestyle="-.", label="P10-P90 coverage (random-walk band)")
     for (low, high), color in zip(INTERVALS, ("C0", "C1")):
         axis.axhline(high - low, color=color, linestyle="--", linewidth=0.8)
     axis.set_ylim(-0.05, 1.05)
@@ -84,7 +124,3 @@ def _plot_coverage(axis, times: list[int], banded: list[SettingScores], titles: 
     lines, labels = axis.get_legend_handles_labels()
     more, more_labels = crps_axis.get_legend_handles_labels()
     axis.legend(lines + more, labels + more_labels, loc="best", fontsize=8)
-
-
-def _benchmark(scores: SettingScores) -> list[float]:
-    return list(equity_curve([p.benchmark_return for p in scores.periods]).to_numpy() - 1.0)

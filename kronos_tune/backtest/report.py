@@ -18,7 +18,9 @@ import pandas as pd
 from kronos_core.files import write_text_atomic
 from kronos_tune.backtest.calibration import conventions
 from kronos_tune.backtest.portfolio import LONG_ONLY, LONG_SHORT
-from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference
+from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference, every_in_bars
+from kronos_tune.backtest.significance import conventions as significance_conventions
+from kronos_tune.backtest.skill import CONVENTIONS as SKILL_CONVENTIONS
 
 JSON_NAME, ORIGINS_NAME, PLOT_NAME = "backtest.json", "origins.csv", "backtest.png"
 
@@ -39,7 +41,8 @@ CONVENTIONS = {
     "rank_ic": "cross-sectional Spearman correlation per origin (Qlib calc_ic: ric; alphalens "
                "factor_information_coefficient)",
     "icir": "mean / std (ddof 1) of the per-origin IC over origins; rank_icir the same of RankIC",
-    "ic_t": "mean / (std / sqrt(origins)) of the per-origin IC",
+    "ic_t": "mean / (std / sqrt(origins)) of the per-origin IC, ignoring overlapping horizons; skill.ic holds "
+            "the HAC test (significance)",
     "hit_rate": "share of (symbol, origin) whose predicted return has the realized return's sign",
     "returns": "predicted close (mean of the sample paths) / last close - 1 at the end of the horizon",
     "portfolio": "after costs: cost_bps per unit of turnover subtracted at every rebalance",
@@ -67,6 +70,28 @@ def headline(scores: SettingScores) -> dict[str, Any]:
     }
 
 
+def naive_dict(result: BacktestResult) -> dict[str, Any]:
+    """The naive forecasts' figures on the model's pairs: persistence's MAE, drift's scores, the band's calibration."""
+    naive = result.naive
+    assert naive is not None
+    drift = naive.drift
+    band: dict[str, Any] = ({"not_available": naive.band_reason} if naive.band is None else
+                            {"returns_per_symbol": naive.band.samples, **naive.band.overall})
+    return {
+        "persistence": {"mae_return": naive.drift_skill.persistence_mae},
+        "drift": {"ic_mean": drift.ic.mean, "rank_ic_mean": drift.rank_ic.mean, "hit_rate": drift.hit_rate,
+                  "mae_return": drift.mae_return, "cumulative_return": drift.curve.cumulative_return,
+                  "sharpe": drift.curve.sharpe, "skill": naive.drift_skill.to_dict()},
+        "random_walk_band": band,
+    }
+
+
+def skill_dict(scores: SettingScores, title: str) -> dict[str, Any] | None:
+    if scores.skill is None:
+        return None
+    return {**scores.skill.to_dict(), "verdict": scores.skill.verdict(title)}
+
+
 def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str, Any] | None:
     """The band's calibration of one setting: overall, per origin, and how each figure is defined."""
     band = scores.calibration
@@ -80,8 +105,10 @@ def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str,
 def row(scores: SettingScores, result: BacktestResult, title: str) -> dict[str, Any]:
     """One setting's line of the side-by-side table."""
     band = scores.calibration
+    skill = skill_dict(scores, title)
     return {"title": title, "label": scores.setting.label(), "model": result.config.model_name(scores.setting),
-            **headline(scores), **({} if band is None else {"calibration": band.overall})}
+            **headline(scores), **({} if band is None else {"calibration": band.overall}),
+            **({} if skill is None else {"skill": skill})}
 
 
 def to_json_dict(result: BacktestResult) -> dict[str, Any]:
@@ -111,8 +138,11 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
         "seed": config.seed,
         "rows": [row(scores, result, title) for scores, title in zip(result.scores, titles)],
         "training_span": result.overlap.to_dict(),
-        "conventions": CONVENTIONS,
+        "conventions": conventions_dict(result),
     }
+    if result.naive is not None:
+        report["naive"] = naive_dict(result)
+        report["skill"] = skill_dict(main, titles[0])
     if result.overlap.origins_in_span:
         report["in_sample_origins"] = result.overlap.origins_in_span
     calibration = calibration_dict(main, result)
@@ -128,10 +158,21 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
             "rank_ic_mean_diff": other.rank_ic.mean - main.rank_ic.mean,
             **curve_difference(main, other),
         }
+        if result.comparison is not None:
+            report["compare"]["test"] = result.comparison.to_dict()
+            report["compare"]["verdict"] = result.comparison.verdict()
         calibration = calibration_dict(other, result)
         if calibration is not None:
             report["compare"]["calibration"] = calibration
     return _finite(report)
+
+
+def conventions_dict(result: BacktestResult) -> dict[str, Any]:
+    if result.naive is None:
+        return CONVENTIONS
+    every = every_in_bars(result.config, result.plan)
+    return {**CONVENTIONS, **SKILL_CONVENTIONS,
+            "significance": significance_conventions(result.naive.lag, result.config.pred_len, every)}
 
 
 def origins_table(result: BacktestResult) -> pd.DataFrame:
@@ -155,11 +196,30 @@ def origins_table(result: BacktestResult) -> pd.DataFrame:
             band = pd.DataFrame(scores.calibration.per_origin).drop(columns="rows")
             part = pd.concat([part, band], axis=1)
         table = pd.concat([table, part.add_prefix(prefix)], axis=1)
+    if result.naive is not None:
+        table = pd.concat([table, naive_columns(result)], axis=1)
     if result.agreement is not None:
         table["agreement_spearman"] = result.agreement.per_origin
     if result.overlap.cut is not None:
         table["in_sample"] = [o.timestamp < result.overlap.cut for o in result.plan.origins]
     return table
+
+
+def naive_columns(result: BacktestResult) -> pd.DataFrame:
+    """Per origin: persistence's MAE, drift's scores and portfolio period, the random-walk band's calibration."""
+    naive = result.naive
+    assert naive is not None
+    drift = naive.drift
+    part = pd.DataFrame({
+        "persistence_mae_return": naive.persistence_mae,
+        "drift_ic": [q.ic for q in drift.quality], "drift_rank_ic": [q.rank_ic for q in drift.quality],
+        "drift_hit_rate": [q.hit_rate for q in drift.quality], "drift_mae_return": [q.mae_return for q in drift.quality],
+        "drift_net_return": [p.net_return for p in drift.periods],
+    })
+    if naive.band is not None:
+        band = pd.DataFrame(naive.band.per_origin).drop(columns="rows").add_prefix("random_walk_")
+        part = pd.concat([part, band], axis=1)
+    return part
 
 
 def write_outputs(result: BacktestResult, run_path: Path, note: Callable[[str, str], None]) -> Path | None:

@@ -29,7 +29,8 @@ from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_w
 from kronos_tune.backtest.leakage import check_spans, plan_out_of_sample, resolve_models
 from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginPlan, parse_every, plan_origins
 from kronos_tune.backtest.report import write_outputs
-from kronos_tune.backtest.scoring import BacktestResult, score_run
+from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
+from kronos_tune.backtest.significance import hac_lag, min_origins, missing_stats
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
 from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
@@ -149,6 +150,19 @@ def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
                          f"max_context): exact and shift predict the same; set max-context lower to compare them")
 
 
+def _significance_notes(config: BacktestConfig, plan: OriginPlan, note: NoteCallback) -> None:
+    """Before any prediction: whether the significance tests will be available at all."""
+    missing = missing_stats()
+    if missing is not None:
+        note("warning", missing + "; every other figure is computed")
+        return
+    lag = hac_lag(config.pred_len, every_in_bars(config, plan))
+    if len(plan.origins) < min_origins(lag):
+        note("warning", f"{len(plan.origins)} origins: the significance tests at HAC lag {lag} (--pred-len "
+                        f"{config.pred_len}, --every {config.every_bars}) need at least {min_origins(lag)}; they "
+                        f"are reported as not available (more --origins, or a larger --every)")
+
+
 def _label(config: BacktestConfig) -> str:
     model = config.size if config.size is not None else short_model_name(str(config.checkpoint)).replace("/", "-")
     data = f"synthetic{config.synthetic}" if config.synthetic is not None else Path(config.data[0]).stem
@@ -188,6 +202,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                      f"history for any origin (need --lookback {config.lookback} bars before and --pred-len "
                      f"{config.pred_len} after): {shown}")
     _setting_notes(config, note)
+    _significance_notes(config, plan, note)
     futures = calendar_futures(config, universe, plan)
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))

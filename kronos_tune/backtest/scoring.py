@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,11 @@ from kronos_tune.backtest.calibration import summarize_calibration
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.leakage import OverlapCheck
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, SeriesSummary, origin_quality, summarize
-from kronos_tune.backtest.origins import OriginPlan
+from kronos_tune.backtest.naive import DRIFT, PERSISTENCE, RANDOM_WALK, band_unavailable, naive_frames
+from kronos_tune.backtest.origins import EVERY_DAY, OriginPlan
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
+from kronos_tune.backtest.significance import hac_lag
+from kronos_tune.backtest.skill import SettingComparison, SettingSkill, absolute_errors, compare, setting_skill
 from kronos_tune.backtest.store import has_band, origin_path, read_origin
 from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
@@ -39,12 +43,10 @@ def band_calibration(predictions: list[pd.DataFrame], samples: int) -> BandCalib
                            summarize_calibration(pd.concat(predictions, ignore_index=True)))
 
 
-@dataclass
-class SettingScores:
-    """Everything scored for one prediction setting."""
+@dataclass(kw_only=True)
+class ForecastScores:
+    """Everything scored for one forecast of the (symbol, origin) pairs: the model's or a naive one's."""
 
-    slot: str
-    setting: PredictionSetting
     predictions: list[pd.DataFrame]  # per origin, as saved
     quality: list[OriginQuality]
     periods: list[Period]
@@ -61,6 +63,31 @@ class SettingScores:
         return equity_curve([p.net_return for p in self.periods])
 
 
+@dataclass(kw_only=True)
+class SettingScores(ForecastScores):
+    """Everything scored for one prediction setting, and its skill against the naive forecasts."""
+
+    slot: str
+    setting: PredictionSetting
+    skill: SettingSkill | None = None
+
+
+@dataclass
+class NaiveScores:
+    """The naive forecasts on the model's pairs (kronos_tune.backtest.naive) and the overlap lag of the tests."""
+
+    lag: int
+    persistence: list[pd.DataFrame]
+    drift: ForecastScores
+    drift_skill: SettingSkill
+    band: BandCalibration | None  # the random-walk band's calibration, None when the lookback holds none
+    band_reason: str | None
+
+    @property
+    def persistence_mae(self) -> list[float]:
+        return [float(absolute_errors(frame).mean()) for frame in self.persistence]
+
+
 @dataclass
 class BacktestResult:
     config: BacktestConfig
@@ -71,6 +98,9 @@ class BacktestResult:
     plan: OriginPlan
     scores: list[SettingScores]
     agreement: RankingAgreement | None = None
+    naive: NaiveScores | None = None
+    comparison: SettingComparison | None = None
+    horizon_end: pd.Timestamp | None = None  # the last bar of the last origin's horizon
     overlap: OverlapCheck = field(default_factory=OverlapCheck)
     notes: list[tuple[str, str]] = field(default_factory=list)
     session_predicted: int = 0
@@ -84,20 +114,51 @@ class BacktestResult:
         return self.session_predicted / self.session_predict_seconds
 
 
-def score_setting(slot: str, setting: PredictionSetting, predictions: list[pd.DataFrame], config: BacktestConfig,
-                  periods_per_year: float) -> SettingScores:
+def _forecast_fields(predictions: list[pd.DataFrame], config: BacktestConfig,
+                     periods_per_year: float) -> dict[str, Any]:
     quality = [origin_quality(frame) for frame in predictions]
     periods = run_portfolio(predictions, config.top_k, config.long_only, config.cost_bps)
     pooled = pd.concat(predictions, ignore_index=True)
     hits = np.sign(pooled[PREDICTED].to_numpy()) == np.sign(pooled[REALIZED].to_numpy())
-    return SettingScores(
-        slot=slot, setting=setting, predictions=predictions, quality=quality, periods=periods,
+    return dict(
+        predictions=predictions, quality=quality, periods=periods,
         ic=summarize([q.ic for q in quality]), rank_ic=summarize([q.rank_ic for q in quality]),
         hit_rate=float(hits.mean()), mae_return=float((pooled[PREDICTED] - pooled[REALIZED]).abs().mean()),
         curve=curve_stats([p.net_return for p in periods], [p.turnover for p in periods], periods_per_year),
-        benchmark=curve_stats([p.benchmark_return for p in periods], [0.0] * len(periods), periods_per_year),
-        calibration=band_calibration(predictions, setting.sample_count),
-    )
+        benchmark=curve_stats([p.benchmark_return for p in periods], [0.0] * len(periods), periods_per_year))
+
+
+def score_setting(slot: str, setting: PredictionSetting, predictions: list[pd.DataFrame], config: BacktestConfig,
+                  periods_per_year: float) -> SettingScores:
+    return SettingScores(slot=slot, setting=setting, **_forecast_fields(predictions, config, periods_per_year),
+                         calibration=band_calibration(predictions, setting.sample_count))
+
+
+def every_in_bars(config: BacktestConfig, plan: OriginPlan) -> float:
+    """--every in bars; 'day' is the timeline's median bars per day."""
+    return plan.bars_per_day if config.every_bars == EVERY_DAY else float(config.every_bars)
+
+
+def score_naive(config: BacktestConfig, universe: Universe, plan: OriginPlan, predictions: list[pd.DataFrame],
+                periods_per_year: float) -> NaiveScores:
+    """Persistence, drift and the random-walk band on the pairs of `predictions` (one frame per origin)."""
+    lag = hac_lag(config.pred_len, every_in_bars(config, plan))
+    made = [naive_frames(universe, origin, frame, config.lookback, config.pred_len)
+            for origin, frame in zip(plan.origins, predictions)]
+    persistence = [m[PERSISTENCE] for m in made]
+    drift = ForecastScores(**_forecast_fields([m[DRIFT] for m in made], config, periods_per_year))
+    reason = band_unavailable(config.lookback, config.pred_len)
+    band = None if reason is not None else band_calibration([m[RANDOM_WALK] for m in made],
+                                                                 samples=config.lookback - config.pred_len)
+    drift_skill = setting_skill(drift.predictions, drift.quality, persistence, lag, None, None, None)
+    return NaiveScores(lag, persistence, drift, drift_skill, band, reason)
+
+
+def attach_skill(scores: SettingScores, naive: NaiveScores) -> None:
+    crps = None if scores.calibration is None else scores.calibration.overall["crps"]
+    band_crps = None if naive.band is None else naive.band.overall["crps"]
+    scores.skill = setting_skill(scores.predictions, scores.quality, naive.persistence, naive.lag, crps, band_crps,
+                                 naive.band_reason)
 
 
 def _pivot(predictions: list[pd.DataFrame], column: str) -> pd.DataFrame:
@@ -119,13 +180,20 @@ def score_run(config: BacktestConfig, universe: Universe, plan: OriginPlan, run_
                                       f"or damaged; run again with --resume {run_path}")
             frames.append(frame)
         scores.append(score_setting(slot, setting, frames, config, periods_per_year))
-    agreement = None
+    naive = score_naive(config, universe, plan, scores[0].predictions, periods_per_year)
+    for setting_scores in scores:
+        attach_skill(setting_scores, naive)
+    agreement = comparison = None
     if len(scores) == 2:
         a, b = scores
         agreement = ranking_agreement(_pivot(a.predictions, PREDICTED), _pivot(b.predictions, PREDICTED),
                                       _pivot(a.predictions, REALIZED))
+        title_a, title_b = config.titles(settings)
+        comparison = compare(title_a, a.predictions, a.quality, title_b, b.predictions, b.quality, naive.lag)
+    last = plan.origins[-1]
+    end = max(universe.symbols[s].stamps[row + config.pred_len] for s, row in last.members)
     return BacktestResult(config, run_path, universe.source, universe.synthetic, len(universe.symbols), plan,
-                          scores, agreement)
+                          scores, agreement, naive, comparison, pd.Timestamp(end))
 
 
 def curve_difference(a: SettingScores, b: SettingScores) -> dict[str, float]:

@@ -40,23 +40,82 @@ BAND_ROWS = (
 )
 
 
-def results_table(result: BacktestResult) -> Table:
+def _test(test, digits: int = 2) -> str:
+    """A MeanTest's 't, p' cell (the reason is in the verdict lines below the table)."""
+    if test is None:
+        return "-"
+    if test.reason is not None:
+        return "n/a"
+    from kronos_tune.backtest.significance import format_p
+
+    return f"{test.t:.{digits}f}, p {format_p(test.p)}"
+
+
+def _interval_cell(test) -> str:
+    if test is None:
+        return "-"
+    if test.low is None:
+        return f"{_num(test.mean, 3)} [n/a]"
+    return f"{_num(test.mean, 3)} [{test.low:.3f}, {test.high:.3f}]"
+
+
+def _ratio_cell(skill) -> str:
+    if skill is None:
+        return "-"
+    dm = skill.mae_vs_persistence
+    from kronos_tune.backtest.significance import format_p
+
+    return f"{_num(skill.mae_ratio, 3)} (p {format_p(dm.p)})" if dm.reason is None else f"{_num(skill.mae_ratio, 3)}"
+
+
+def _columns(result: BacktestResult) -> tuple[list[str], list[dict]]:
+    """Column titles and one dict of figures per column: each setting, then persistence and drift."""
     from kronos_tune.backtest.report import headline
 
+    titles = result.config.titles([scores.setting for scores in result.scores])
+    columns = [{**headline(s), "skill": s.skill, "band": None if s.calibration is None else s.calibration.overall}
+               for s in result.scores]
+    if result.naive is not None:
+        naive = result.naive
+        titles += ["persistence", "drift"]
+        columns += [{"mae_return": naive.drift_skill.persistence_mae,
+                     "band": None if naive.band is None else naive.band.overall},
+                    {**headline(naive.drift), "skill": naive.drift_skill}]
+    return titles, columns
+
+
+def _cell(render):
+    """A row's renderer that answers '-' for a figure a column does not have (persistence has no IC)."""
+    def cell(h: dict) -> str:
+        try:
+            return render(h)
+        except KeyError:
+            return "-"
+    return cell
+
+
+def results_table(result: BacktestResult) -> Table:
     title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins"
     if result.overlap.origins_in_span:
         title += f" ({result.overlap.origins_in_span} IN-SAMPLE, --allow-overlap)"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("score")
-    columns = [headline(scores) for scores in result.scores]
-    for name in result.config.titles([scores.setting for scores in result.scores]):
+    titles, columns = _columns(result)
+    if result.naive is not None and result.naive.band is not None:
+        titles[len(result.scores)] = "persistence (random-walk band)"
+    for name in titles:
         table.add_column(name, justify="right")
+    lag = "" if result.naive is None else f" (lag {result.naive.lag})"
     rows = [("IC mean (std, t)", lambda h: f"{_num(h['ic_mean'])} ({_num(h['ic_std'])}, {_num(h['ic_t'], 2)})"),
+            (f"IC: HAC t, p{lag}", lambda h: _test(h["skill"].ic)),
             ("RankIC mean (std, t)",
              lambda h: f"{_num(h['rank_ic_mean'])} ({_num(h['rank_ic_std'])}, {_num(h['rank_ic_t'], 2)})"),
+            (f"RankIC: HAC t, p{lag}", lambda h: _test(h["skill"].rank_ic)),
             ("ICIR / RankICIR", lambda h: f"{_num(h['icir'], 3)} / {_num(h['rank_icir'], 3)}"),
             ("hit rate", lambda h: _num(h["hit_rate"], 3)),
+            ("hit rate per origin [95 %]", lambda h: _interval_cell(h["skill"].hit_rate)),
             ("MAE of returns", lambda h: _num(h["mae_return"], 5)),
+            ("MAE / persistence (DM p)", lambda h: _ratio_cell(h["skill"])),
             ("cumulative return, after costs", lambda h: _pct(h["cumulative_return"])),
             ("annualized return", lambda h: _pct(h["annualized_return"])),
             ("annualized volatility", lambda h: _pct(h["annualized_volatility"], signed=False)),
@@ -64,15 +123,30 @@ def results_table(result: BacktestResult) -> Table:
             ("max drawdown", lambda h: _pct(h["max_drawdown"], signed=False)),
             ("turnover / rebalance", lambda h: _num(h["turnover"], 3)),
             ("equal-weight universe", lambda h: _pct(h["benchmark_cumulative_return"]))]
-    for name, cell in rows:
-        table.add_row(name, *(cell(h) for h in columns))
+    if result.naive is None:
+        rows = [r for r in rows if "HAC" not in r[0] and "persistence" not in r[0] and "[95" not in r[0]]
+    for name, render in rows:
+        table.add_row(name, *(_cell(render)(h) for h in columns))
     if result.agreement is not None:
-        table.add_row("ranking agreement (Spearman)", "", _num(result.agreement.spearman.mean))
-    bands = [scores.calibration.overall if scores.calibration is not None else None for scores in result.scores]
-    if any(band is not None for band in bands):
-        for name, cell in BAND_ROWS:
-            table.add_row(name, *("n/a" if band is None else cell(band) for band in bands))
+        table.add_row("ranking agreement (Spearman)", "", _num(result.agreement.spearman.mean),
+                      *([""] * (len(columns) - 2)))
+    bands = [h.get("band") for h in columns]
+    if any(band is not None for band in bands[:len(result.scores)]):
+        for name, render in BAND_ROWS:
+            table.add_row(name, *("-" if band is None else render(band) for band in bands))
+        if result.naive is not None:
+            skills = [_num(s.skill.crps_skill, 3) if s.skill is not None else "-" for s in result.scores]
+            table.add_row("CRPS skill vs random-walk band", *skills, "(reference)", "-")
     return table
+
+
+def verdict_lines(result: BacktestResult) -> list[str]:
+    """Each setting against persistence, then (with --compare) B against A, one line each."""
+    titles = result.config.titles([scores.setting for scores in result.scores])
+    lines = [scores.skill.verdict(title) for scores, title in zip(result.scores, titles) if scores.skill is not None]
+    if result.comparison is not None:
+        lines.append(result.comparison.verdict())
+    return lines
 
 
 def agreement_line(result: BacktestResult) -> str | None:
@@ -201,7 +275,7 @@ def backtest_command(
         typer.echo((result.run_path / JSON_NAME).read_text(encoding="utf-8").strip())
         return
     console.print(results_table(result))
-    for line in (agreement_line(result), result.overlap.marking()):
+    for line in (*verdict_lines(result), agreement_line(result), result.overlap.marking()):
         if line is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     rate = result.symbol_origins_per_s
@@ -216,4 +290,4 @@ def register(app: typer.Typer) -> None:
     app.command("backtest")(backtest_command)
 
 
-__all__ = ["agreement_line", "backtest_command", "register", "results_table"]
+__all__ = ["agreement_line", "backtest_command", "register", "results_table", "verdict_lines"]
