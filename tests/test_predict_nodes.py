@@ -1,6 +1,8 @@
 """`kronos-tune predict` across two nodes for real: two agents on this machine meet at a c10d rendezvous on
-loopback (`--nnodes 2 --nproc 1`), each reads the same panel, the node that hosts rank 0 writes the merged
-predictions, and they equal one process's; an agent killed mid-run leaves no file that looks complete."""
+loopback (`--nnodes 2 --nproc 1`), each reads the same panel, both give the same --out (its work folder is
+the storage the nodes share), the node that hosts rank 0 writes the output, and it equals one process's; an
+agent killed mid-run leaves no --out, and the survivor names the work folder that keeps the finished
+chunks."""
 
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ def free_port() -> int:
 class Agent:
     """One node: `kronos-tune predict --nnodes 2 --nproc 1` in its own session, its stderr read line by line."""
 
-    def __init__(self, panel: Path, out: Path, port: int, *extra: str) -> None:
-        self.tmp = out.with_name(f"{out.stem}-tmp")  # its work folder goes here (TMPDIR), not into /tmp
+    def __init__(self, panel: Path, out: Path, port: int, name: str, *extra: str) -> None:
+        self.tmp = out.with_name(f"{name}-tmp")  # anything it puts in TMPDIR goes here, not into /tmp
         self.tmp.mkdir()
         command = [sys.executable, "-m", "kronos_tune.cli", *PREDICT, "--data", str(panel), "--out", str(out),
                    "--nproc", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -102,19 +104,17 @@ def test_two_agents_predict_what_one_process_predicts(tmp_path: Path, capsys):
     capsys.readouterr()
 
     port = free_port()
-    outs = [tmp_path / "node_a.parquet", tmp_path / "node_b.parquet"]
-    agents = [Agent(panel, out, port) for out in outs]
+    shared = tmp_path / "two.parquet"
+    agents = [Agent(panel, shared, port, name) for name in ("node_a", "node_b")]
     results = [agent.finish() for agent in agents]
     for code, _, err in results:
         assert code == 0, err[-3000:]
         assert "rendezvous done: rank" in err and "of 2 ready on this node" in err
-    assert not any(list(agent.tmp.glob("kronos-predict-shards-*")) for agent in agents)  # gone after success
-    written = [out for out in outs if out.exists()]
-    assert len(written) == 1  # the node hosting rank 0 writes; the other says so
-    other = results[outs.index(written[0]) ^ 1][2]
-    assert "the node running rank 0 writes the merged predictions" in other
-    one, two = features(tmp_path / "one.parquet"), features(written[0])
-    assert list(two["series"]) == list(one["series"]) and sorted(set(one["series"])) == ["AAA", "BBB", "CCC", "DDD"]
+    assert not (tmp_path / "two.parquet.work").exists()  # gone after success
+    writers = ["the node running rank 0 writes the output" not in err for _, _, err in results]
+    assert sorted(writers) == [False, True]  # the node hosting rank 0 writes; the other says so
+    one, two = features(tmp_path / "one.parquet"), features(shared)
+    assert list(two["Symbol"]) == list(one["Symbol"]) and sorted(set(one["Symbol"])) == ["AAA", "BBB", "CCC", "DDD"]
     assert list(two["timestamps"]) == list(one["timestamps"])
     np.testing.assert_array_equal(two[list(FEATURE_COLUMNS)].to_numpy(), one[list(FEATURE_COLUMNS)].to_numpy())
 
@@ -123,11 +123,12 @@ def test_a_node_killed_mid_run_leaves_no_complete_looking_file(tmp_path: Path):
     panel = tmp_path / "panel.csv"
     write_sp500_like(panel, shorts=0, full=SYMBOLS)
     port = free_port()
-    survivor_out, killed_out = tmp_path / "survivor.parquet", tmp_path / "killed.parquet"
-    survivor = Agent(panel, survivor_out, port)
-    # The node to kill predicts its shard many times over (sample paths, one at a time), so it is surely
-    # still predicting when it dies: its rank cannot have delivered its part.
-    doomed = Agent(panel, killed_out, port, "--sample-count", "400", "--max-batch-size", "1")
+    shared = tmp_path / "out.parquet"
+    # Many sample paths, one at a time, in chunks of one series: the ranks are surely still predicting when the
+    # node dies.
+    slow = ("--sample-count", "400", "--max-batch-size", "1", "--chunk-series", "1")
+    survivor = Agent(panel, shared, port, "survivor", *slow)
+    doomed = Agent(panel, shared, port, "killed", *slow)
     try:
         survivor.wait_for("rendezvous done")
         doomed.wait_for("rendezvous done")
@@ -145,10 +146,9 @@ def test_a_node_killed_mid_run_leaves_no_complete_looking_file(tmp_path: Path):
     assert last.startswith(("error: predict --nproc 1 --nnodes 2: rank ",
                             "error: predict --nproc 1 --nnodes 2: torchrun exited with code 1: the connection to "
                             "the rendezvous store was lost")), err
-    assert "the other ranks were stopped and nothing was written (parts kept in " in last
+    assert f"the finished chunks are kept in {tmp_path / 'out.parquet.work'}; run the same command with --resume" \
+        in last
     assert "Traceback" not in err + out
-    assert not survivor_out.exists() and not killed_out.exists()
-    # No output under any name; the work folders keep what ranks delivered, never a merged result.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed-tmp", "panel.csv", "survivor-tmp"]
-    assert not list(tmp_path.rglob("predictions.npy")) and not list(tmp_path.rglob("*.parquet"))
-    assert str(survivor.tmp) in last
+    # No output; the shared work folder keeps what the ranks finished.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed-tmp", "out.parquet.work", "panel.csv",
+                                                          "survivor-tmp"]

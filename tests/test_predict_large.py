@@ -1,0 +1,136 @@
+"""`predict --out` as a job (kronos_tune.predict.large): chunks kept as they finish, resumed to the identical
+output, refused with other settings, the same forecast whatever the input order; sorted Parquet panels read
+in symbol batches. Real tiny models, in this process, sampled (T 1, top-p 0.9) unless said."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kronos_core.data.panels import read_panel
+from kronos_core.data.synthetic import synthetic_kline
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.config import PredictConfig
+from kronos_tune.predict.job import run_predict
+from kronos_tune.predict.large import SMALL_RUN_SERIES
+from kronos_tune.predict.panel_stream import sorted_panels, symbol_batches
+
+BASE = dict(lookback=24, pred_len=2, size="tiny", device="cpu", chunk_series=3, sample_count=2)
+
+
+def write_panel(path: Path, count: int, rows: int = 30, amount: bool = True, order: str = "sorted") -> None:
+    parts = [synthetic_kline(rows + k % 3, seed=k).assign(Code=f"S{k:03d}") for k in range(count)]
+    panel = pd.concat(parts, ignore_index=True)[["Code", "timestamps", "open", "high", "low", "close", "volume",
+                                                 *(["amount"] if amount else [])]]
+    if order == "shuffled":
+        panel = panel.sample(frac=1.0, random_state=3)
+    elif order == "reversed":
+        panel = panel.iloc[::-1]
+    if path.suffix == ".csv":
+        panel.to_csv(path, index=False)
+    else:
+        panel.to_parquet(path, index=False)
+
+
+def panel_config(data: Path, out: Path, **extra) -> PredictConfig:
+    return PredictConfig(**{**BASE, "data": (data,), "symbol_column": "code", "out": out, **extra})
+
+
+class StopAfter:
+    """A planted fault between chunks: Ctrl-C after the n-th finished chunk (the job's own progress hook)."""
+
+    def __init__(self, chunks: int) -> None:
+        self.chunks, self.seen = chunks, 0
+
+    def __call__(self, report) -> None:
+        self.seen += 1
+        if self.seen == self.chunks:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_a_resumed_job_writes_what_an_uninterrupted_one_writes(tmp_path: Path, suffix: str) -> None:
+    write_panel(tmp_path / "panel.parquet", 8)
+    full = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / f"full{suffix}"))
+    assert full.job["chunks"] == 3 and full.job["resumed_chunks"] == 0
+    out = tmp_path / f"cut{suffix}"
+    with pytest.raises(KronosTuneError, match=r"stopped after 2 finished chunks .* kept in .*cut.*\.work; run the "
+                                              r"same command with --resume"):
+        run_predict(panel_config(tmp_path / "panel.parquet", out), on_job_progress=StopAfter(2))
+    assert not out.exists() and len(list((tmp_path / f"cut{suffix}.work" / "done").iterdir())) == 2
+    resumed = run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True))
+    assert resumed.job["resumed_chunks"] == 2 and resumed.series == 8
+    assert out.read_bytes() == (tmp_path / f"full{suffix}").read_bytes()
+    assert not (tmp_path / f"cut{suffix}.work").exists()  # removed once --out is written
+
+
+def test_resume_refusals_name_what_differs(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 5)
+    out = tmp_path / "p.parquet"
+    with pytest.raises(KronosTuneError, match=r"^--resume: no work folder .*p\.parquet\.work to continue"):
+        run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True))
+    with pytest.raises(KronosTuneError, match="stopped after 1 finished chunks"):
+        run_predict(panel_config(tmp_path / "panel.parquet", out), on_job_progress=StopAfter(1))
+    with pytest.raises(KronosTuneError, match=r"holds an unfinished job \(1 chunks finished\); add --resume"):
+        run_predict(panel_config(tmp_path / "panel.parquet", out))
+    with pytest.raises(KronosTuneError, match=r"other data, model or settings \(seed: 0 there, 7 now; "
+                                              r"top_p: 0.9 there, 0.5 now\)"):
+        run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True, seed=7, top_p=0.5))
+    write_panel(tmp_path / "panel.parquet", 6)  # other data under the same name
+    with pytest.raises(KronosTuneError, match=r"other data, model or settings \(data: "):
+        run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True))
+    assert len(list((tmp_path / "p.parquet.work" / "done").iterdir())) == 1  # nothing finished was lost
+
+
+def test_a_job_that_fails_before_any_chunk_leaves_no_work_folder(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.csv", 3, rows=10)
+    with pytest.raises(KronosTuneError, match="use a shorter --lookback"):
+        run_predict(panel_config(tmp_path / "panel.csv", tmp_path / "o.csv"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["panel.csv"]
+
+
+def test_the_forecast_does_not_depend_on_row_order_or_file_format(tmp_path: Path) -> None:
+    write_panel(tmp_path / "sorted.parquet", 7)
+    write_panel(tmp_path / "shuffled.csv", 7, order="shuffled")
+    write_panel(tmp_path / "reversed.parquet", 7, order="reversed")
+    notes: list[str] = []
+    outs = []
+    for name in ("sorted.parquet", "shuffled.csv", "reversed.parquet"):
+        outs.append(tmp_path / f"out-{name}.parquet")
+        run_predict(panel_config(tmp_path / name, outs[-1]), on_note=lambda level, text: notes.append(text))
+    first = pd.read_parquet(outs[0])
+    for other in outs[1:]:
+        pd.testing.assert_frame_equal(pd.read_parquet(other), first)
+    assert list(first["Code"].unique()) == [f"S{k:03d}" for k in range(7)]  # name order, the file's column name
+    assert any("reversed.parquet is not sorted by Code" in n and "read whole" in n for n in notes)
+    assert any("CSV panels are read whole" in n for n in notes)
+
+
+def test_symbol_batches_are_whole_symbols_and_read_like_the_whole_file(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 9)
+    panels, why = sorted_panels([tmp_path / "panel.parquet"], "code")
+    assert panels is not None and panels.symbols == 9 and why == ""
+    batches = list(symbol_batches(panels, "code", batch_rows=40))  # symbols of 30-32 rows: cut across batches
+    assert len(batches) > 3
+    assert all(set(a["symbol"]).isdisjoint(b["symbol"]) for a, b in zip(batches, batches[1:]))
+    whole = read_panel(tmp_path / "panel.parquet", "code")
+    joined = pd.concat(batches, ignore_index=True)
+    pd.testing.assert_frame_equal(joined, whole.reset_index(drop=True), check_like=False)
+
+
+def test_output_trips_symbol_column_amount_note_and_large_json(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", SMALL_RUN_SERIES + 1, rows=12, amount=False)
+    notes: list[str] = []
+    result = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "o.parquet", lookback=8, pred_len=1,
+                                      chunk_series=64, sample_count=1),
+                         on_note=lambda level, text: notes.append(text))
+    written = pd.read_parquet(tmp_path / "o.parquet")
+    assert list(written.columns[:2]) == ["Code", "timestamps"] and "amount" in written.columns
+    assert any("no amount column" in n and "amount column is predicted" in n for n in notes)
+    report = result.to_json_dict()
+    assert report["series"] == SMALL_RUN_SERIES + 1 and report["predictions_embedded"] is False
+    assert "predictions" not in report and "in --out only" in report["predictions_note"]
+    assert report["job"]["chunks"] == 2 and report["job"]["rows"] == SMALL_RUN_SERIES + 1
+    assert sum(r["series"] for r in report["job"]["ranks"].values()) == SMALL_RUN_SERIES + 1
