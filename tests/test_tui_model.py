@@ -80,3 +80,26 @@ def test_run_state_tracks_trials_and_steps() -> None:
     assert run.phase == "cancelling"
     run.end("cancelled", "2 ok")
     assert not run.busy and run.outcome == "2 ok"
+    assert run.trial is None and run.step == 0 and run.steps_target is None  # the run's end, not its last trial
+
+
+def test_a_step_line_never_runs_past_its_end() -> None:
+    from kronos_tune.tui.widgets.run import RunPanel
+
+    run = RunState()
+    run.begin("benchmark train")
+    run.begin_trial("baseline", 1, 3, 15, open_count=True)  # measured until the timing settles
+    panel = RunPanel()
+    for step in range(1, 61):
+        run.add_step(step, 7.0, 0.1, 1000.0)
+    panel.show(run)
+    text = "\n".join(line.plain for _, line in panel.lines(60))
+    assert "step 60 " in text and "at least 15" in text and "/15" not in text
+    run.end_trial()
+    assert "step" not in "\n".join(line.plain for _, line in panel.lines(60)).replace("steps", "")
+    run.begin("training")
+    run.steps_target = 4
+    for step in (1, 2, 3, 4, 5):  # a count that passes its total turns into the open form
+        run.add_step(step, 7.0, 0.1, 1000.0)
+        shown = "\n".join(line.plain for _, line in panel.lines(60))
+        assert (f"step {step}/4" in shown) == (step <= 4) and "5/4" not in shown

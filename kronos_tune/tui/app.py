@@ -225,7 +225,8 @@ class DashboardApp(ResultsView, App[int]):
         run = self.run_state
         if isinstance(event, TrialStarted):
             spec = event.spec
-            run.begin_trial(spec.name, event.index + 1, event.total, spec.total_steps or None)
+            run.begin_trial(spec.name, event.index + 1, event.total, spec.total_steps or None,
+                            open_count=run.job == "benchmark train")  # measured until the timing settles
             self.log_line(f"trial {event.index + 1}/{event.total}: {spec.name} ({spec.stage})"
                           + (f": {spec.description}" if spec.description else ""))
         elif isinstance(event, TrialStep):
@@ -236,6 +237,7 @@ class DashboardApp(ResultsView, App[int]):
                 speed = record.series / record.step_time_s if record.step_time_s > 0 else float("nan")
             run.add_step(record.step, record.loss, record.step_time_s, speed)
         elif isinstance(event, TrialFinished):
+            run.end_trial()
             self._trial_finished(event.result)
         elif isinstance(event, ProtocolFinished):
             self.report = event.report

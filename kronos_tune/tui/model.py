@@ -63,6 +63,7 @@ class RunState:
     trial_total: int = 0
     step: int = 0
     steps_target: int | None = None
+    steps_open: bool = False  # steps_target is a floor (a benchmark trial measures until its timing settles)
     note: str = ""  # what the job is doing between steps (an autobatch probe, a predict run...)
     step_label: str = "step"  # "run" for prediction trials
     speed_unit: str = "tokens/s"  # "series/s" for prediction trials
@@ -81,15 +82,26 @@ class RunState:
         self.step_label, self.speed_unit = ("run", "series/s") if predicting else ("step", "tokens/s")
         self._reset_steps(None)
 
-    def _reset_steps(self, target: int | None) -> None:
-        self.step, self.steps_target = 0, target
+    def _reset_steps(self, target: int | None, open_count: bool = False) -> None:
+        self.step, self.steps_target, self.steps_open = 0, target, open_count
         self.loss.clear()
         self.step_time_s.clear()
         self.tokens_per_s.clear()
 
-    def begin_trial(self, name: str, index: int, total: int, steps_target: int | None = None) -> None:
+    def begin_trial(self, name: str, index: int, total: int, steps_target: int | None = None,
+                    open_count: bool = False) -> None:
+        """`open_count`: the trial runs at least `steps_target` steps, its real count is not known ahead."""
         self.trial, self.trial_index, self.trial_total, self.note = name, index, total, ""
-        self._reset_steps(steps_target)
+        self._reset_steps(steps_target, open_count)
+
+    def end_trial(self) -> None:
+        """The trial's step line goes (its result is in the table); the next trial starts its own."""
+        self._reset_steps(None)
+
+    @property
+    def count_known(self) -> bool:
+        """Whether a bar can show the steps: a real total, not yet passed."""
+        return bool(self.steps_target) and not self.steps_open and self.step <= (self.steps_target or 0)
 
     def add_step(self, step: int, loss: float, step_time_s: float, tokens_per_s: float) -> None:
         self.step = step
@@ -102,7 +114,11 @@ class RunState:
             self.phase = "cancelling"
 
     def end(self, phase: str, outcome: str) -> None:
-        self.phase, self.outcome = phase, outcome
+        """The job's end; a benchmark's last trial and its steps no longer show (the outcome says it all)."""
+        self.phase, self.outcome, self.note = phase, outcome, ""
+        if self.trial is not None:
+            self.trial = None
+            self._reset_steps(None)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from kronos_tune.tui.model import RunState
 from kronos_tune.tui.widgets.base import Line, Panel, spark_line
 
 LABEL_WIDTH = 10
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PHASE_STYLES = {"running": "bold green", "cancelling": "bold yellow", "done": "bold cyan",
                 "cancelled": "bold yellow", "failed": "bold red", "idle": "dim"}
 
@@ -48,12 +49,15 @@ class RunPanel(Panel):
             lines.append((0, Text.assemble(("now ", "bold"), run.note)))
         if not run.step and not run.steps_target:
             return lines
-        if run.steps_target:
+        if run.count_known and run.steps_target:
             label = f"{run.step_label} {run.step}/{run.steps_target}"
             progress = Text.assemble((label.ljust(LABEL_WIDTH), "bold"),
                                      bar(run.step / run.steps_target, max(4, width - LABEL_WIDTH)))
-        else:
-            progress = Text.assemble((f"{run.step_label} ", "bold"), str(run.step))
+        else:  # an open count: a spinner that turns with each step, never a bar past its end
+            spinner = SPINNER[run.step % len(SPINNER)]
+            progress = Text.assemble((f"{run.step_label} {run.step} ", "bold"), (spinner, "cyan"))
+            if run.steps_target:
+                progress.append(f"  at least {run.steps_target}, until the timing settles", style="dim")
         lines.append((1, progress))
         loss = _last(run.loss)
         step_time = _last(run.step_time_s)
