@@ -34,10 +34,11 @@ import torch
 from kronos_core.train import Trainer
 from kronos_core.units import format_bytes
 from kronos_tune.autobatch.predict_task import PredictTask
-from kronos_tune.autobatch.search import AutobatchResult, default_margin, search_largest
+from kronos_tune.autobatch.search import AutobatchResult, default_margin
 from kronos_tune.autobatch.train_task import TrainTask
 from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
+from kronos_tune.memory.peak import largest_fitting
 from kronos_tune.presets import BYTES_PER_GIB, Preset, resolve_preset
 
 DEFAULT_BUDGET_GB = {"train": 0.5, "predict": 0.05}
@@ -49,6 +50,21 @@ def stats(values: Sequence[float], unit: str, digits: int = 3) -> str:
     f = f"{{:.{digits}f}}"
     return (f"median {f.format(statistics.median(values))} {unit} (min {f.format(min(values))}, "
             f"max {f.format(max(values))}, n={len(values)})")
+
+
+def _true_max(fits: Callable[[int], bool], guess: int) -> tuple[int, int]:
+    """(the largest batch that fits, runs it took), searched as the planner searches."""
+    runs = 0
+
+    def counted(batch_size: int) -> bool:
+        nonlocal runs
+        runs += 1
+        return fits(batch_size)
+
+    found = largest_fitting(counted, 1, 1 << 16, guess)
+    if found is None:
+        raise SystemExit("not even batch size 1 fits the budget")
+    return found, runs
 
 
 def _train_fits(task: TrainTask, cap_bytes: int) -> Callable[[int], bool]:
@@ -101,10 +117,10 @@ def bench_train(preset: Preset, model_size: str | None, budget_bytes: int, margi
               f"{format_bytes(result.measured_peak_bytes)} at the pick")
 
         start = time.perf_counter()
-        true_usable, probes_usable = search_largest(_train_fits(task, usable), result.batch_size)
+        true_usable, probes_usable = _true_max(_train_fits(task, usable), result.batch_size)
         per_sample = max(result.bytes_per_sample, 1.0)
         guess = true_usable + int((budget_bytes - usable) / per_sample)
-        true_budget, probes_budget = search_largest(_train_fits(task, budget_bytes), guess)
+        true_budget, probes_budget = _true_max(_train_fits(task, budget_bytes), guess)
         truth_s = time.perf_counter() - start
         print(f"  true max (gallop + bisection, real steps, {probes_usable + probes_budget} probes, {truth_s:.1f} s): "
               f"{true_usable} under the usable cap, {true_budget} under the full budget")

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch import nn
 
-from kronos_tune import autobatch as autobatch_export
 from kronos_tune.autobatch import ProbeStep, autobatch, split_effective_batch
 from kronos_tune.autobatch import render
 from kronos_tune.errors import KronosTuneError
@@ -237,12 +236,6 @@ def test_bad_arguments_are_user_errors() -> None:
             autobatch(attention_factory, 2_000_000, **kwargs)
     with pytest.raises(KronosTuneError, match="model and .optimizer|.model and"):
         autobatch(lambda b: (lambda: None), 2_000_000, estimate=True)
-
-
-def test_package_is_the_function() -> None:
-    assert callable(autobatch_export)
-    result = autobatch_export(attention_factory, 2_000_000, max_batch=4)
-    assert result.batch_size == 4
 
 
 @pytest.mark.gpu

@@ -9,7 +9,8 @@ import pytest
 
 from kronos_core.train import TrainConfig
 from kronos_tune.memory import planner
-from kronos_tune.memory.estimate import CudaEmulation, EstimateResult, PeakLine, StepTrace
+from kronos_tune.memory.estimate import CudaEmulation, StepTrace
+from kronos_tune.memory.peak import PeakModel, largest_fitting
 from kronos_tune.memory.trace_cache import CACHE_ENV
 from kronos_tune.presets import load_preset_file
 from tests.tiny_preset import tiny_preset_toml
@@ -26,7 +27,7 @@ def tiny_config(parallelism: str) -> TrainConfig:
 def test_the_peak_line_of_one_marker_step_matches_exact_traces_at_other_batch_sizes(parallelism: str) -> None:
     config = tiny_config(parallelism)
     (session,) = planner._session(config, 2, EMULATION)  # one primed build, one step at a marker batch size
-    assert session.line.marker >= 1009
+    assert session.marker >= 1009
     for batch in (2, 8, 13):
         exact = planner.estimate_setup_peak(config, batch, 2, EMULATION)  # a fresh trace of that batch size
         # what the line leaves out: the allocator's rounding of the scaled storages at another batch size
@@ -90,10 +91,10 @@ def test_peak_line_follows_the_peak_from_one_point_of_the_step_to_another() -> N
     marker = 7
     live = (5, 100 + marker, 10 + 10 * marker, 6)
     scaled = (0, marker, 10 * marker, 0)
-    result = EstimateResult(marker, max(live), max(live), 0, {}, 0, 0, 0, 0, live[0], 1)
-    line = PeakLine.from_marker(StepTrace(result, ("start", "a", "b", "c"), live, scaled, scaled))
+    line = PeakModel.from_marker(marker, live, scaled, scaled)
     assert [line.peak_at(batch) for batch in (1, 2, 10, 11, 20, 100)] == [101, 102, 110, 120, 210, 1010]
-    assert len(line.fixed) == 2  # points under another at every batch size are dropped
+    assert len(line.series) == 2  # points under another at every batch size are dropped
+    assert line.largest_fitting(110, 1, 50) == 10 and line.largest_fitting(100, 1, 50) is None
 
 
 @pytest.fixture()
@@ -135,20 +136,20 @@ def _tiny_parameter_count() -> int:
 
 
 def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> None:
-    from kronos_tune.autobatch.search import search_largest
+    calls: list[int] = []
 
     def fits_up_to(largest: int):
-        return lambda batch: batch <= largest
+        calls.clear()
+        return lambda batch: calls.append(batch) or batch <= largest
 
-    assert search_largest(fits_up_to(12), 8, 1, 50)[0] == 12  # the guess too low (the line at 4x3080's large ddp)
-    assert search_largest(fits_up_to(12), 30, 1, 50)[0] == 12  # too high
-    assert search_largest(fits_up_to(99), 8, 1, 50)[0] == 50  # capped
-    assert search_largest(fits_up_to(12), 8, 1, 13)[0] == 12  # a gallop past the top tries the top, then bisects
-    assert search_largest(fits_up_to(2), 30, 1, 50)[0] == 2  # and past the bottom the bottom
-    with pytest.raises(RuntimeError, match="even batch size 1 does not fit"):
-        search_largest(fits_up_to(0), 8, 1, 50)
-    found, calls = search_largest(fits_up_to(700), 650, 1, 4096)
-    assert found == 700 and calls <= 16  # a gallop then a bisection, not a scan
+    assert largest_fitting(fits_up_to(12), 1, 50, 8) == 12  # the guess too low (the line at 4x3080's large ddp)
+    assert largest_fitting(fits_up_to(12), 1, 50, 30) == 12  # too high
+    assert largest_fitting(fits_up_to(99), 1, 50, 8) == 50  # capped
+    assert largest_fitting(fits_up_to(12), 1, 13, 8) == 12  # a gallop past the top tries the top, then bisects
+    assert largest_fitting(fits_up_to(2), 1, 50, 30) == 2  # and past the bottom the bottom
+    assert largest_fitting(fits_up_to(0), 1, 50, 8) is None  # not even the bottom
+    assert largest_fitting(fits_up_to(700), 1, 4096, 650) == 700
+    assert len(calls) <= 16  # a gallop then a bisection, not a scan
 
 
 def test_a_row_picks_the_largest_micro_batch_whose_exact_peak_fits() -> None:

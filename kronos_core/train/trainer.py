@@ -36,14 +36,15 @@ from kronos_core.errors import KronosError, one_line
 from kronos_core.files import write_text_atomic
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.train.builders import (
-    autocast_context, build_models, build_optimizer, build_scheduler, check_amp_support,
+    TrainParts, build_grad_scaler, build_scheduler, build_training, check_amp_support, evaluate_sums,
+    forward_backward, optimizer_step,
 )
 from kronos_core.train.train_state import (
     CHECKPOINT_FORMAT, capture_rng, checkpoint_path, load_checkpoint, restore_rng, save_atomic,
 )
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.distributed import DistContext
-from kronos_core.train.fsdp import apply_fsdp, full_state_dict, local_norm_value, set_gradient_sync
+from kronos_core.train.fsdp import full_state_dict, local_norm_value, set_gradient_sync
 from kronos_core.train.data_span import check_same_span, read_data_span, write_data_span
 from kronos_core.train.loading import (
     GlobalBatchSampler, build_datasets, close_loader, eval_loader, load_training_data, train_loader,
@@ -103,26 +104,17 @@ class Trainer:
         self.val_loader = eval_loader(val_set, config, dist.world_size, dist.rank)
         self.eval_windows = len(val_set)
 
-        model, tokenizer = build_models(config)
-        model.set_activation_checkpointing(config.activation_checkpointing_blocks)
         self.sharded = config.parallelism == "fsdp"
-        if self.sharded:
-            if not dist.enabled:
-                raise KronosError("parallelism = \"fsdp\" shards over processes but this run has one; start 2+ "
-                                  "(kronos-tune train --nproc N, or torchrun) or use parallelism = \"ddp\"")
-            # Sharded on the CPU copy: each rank moves only its shard to the device, never the whole model.
-            self.model = apply_fsdp(model, config, self.device, dist.world_size)
-        else:
-            self.model = model.to(self.device)  # the plain module: saved, evaluated, loaded
-        if tokenizer is not None:
-            tokenizer.to(self.device)
-            self.steps: PredictorSteps | TokenizerSteps = PredictorSteps(tokenizer, config.teacher_forcing)
-        else:
-            self.steps = TokenizerSteps()
-        self.tokenizer = tokenizer
-        self.optimizer = build_optimizer(self.model, config, self.device)
+        if self.sharded and not dist.enabled:
+            raise KronosError("parallelism = \"fsdp\" shards over processes but this run has one; start 2+ "
+                              "(kronos-tune train --nproc N, or torchrun) or use parallelism = \"ddp\"")
+        # The plain module (or FSDP's sharded one) is what is saved, evaluated and loaded.
+        self.parts: TrainParts = build_training(config, self.device, dist.world_size)
+        self.model, self.tokenizer = self.parts.model, self.parts.tokenizer
+        self.steps: PredictorSteps | TokenizerSteps = self.parts.steps
+        self.optimizer = self.parts.optimizer
         self.scheduler = build_scheduler(self.optimizer, config, self.total_steps)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
+        self.scaler = build_grad_scaler(config, self.device)
         self.ddp: DistributedDataParallel | None = None
         train_model: nn.Module = self.model
         if dist.enabled and not self.sharded:
@@ -149,8 +141,8 @@ class Trainer:
         if dist.is_main:
             config.to_toml(self.output_dir / "config.toml")
             write_data_span(self.output_dir, {**self.data_span.to_dict(), "what": config.what})
-            if tokenizer is not None and not config.tokenizer_dir and not (self.output_dir / "tokenizer").exists():
-                tokenizer.save_pretrained(self.output_dir / "tokenizer")
+            if self.tokenizer is not None and not config.tokenizer_dir and not (self.output_dir / "tokenizer").exists():
+                self.tokenizer.save_pretrained(self.output_dir / "tokenizer")
 
     @staticmethod
     def _seed(seed: int) -> None:
@@ -297,10 +289,7 @@ class Trainer:
             if self.sharded:  # accumulate unsharded gradients locally, reduce-scatter after the last micro-batch
                 set_gradient_sync(self.model, last or config.fsdp_sync_micro_batches)
             with sync:
-                with clock.phase("forward"), autocast_context(config, self.device):
-                    loss = self.steps.loss(self.train_model, self.model, batch)
-                with clock.phase("backward"):
-                    self.scaler.scale(loss / accumulation).backward()
+                loss = forward_backward(self.parts, self.train_model, batch, config, self.device, self.scaler, clock)
             loss_sum += loss.detach().double()
         self._iter_step = self.step + 1
         return float(loss_sum / accumulation)
@@ -313,13 +302,7 @@ class Trainer:
         local_loss = self.compute_gradients()
         lr = float(self.optimizer.param_groups[0]["lr"])
         with clock.phase("optimizer"):
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.effective_grad_clip)
-            scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            skipped = self.scaler.is_enabled() and self.scaler.get_scale() < scale_before
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, skipped = optimizer_step(self.parts, self.scaler, config.effective_grad_clip)
             self._step_schedule()
         self.step += 1
         loss = torch.tensor([local_loss], dtype=torch.float64, device=self.device)
@@ -350,14 +333,7 @@ class Trainer:
     # Evaluation, best model -------------------------------------------------------------------
 
     def _eval_sums(self, x: torch.Tensor, stamp: torch.Tensor) -> torch.Tensor:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            batch = self.steps.prepare(x.to(self.device), stamp.to(self.device))
-            with torch.no_grad(), autocast_context(self.config, self.device):
-                return self.steps.eval_sums(self.model, batch)
-        finally:
-            self.model.train(was_training)
+        return evaluate_sums(self.parts, x.to(self.device), stamp.to(self.device), self.config, self.device)
 
     def _evaluate_and_track(self, scheduled: bool) -> dict[str, float]:
         metrics = self.evaluate()

@@ -1,12 +1,8 @@
 """autobatch: the largest batch size that fits a memory budget, measured with the real step.
 
-    from kronos_tune import autobatch
+    from kronos_tune.autobatch import autobatch
     result = autobatch(step_factory, budget_bytes=2 << 30, margin=0.1)
     result.batch_size, result.accumulation_steps, result.probes
-
-``kronos_tune.autobatch`` is this package and is itself callable as the
-function (``kronos_tune.autobatch(...)`` == ``kronos_tune.autobatch.autobatch(...)``),
-so ``from kronos_tune import autobatch`` works whichever was imported first.
 
 * ``search``: the generic core (``autobatch``, ``AutobatchResult``, ``Probe``, ``ProbeStep``);
 * ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
@@ -18,21 +14,16 @@ so ``from kronos_tune import autobatch`` works whichever was imported first.
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 from kronos_tune.autobatch.search import (
     AutobatchResult,
-    PeakModel,
     Probe,
     ProbeStep,
-    SeriesFit,
     autobatch,
     is_out_of_memory,
     split_effective_batch,
     validate_margin,
 )
+from kronos_tune.memory.peak import PeakModel, SeriesFit
 
 __all__ = [
     "AutobatchResult",
@@ -46,12 +37,3 @@ __all__ = [
     "validate_margin",
 ]
 
-
-class _CallablePackage(types.ModuleType):
-    """Calling the package calls ``autobatch``: the package and the function share a name."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> AutobatchResult:
-        return autobatch(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kronos_core.train import TrainConfig
-from kronos_tune.autobatch.records import AutobatchResult
 from kronos_tune.errors import KronosTuneError
 
 LR_RULES = ("sqrt", "linear", "none")
@@ -94,9 +93,3 @@ def scale_for_batch(config: TrainConfig, micro_batch: int, rule: str = "sqrt", p
     scaled = config.replace(batch_size=batch, accumulation_steps=1, lr=new_lr, pct_start=new_pct)
     return scaled, BiggerBatch(rule, before, batch, lr, new_lr, pct, new_pct, tuple(notes))
 
-
-def largest_fitting(result: AutobatchResult) -> tuple[int | None, int]:
-    """(largest micro-batch a real run showed within the usable budget, or None; the fit's prediction)."""
-    verified = [p.batch_size for p in result.probes
-                if p.fits and p.peak_bytes is not None and p.peak_bytes <= result.usable_bytes]
-    return (max(verified) if verified else None), result.max_fit_batch_size

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import torch
 
 
@@ -17,10 +15,8 @@ ProbeStatus = Literal["ok", "oom", "verify"]
 ProbeKind = Literal["probe", "verify", "diagnose"]
 StepFactory = Callable[[int], Callable[..., Any]]
 
-TOTAL_SERIES = "total"
 _EXTRAPOLATION_FACTOR = 2.0
 _BACKOFF_FACTOR = 0.9
-_CURVATURE_TOLERANCE = 0.01  # max |residual| of the line, as a fraction of the peak range
 
 
 def _accepts_meter(fn: Callable[..., Any]) -> bool:
@@ -69,6 +65,19 @@ class Probe:
         return asdict(self)
 
 
+def within(probe: Probe, usable_bytes: int) -> bool:
+    """Whether a probe ran within ``usable_bytes`` (CUDA: its reserved peak too)."""
+    if not probe.fits or (probe.peak_bytes or 0) > usable_bytes:
+        return False
+    return probe.reserved_peak_bytes is None or probe.reserved_peak_bytes <= usable_bytes
+
+
+def largest_within(probes: list[Probe], usable_bytes: int) -> Probe | None:
+    """The probe of the largest batch measured within ``usable_bytes`` (a verification first among equals)."""
+    good = [p for p in probes if within(p, usable_bytes)]
+    return max(good, key=lambda p: (p.batch_size, p.kind == "verify")) if good else None
+
+
 @dataclass
 class AutobatchResult:
     """The pick and everything measured on the way (bytes, seconds)."""
@@ -100,6 +109,12 @@ class AutobatchResult:
     @property
     def search_probes(self) -> int:
         return sum(1 for p in self.probes if p.kind == "probe")
+
+    @property
+    def largest_measured_fit(self) -> int | None:
+        """The largest batch a real run showed within the usable budget (None: none did)."""
+        found = largest_within(self.probes, self.usable_bytes)
+        return found.batch_size if found is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -139,95 +154,6 @@ class ProbeStep:
 
 def _closed(*args: Any, **kwargs: Any) -> None:
     raise RuntimeError("this ProbeStep was closed")
-
-
-# ---------------------------------------------------------------------------- fitting
-@dataclass(frozen=True)
-class SeriesFit:
-    """Peak bytes of one series (a phase, or the overall peak) against batch size."""
-
-    name: str
-    batch_sizes: tuple[int, ...]
-    peak_bytes: tuple[int, ...]
-    fixed_bytes: float
-    bytes_per_sample: float
-    max_residual_bytes: float
-
-    @classmethod
-    def fit(cls, name: str, points: list[tuple[int, int]]) -> SeriesFit:
-        points = sorted(points)
-        xs = np.array([p[0] for p in points], dtype=np.float64)
-        ys = np.array([p[1] for p in points], dtype=np.float64)
-        if len(points) == 1:
-            return cls(name, (int(xs[0]),), (int(ys[0]),), float(ys[0]), 0.0, 0.0)
-        design = np.stack([np.ones_like(xs), xs], axis=1)
-        (intercept, slope), *_ = np.linalg.lstsq(design, ys, rcond=None)
-        residual = float(np.max(np.abs(ys - (intercept + slope * xs))))
-        return cls(name, tuple(int(x) for x in xs), tuple(int(y) for y in ys), float(intercept), float(slope),
-                   residual)
-
-    @property
-    def curved(self) -> bool:
-        span = max(self.peak_bytes) - min(self.peak_bytes)
-        return len(self.batch_sizes) >= 3 and span > 0 and self.max_residual_bytes > _CURVATURE_TOLERANCE * span
-
-    def predict(self, batch_sizes: np.ndarray) -> np.ndarray:
-        b = batch_sizes.astype(np.float64)
-        xs = np.array(self.batch_sizes, dtype=np.float64)
-        ys = np.array(self.peak_bytes, dtype=np.float64)
-        linear = self.fixed_bytes + max(self.bytes_per_sample, 0.0) * b
-        if len(xs) == 1:
-            return np.maximum(linear, ys[0])
-        chord = np.interp(b, xs, ys)
-        secant = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
-        above = b > xs[-1]
-        chord[above] = ys[-1] + secant * (b[above] - xs[-1])
-        return np.maximum(linear, chord)
-
-
-@dataclass(frozen=True)
-class PeakModel:
-    """Prediction = max over the series fits (each phase's line and the overall peak)."""
-
-    series: tuple[SeriesFit, ...]
-
-    @classmethod
-    def fit(cls, probes: list[Probe]) -> PeakModel | None:
-        fitted = [p for p in probes if p.fits and p.peak_bytes is not None]
-        by_size: dict[int, Probe] = {}
-        for probe in fitted:  # a size measured twice: keep the higher peak
-            if probe.batch_size not in by_size or (probe.peak_bytes or 0) > (by_size[probe.batch_size].peak_bytes or 0):
-                by_size[probe.batch_size] = probe
-        if len(by_size) < 2:
-            return None
-        chosen = list(by_size.values())
-        series = [SeriesFit.fit(TOTAL_SERIES, [(p.batch_size, int(p.peak_bytes or 0)) for p in chosen])]
-        common = set.intersection(*(set(p.phase_peak_bytes) for p in chosen))
-        for name in sorted(common):
-            series.append(SeriesFit.fit(name, [(p.batch_size, p.phase_peak_bytes[name]) for p in chosen]))
-        return cls(tuple(series))
-
-    def predict(self, batch_sizes: np.ndarray) -> np.ndarray:
-        return np.max(np.stack([s.predict(batch_sizes) for s in self.series]), axis=0)
-
-    def predict_one(self, batch_size: int) -> int:
-        return int(math.ceil(float(self.predict(np.array([batch_size]))[0])))
-
-    def governing(self, batch_size: int) -> SeriesFit:
-        values = [float(s.predict(np.array([batch_size]))[0]) for s in self.series]
-        return self.series[int(np.argmax(values))]
-
-    def largest_fitting(self, usable_bytes: int, low: int, high: int) -> int | None:
-        """Largest B in [low, high] with every prediction from low to B within usable_bytes."""
-        if high < low:
-            return None
-        sizes = np.arange(low, high + 1)
-        fits = self.predict(sizes) <= usable_bytes
-        if not fits[0]:
-            return None
-        if fits.all():
-            return high
-        return int(sizes[int(np.argmin(fits)) - 1])
 
 
 # ---------------------------------------------------------------------------- runners

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,10 +62,11 @@ from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 
-from kronos_tune.autobatch.records import (  # noqa: F401 - ProbeStep, SeriesFit re-exported
-    _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, TOTAL_SERIES, AutobatchResult, OnProbe, PeakModel, Probe, ProbeKind,
-    ProbeStep, SeriesFit, StepFactory,
+from kronos_tune.autobatch.records import (  # noqa: F401 - ProbeStep re-exported
+    _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, ProbeStep, StepFactory,
+    largest_within, within,
 )
+from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel
 from kronos_tune.autobatch.runners import (  # noqa: F401 - is_out_of_memory re-exported
     _CpuRunner, _CudaRunner, _EstimateRunner, _Runner, is_out_of_memory,
 )
@@ -177,14 +177,11 @@ class _Search:
         return [p for p in self.probes if p.fits]
 
     def within_usable(self, probe: Probe) -> bool:
-        if not probe.fits or (probe.peak_bytes or 0) > self.usable_bytes:
-            return False
-        return probe.reserved_peak_bytes is None or probe.reserved_peak_bytes <= self.usable_bytes
+        return within(probe, self.usable_bytes)
 
     def known_good(self) -> Probe | None:
         """Largest size measured within the usable budget (each probe ran a fresh optimizer and the eval)."""
-        good = [p for p in self.measured() if self.within_usable(p)]
-        return max(good, key=lambda p: (p.batch_size, p.kind == "verify")) if good else None
+        return largest_within(self.probes, self.usable_bytes)
 
     def upper(self) -> int:
         return self.max_batch if self.bad_batch is None else min(self.max_batch, self.bad_batch - 1)
@@ -217,7 +214,7 @@ class _Search:
                 pick = lo
             largest = max(p.batch_size for p in self.measured())
             wrong_about_bad = (model is not None and self.bad_batch is not None
-                               and model.predict_one(self.bad_batch) <= self.usable_bytes)
+                               and model.fits(self.bad_batch, self.usable_bytes))
             if model is None or wrong_about_bad:
                 candidate = self._middle(lo) if self.bad_batch is not None else None
             elif _split(pick, effective_batch)[0] > _EXTRAPOLATION_FACTOR * largest:
@@ -382,7 +379,7 @@ def autobatch(
     else:
         notes.append(f"probe peaks: one step per fresh build{with_eval}")
     model = PeakModel.fit(search.measured()) or model
-    predicted = model.predict_one(final) if model is not None else int(verified_by.peak_bytes or 0)
+    predicted = model.peak_at(final) if model is not None else int(verified_by.peak_bytes or 0)
     governing = model.governing(final) if model is not None else None
     if model is not None:
         curved = [s.name for s in model.series if s.curved]
@@ -457,44 +454,3 @@ def _split(candidate: int, effective_batch: int | None) -> tuple[int, int, str]:
         return candidate, 1, ""
     return split_effective_batch(candidate, effective_batch)
 
-
-def search_largest(fits: Callable[[int], bool], guess: int, low: int = 1, high: int = 1 << 16) -> tuple[int, int]:
-    """(largest size in low..high that ``fits``, calls of ``fits`` made): gallop from ``guess`` to a bracket,
-    then bisect; RuntimeError when not even ``low`` fits.
-
-    Assumes monotone memory in the batch size; the answer ``b`` is checked by
-    a call at ``b`` that fit and one at ``b + 1`` that did not (unless ``b`` is ``high``).
-    """
-    probes = 0
-
-    def check(size: int) -> bool:
-        nonlocal probes
-        probes += 1
-        return fits(size)
-
-    guess = max(low, min(guess, high))
-    if check(guess):
-        lo, step = guess, 1
-        while True:
-            if lo == high:
-                return lo, probes
-            if not check(min(lo + step, high)):  # a gallop past the top tries `high` itself
-                hi = min(lo + step, high)
-                break
-            lo, step = min(lo + step, high), step * 2
-    else:
-        hi, step = guess, 1
-        while True:
-            if hi == low:
-                raise RuntimeError(f"even batch size {low} does not fit")
-            if check(max(hi - step, low)):  # a gallop past the bottom tries `low` itself
-                lo = max(hi - step, low)
-                break
-            hi, step = max(hi - step, low), step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, probes

@@ -9,11 +9,10 @@ run's length or files is replaced for the probe (synthetic data with enough
 windows for a full batch, a temporary output folder, one epoch, no workers).
 
 Estimate probes (``estimate=True``) cannot run the Trainer on fake tensors
-(its loader yields real tensors and it writes files), so they run the same
-calls in the same order on inputs made by torch ops: ``PredictorSteps``/
-``TokenizerSteps`` from kronos_core, ``build_models``, ``build_optimizer``,
-``autocast_context``, ``clip_grad_norm_``. ``tests/test_autobatch.py`` checks
-that its peak matches the Trainer's.
+(its loader yields real tensors and it writes files), so they run the
+Trainer's own build and step parts (``kronos_core.train.builders``:
+``build_training``, ``forward_backward``, ``optimizer_step``,
+``evaluate_sums``) on inputs made by torch ops.
 """
 
 from __future__ import annotations
@@ -28,9 +27,10 @@ import torch
 
 from kronos_core.layers import build_position_tables
 from kronos_core.train import TrainConfig, Trainer
-from kronos_core.train.builders import autocast_context, build_models, build_optimizer
-from kronos_core.train.fsdp import apply_fsdp, gather_once
-from kronos_core.train.steps import PredictorSteps, TokenizerSteps
+from kronos_core.train.builders import (
+    build_grad_scaler, build_training, evaluate_sums, forward_backward, optimizer_step,
+)
+from kronos_core.train.fsdp import gather_once
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
@@ -133,71 +133,54 @@ class TrainTask:
             raise RuntimeError(f"eval_factory({batch_size}) needs the probe step of the same batch size first")
         return self._current[1]
 
-    # estimate probes (fake-safe replica of Trainer.train_step) -----------------------------
+    # estimate probes (the Trainer's step parts on inputs made by torch ops) ----------------
     def estimate_step_factory(self, batch_size: int) -> ProbeStep:
-        """A fake-safe step at `batch_size`."""
+        """A fake-safe step at `batch_size`: the Trainer's own build and step parts (kronos_core.train.builders),
+        on a batch made by torch ops instead of the Trainer's loader (which yields real tensors)."""
         config = self.probe_config(batch_size, estimate=True)
         cpu = torch.device("cpu")
-        model, tokenizer = build_models(config)
-        model.set_activation_checkpointing(config.activation_checkpointing_blocks)
-        if config.parallelism == "fsdp":
-            if self.mesh is None:
-                raise KronosTuneError("estimating a parallelism = \"fsdp\" config needs the simulated ranks: "
-                                      "TrainTask(config, mesh=SimulatedRanks(N).mesh) inside `with SimulatedRanks(N)`")
-            apply_fsdp(model, config, cpu, self.mesh.size(), mesh=self.mesh)
-        steps: PredictorSteps | TokenizerSteps
-        steps = PredictorSteps(tokenizer, config.teacher_forcing) if tokenizer is not None else TokenizerSteps()
-        optimizer = build_optimizer(model, config, cpu)
+        if config.parallelism == "fsdp" and self.mesh is None:
+            raise KronosTuneError("estimating a parallelism = \"fsdp\" config needs the simulated ranks: "
+                                  "TrainTask(config, mesh=SimulatedRanks(N).mesh) inside `with SimulatedRanks(N)`")
+        parts = build_training(config, cpu, self.mesh.size() if self.mesh is not None else 1, mesh=self.mesh)
+        model, optimizer, steps = parts.model, parts.optimizer, parts.steps
+        scaler = build_grad_scaler(config, cpu)
         slot = MeterSwitch(None, always=True)
         length = config.window_length
         clip = config.effective_grad_clip
 
-        def batch(size: int = batch_size) -> Any:
-            return steps.prepare(torch.randn(size, length, 6), torch.zeros(size, length, 5))
+        def inputs(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.randn(size, length, 6), torch.zeros(size, length, 5)
 
         def run(meter: Any = None, size: int = batch_size) -> None:
             """One step at `size` (the factory's batch size unless given: nothing else depends on it)."""
             slot.meter = meter
             model.train()
             with slot.phase("data"):
-                micro = batch(size)
-            with slot.phase("forward"), autocast_context(config, cpu):
-                loss = steps.loss(model, model, micro)
-            with slot.phase("backward"):
-                (loss / config.accumulation_steps).backward()
+                micro = steps.prepare(*inputs(size))
+            loss = forward_backward(parts, model, micro, config, cpu, scaler, slot)
             loss_sum = loss.detach().double()
             with slot.phase("optimizer"):
-                optimizer_phase()
+                optimizer_step(parts, scaler, clip)
             del loss_sum
-
-        def optimizer_phase() -> None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
 
         def prime() -> None:
             """What the first step creates and keeps, without its forward and backward: the position tables (the
             tokenizer's through a one-window encode), AdamW state from zero gradients through the step's own
             clipping and optimizer calls, and FSDP's gathered-parameter buffers (gathered and freed once). The
             next step then makes the same allocations as every later one."""
-            batch(1)
+            steps.prepare(*inputs(1))
             build_position_tables(model, steps.tokens_per_sample(length))
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     param.grad = torch.zeros_like(param)
-            optimizer_phase()
+            optimizer_step(parts, scaler, clip)
             gather_once(model)
 
         def evaluate(meter: Any = None) -> None:
             slot.meter = meter
-            model.eval()
-            try:
-                with slot.phase("eval"):
-                    micro = batch()
-                    with torch.no_grad(), autocast_context(config, cpu):
-                        steps.eval_sums(model, micro)
-            finally:
-                model.train()
+            with slot.phase("eval"):
+                evaluate_sums(parts, *inputs(batch_size), config, cpu)
 
         def close() -> None:
             slot.meter = None

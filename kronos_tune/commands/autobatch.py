@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 
 from kronos_core.units import format_bytes
-from kronos_tune.autobatch.maximize import check_rule, largest_fitting, scale_for_batch
+from kronos_tune.autobatch.maximize import check_rule, scale_for_batch
 from kronos_tune.commands.common import make_console
 from kronos_tune.errors import KronosTuneError
 
@@ -62,8 +62,8 @@ def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions:
         "fixed_bytes": result.fixed_bytes,
         "bytes_per_sample": result.bytes_per_sample,
         "max_fit_batch_size": result.max_fit_batch_size,
-        "largest_fitting_verified": largest_fitting(result)[0],
-        "largest_fitting_predicted": largest_fitting(result)[1],
+        "largest_fitting_verified": result.largest_measured_fit,
+        "largest_fitting_predicted": result.max_fit_batch_size,
         "probes": [_probe_dict(p) for p in result.probes],
         "search_time_s": result.search_time_s,
         "step_time_s": result.step_time_s,

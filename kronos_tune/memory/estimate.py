@@ -27,6 +27,7 @@ from kronos_core.train.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget
+from kronos_tune.memory.peak import PeakModel
 
 _MIB = 1 << 20
 
@@ -252,7 +253,7 @@ class FakeEstimate:
                 raise KronosTuneError(f"batch size must be >= 1, got {batch_size}")
         return self._traces(list(batch_sizes))
 
-    def trace_line(self, *variants: Callable[[nn.Module], None]) -> list[tuple[StepTrace, PeakLine]]:
+    def trace_line(self, *variants: Callable[[nn.Module], None]) -> list[tuple[StepTrace, PeakModel]]:
         """The step's peak at every batch size from one measured step: one build, the warm-up (``prime``, or
         steps at batch 2), then a step at a marker batch size (a prime no dimension made so far is a multiple
         of, from MARKER_FLOOR) whose live bytes are split into the storages that scale with the batch and the
@@ -260,7 +261,8 @@ class FakeEstimate:
         With ``variants``, one such step after each (called with the model: a switch such as activation
         checkpointing that changes the step but not what it keeps between steps), in order."""
         traces = self._traces([None] * max(len(variants), 1), list(variants))
-        return [(trace, PeakLine.from_marker(trace)) for trace in traces]
+        return [(trace, PeakModel.from_marker(trace.result.batch_size, trace.live_bytes, trace.scaled_bytes,
+                                              trace.scaled_counted_bytes)) for trace in traces]
 
     def _traces(self, batch_sizes: list[int | None],
                 variants: list[Callable[[nn.Module], None]] | None = None) -> list[StepTrace]:
@@ -390,39 +392,6 @@ def _marker_batch(dims: Iterable[int]) -> int:
     while not _is_prime(candidate) or any(dim % candidate == 0 for dim in large):
         candidate += 1
     return candidate
-
-
-@dataclass(frozen=True)
-class PeakLine:
-    """A step's peak bytes at any batch size, from one step traced at a marker batch size (``trace_line``).
-
-    At every point of the step the live bytes are affine in the batch size: the storages that scale with it
-    (those with a dimension the marker divides) count in proportion, the others as they are (up to the
-    allocator's block rounding of the scaled storages at another batch size, which the line leaves out). So
-    the peak at batch B is the highest of those lines at B, which follows the peak from one point of the step
-    to another (the optimizer's temporaries at small batches, the activations at large ones) where a line
-    through two peaks would not.
-    """
-
-    marker: int
-    fixed: tuple[float, ...]  # live bytes at batch 0, per point of the step (only the lines on top somewhere)
-    per_sample: tuple[float, ...]
-
-    @classmethod
-    def from_marker(cls, trace: StepTrace) -> PeakLine:
-        """The lines of a marker step's points, keeping only those no other one is above at every batch size
-        >= 0 (a higher slope and intercept)."""
-        marker = trace.result.batch_size
-        lines = {(scaled / marker, live - counted) for live, scaled, counted in
-                 zip(trace.live_bytes, trace.scaled_bytes, trace.scaled_counted_bytes)}
-        kept: list[tuple[float, float]] = []
-        for slope, fixed in sorted(lines, reverse=True):
-            if not kept or fixed > kept[-1][1]:
-                kept.append((slope, fixed))
-        return cls(marker, tuple(f for _, f in kept), tuple(s for s, _ in kept))
-
-    def peak_at(self, batch_size: int) -> int:
-        return round(max(f + s * batch_size for f, s in zip(self.fixed, self.per_sample)))
 
 
 def estimate_step_peak(

@@ -19,7 +19,7 @@ Each set-up is traced once (`_session`): one build, primed like a first step
 without a forward or backward), then one step at a marker batch size whose
 live bytes are split into the storages that scale with the batch and the
 others (`FakeEstimate.trace_line`). A probe at any batch size from 2 takes its
-peak from that `estimate.PeakLine` (the live bytes at every point of the step
+peak from that `peak.PeakModel` (the live bytes at every point of the step
 are affine in the batch size, so the peak is the highest of those lines) and
 every other figure from the traced step, which do not depend on the batch
 size; batch 1 (where some copies are views) is traced on its own when a row
@@ -38,7 +38,8 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
-    from kronos_tune.memory.estimate import EstimateResult, FakeEstimate, PeakLine, StepTrace
+    from kronos_tune.memory.estimate import EstimateResult, FakeEstimate, StepTrace
+    from kronos_tune.memory.peak import PeakModel
 
 SETUPS = ("ddp", "fsdp", "fsdp+checkpointing", "fsdp+offload")
 PLAN_SIZES = ("mini", "small", "base", "large")
@@ -165,13 +166,14 @@ def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
 @dataclass
 class _Session:
     """One set-up traced once (`_session`): the figures that do not depend on the batch size (`template`; its
-    peak is the marker step's) and the step's PeakLine."""
+    peak is the marker step's) and the step's peak at every batch size (`line`, from the marker step)."""
 
     template: _Probe
-    line: PeakLine
+    line: PeakModel
+    marker: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"template": asdict(self.template), "line": asdict(self.line)}
+        return {"template": asdict(self.template), "lines": self.line.to_json(), "marker": self.marker}
 
     @classmethod
     def list_from_json(cls, data: Any, count: int) -> list[_Session] | None:
@@ -184,12 +186,10 @@ class _Session:
     @classmethod
     def from_json(cls, data: Any) -> _Session | None:
         """None for anything but what to_json wrote."""
-        from kronos_tune.memory.estimate import PeakLine
+        from kronos_tune.memory.peak import PeakModel
 
         try:
-            line = data["line"]
-            return cls(_Probe(**data["template"]),
-                       PeakLine(int(line["marker"]), tuple(line["fixed"]), tuple(line["per_sample"])))
+            return cls(_Probe(**data["template"]), PeakModel.lines_from_json(data["lines"]), int(data["marker"]))
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
 
@@ -208,11 +208,11 @@ def _session(config: Any, ranks: int, emulation: Any, checkpointing: tuple[str, 
     config = config.replace(activation_checkpointing=checkpointing[0])
     lines, unit, parameters = _estimating(config, ranks, emulation, True,
                                           lambda estimate: estimate.trace_line(*[switch(every) for every in blocks]))
-    return [_Session(_probe(trace.result, unit, parameters), line) for trace, line in lines]
+    return [_Session(_probe(trace.result, unit, parameters), line, trace.result.batch_size) for trace, line in lines]
 
 
 class _SetupProbes:
-    """Probes of one set-up at any batch size: the peak from the session's PeakLine and the other figures
+    """Probes of one set-up at any batch size: the peak from the session's PeakModel and the other figures
     (which do not depend on the batch size) from its traced step; batch 1 is traced on its own."""
 
     def __init__(self, config: Any, ranks: int, emulation: Any, session: _Session) -> None:
@@ -325,7 +325,7 @@ def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation
 
 
 def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
-    """The two batch sizes the line of a row's first guess goes through (on the set-up's PeakLine unless the
+    """The two batch sizes the line of a row's first guess goes through (on the set-up's PeakModel unless the
     smaller is 1)."""
     large = max(2, min(preset_batch, target_per_rank, 16))
     return (2 if large > 2 else 1), large
@@ -350,10 +350,10 @@ def _largest_unit_bytes(model: Any) -> int:
 def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int, margin: float,
          preset_batch: int, target_per_rank: int, offload: bool) -> PlanRow:
     """Largest micro-batch under budget x (1 - margin), searched from the guess of a line through two probes;
-    `probe_at` gives the peak at any batch size (a set-up's PeakLine: a search costs nothing), so the search
+    `probe_at` gives the peak at any batch size (a set-up's PeakModel: a search costs nothing), so the search
     finds the largest that fits where the line alone, which misses a peak that moves from one point of the
     step to another, guesses low or high."""
-    from kronos_tune.autobatch.search import search_largest
+    from kronos_tune.memory.peak import largest_fitting
 
     limit = budget * (1.0 - margin)
 
@@ -370,11 +370,7 @@ def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int,
     fixed = device_peak(low) - per_sample * small_batch
     cap = min(max(target_per_rank, 1), MAX_MICRO_BATCH)
     guess = min(max(int(math.floor((limit - fixed) / per_sample)), 1), cap)
-    pick: int | None
-    try:
-        pick, _ = search_largest(lambda batch: device_peak(probe_at(batch)) <= limit, guess, 1, cap)
-    except RuntimeError:  # not even 1
-        pick = None
+    pick = largest_fitting(lambda batch: device_peak(probe_at(batch)) <= limit, 1, cap, guess)  # None: not even 1
     shown = probe_at(pick or 1)
     preset_peak = device_peak(probe_at(preset_batch))
     # Accumulation keeps the effective batch exactly: the micro-batch must divide the batch per rank.
