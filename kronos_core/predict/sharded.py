@@ -32,6 +32,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,30 @@ def build_predictor(job: ShardJob, device: torch.device):
                            cuda_graphs=job.cuda_graphs if device.type == "cuda" else False)
 
 
+def reported(rank: int, work: Callable[[], None]) -> int:
+    """Run a rank's work; an error becomes one `error` event (torchrun stops the other ranks) and the exit
+    code: 2 for a KronosError (a user's problem, its own message), 1 for anything else."""
+    try:
+        work()
+        return 0
+    except KronosError as error:
+        emit_event("error", rank=rank, message=str(error))
+        return 2
+    except BaseException as error:  # noqa: BLE001 - reported as one line; torchrun stops the other ranks
+        lines = traceback.format_exception_only(type(error), error)
+        emit_event("error", rank=rank, message=" ".join(lines[-1].split())[:300])
+        return 1
+
+
+def rank_main(module: str, run: Callable[[Path], int], argv: list[str] | None = None) -> int:
+    """`python -m module WORK/job.json` as torchrun starts it on every rank."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(f"usage: python -m {module} WORK/job.json (started by torchrun)", file=sys.stderr)
+        return 2
+    return run(Path(args[0]))
+
+
 def run_rank(workdir: Path) -> int:
     from kronos_core.train.distributed import DistContext
 
@@ -127,7 +152,8 @@ def run_rank(workdir: Path) -> int:
         torch.set_num_threads(job.threads)
     ctx = DistContext.from_env(job.device)
     rank, world = ctx.rank, ctx.world_size
-    try:
+
+    def work() -> None:
         if job.fault_rank == rank:
             raise KronosError(f"rank {rank} failed on purpose (fault_rank)")
         with np.load(workdir / INPUTS_FILE) as inputs:
@@ -159,22 +185,12 @@ def run_rank(workdir: Path) -> int:
             _atomic_save(workdir / MERGED_FILE, merged)
             emit_event("merged", series=len(x))
         ctx.close()
-        return 0
-    except KronosError as error:
-        emit_event("error", rank=rank, message=str(error))
-        return 2
-    except BaseException as error:  # noqa: BLE001 - reported as one line; torchrun stops the other ranks
-        lines = traceback.format_exception_only(type(error), error)
-        emit_event("error", rank=rank, message=" ".join(lines[-1].split())[:300])
-        return 1
+
+    return reported(rank, work)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m kronos_core.predict.sharded WORK/job.json (started by torchrun)", file=sys.stderr)
-        return 2
-    return run_rank(Path(args[0]).parent)
+    return rank_main("kronos_core.predict.sharded", lambda job_file: run_rank(job_file.parent), argv)
 
 
 if __name__ == "__main__":

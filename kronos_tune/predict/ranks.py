@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 
 from kronos_core.errors import KronosError
 from kronos_core.launch import emit_event
-from kronos_core.predict.sharded import ShardJob, build_predictor
+from kronos_core.predict.sharded import ShardJob, build_predictor, rank_main, reported
 from kronos_tune.predict.chunk_run import ChunkSettings, predict_chunk
 from kronos_tune.predict.parts import write_part
 from kronos_tune.predict.series import load_saved_series
@@ -82,17 +81,18 @@ def run_rank(job_file: Path) -> int:
     job = ShardJob(**json.loads(job_file.read_text()))
     if job.threads:
         torch.set_num_threads(job.threads)
-    work = WorkFolder(Path(job.extra["work"]), {})
+    job_work = WorkFolder(Path(job.extra["work"]), {})
     settings = ChunkSettings.from_dict(job.extra["settings"])
     ctx = DistContext.from_env(job.device)
     rank = ctx.rank
-    try:
+
+    def work() -> None:
         run_id = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
-        check_shared(work, ctx, run_id)
+        check_shared(job_work, ctx, run_id)
         if job.fault_rank == rank:
             raise KronosError(f"rank {rank} failed on purpose (fault_rank)")
         store = claim_store(ctx)
-        finished = work.finished() if rank == 0 else None
+        finished = job_work.finished() if rank == 0 else None
         todo = ctx.broadcast_object([k for k in range(job.extra["chunks"]) if k not in (finished or {})])
         predictor = build_predictor(job, ctx.device(job.device))
         emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid())
@@ -102,35 +102,25 @@ def run_rank(job_file: Path) -> int:
             if claimed >= len(todo):
                 break
             chunk = todo[claimed]
-            series = load_saved_series(work.inputs(chunk))
+            series = load_saved_series(job_work.inputs(chunk))
             started = time.perf_counter()
             table, negative = predict_chunk(predictor, series, settings, chunk)
             seconds = time.perf_counter() - started
             if slowdown > 1:
                 time.sleep((slowdown - 1) * seconds)
                 seconds *= slowdown
-            write_part(work, chunk, table, series, rank, seconds)
+            write_part(job_work, chunk, table, series, rank, seconds)
             emit_event("chunk", rank=rank, chunk=chunk, series=len(series), seconds=seconds, negative=negative)
         ctx.barrier()  # every claimed chunk is written; rank 0's store may go
         if rank == 0:
             emit_event("finished", chunks=job.extra["chunks"])
         ctx.close()
-        return 0
-    except KronosError as error:
-        emit_event("error", rank=rank, message=str(error))
-        return 2
-    except BaseException as error:  # noqa: BLE001 - reported as one line; torchrun stops the other ranks
-        lines = traceback.format_exception_only(type(error), error)
-        emit_event("error", rank=rank, message=" ".join(lines[-1].split())[:300])
-        return 1
+
+    return reported(rank, work)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m kronos_tune.predict.ranks WORK/job.json (started by torchrun)", file=sys.stderr)
-        return 2
-    return run_rank(Path(args[0]))
+    return rank_main("kronos_tune.predict.ranks", run_rank, argv)
 
 
 if __name__ == "__main__":
