@@ -97,4 +97,4 @@ async def test_without_textual_plotext_a_table_takes_the_plots_place(monkeypatch
         assert [line[0] for line in lines] == ["checkpointing", "baseline", "noise-probe", "combined", "dataloader"]
         assert [line[0] for line in lines if line[-1] == "◆"] == ["checkpointing", "baseline", "combined"]
         assert lines[0][1:4] == ["1.71", "1.62", "GiB"]  # time per step, peak memory
-        assert "time per optimizer step (median) [s]" in table
+        assert "time per optimizer step (compared estimate) [s]" in table

@@ -34,12 +34,16 @@ class Answer:
         return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
 
 
-def _figure(result: Any, task: str) -> str:
+def _figure(result: Any, trials: list[Any], task: str) -> str:
+    """The fastest trial's figure, as its row shows it (the compared estimate)."""
+    from kronos_tune.benchmark.report.estimate import baseline_of, series_rate_estimate, step_time_estimate
+
     if result is None:
         return ""
+    baseline = baseline_of(trials)
     if task == "predict":
-        return f"{rate(float(result.series_per_s))} series/s"
-    return f"{duration(float(result.step_time_s))} per step"
+        return f"{rate(series_rate_estimate(result, baseline))} series/s"
+    return f"{duration(step_time_estimate(result, baseline))} per step"
 
 
 def answer_from(report: Any) -> Answer:
@@ -53,7 +57,7 @@ def answer_from(report: Any) -> Answer:
     return Answer(preset=report.preset, task=report.task, folder=report.out_dir,
                   recommended=rec.get("source"), changes=dict(rec.get("changes") or {}),
                   reason=str(rec.get("reason") or ""), command=rec.get("command"),
-                  best=best.name if best is not None else None, best_figure=_figure(best, report.task),
+                  best=best.name if best is not None else None, best_figure=_figure(best, report.trials, report.task),
                   partial=partial, missing=missing, headroom=getattr(report, "headroom", None),
                   resolution=resolution_line(report) if getattr(report, "timing", None) else None)
 

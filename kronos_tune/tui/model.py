@@ -127,7 +127,8 @@ class Column:
 
     key: str
     label: str
-    sort_value: Callable[[Any], Any]
+    sort_value: Callable[..., Any]
+    by_estimate: bool = False  # sort_value(result, baseline): the estimate (benchmark.report.estimate)
 
 
 class ResultsModel:
@@ -167,9 +168,16 @@ class ResultsModel:
         if self.sort_key is None:
             return list(reversed(self.results)) if self.reverse else list(self.results)
         column = self.columns[self.sort_key]
-        known = [r for r in self.results if column.sort_value(r) is not None]
-        unknown = [r for r in self.results if column.sort_value(r) is None]
-        known.sort(key=column.sort_value, reverse=self.reverse)
+        if column.by_estimate:  # the figure shown: the compared estimate, which needs the baseline
+            from kronos_tune.benchmark.report.estimate import baseline_of
+
+            baseline = baseline_of(self.results)
+            value: Callable[[Any], Any] = lambda r: column.sort_value(r, baseline)  # noqa: E731
+        else:
+            value = column.sort_value
+        known = [r for r in self.results if value(r) is not None]
+        unknown = [r for r in self.results if value(r) is None]
+        known.sort(key=value, reverse=self.reverse)
         return known + unknown
 
 
@@ -178,11 +186,9 @@ def passed_quality(result: Any) -> bool:
 
 
 def best_trial(results: Sequence[Any], task: str) -> Any | None:
-    """The fastest trial that ran ok and kept the quality guard: lowest step time (train), most series/s
-    (predict); None before any such trial."""
-    ok = [r for r in results if r.status == "ok" and passed_quality(r)]
-    if task == "predict":
-        ranked = [r for r in ok if r.series_per_s is not None]
-        return max(ranked, key=lambda r: float(r.series_per_s), default=None)
-    ranked = [r for r in ok if r.step_time_s is not None]
-    return min(ranked, key=lambda r: float(r.step_time_s), default=None)
+    """The fastest trial that ran ok and kept the quality guard, by the one estimate every view shows
+    (kronos_tune.benchmark.report.estimate: the compared ratio x the baseline's median where there is one);
+    None before any such trial."""
+    from kronos_tune.benchmark.report.estimate import fastest
+
+    return fastest(list(results), task)

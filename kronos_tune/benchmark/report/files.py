@@ -250,7 +250,9 @@ def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: b
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written, picture = _picture(report, folder)
-    texts = {"report.json": json.dumps(report.to_dict(), indent=2) + "\n",
+    from kronos_tune.benchmark.report.estimate import report_dict
+
+    texts = {"report.json": json.dumps(report_dict(report), indent=2) + "\n",
              "report.csv": report_csv(report), "report.md": report_markdown(report, picture)}
     if results:
         texts[RESULTS_FILE] = "".join(json.dumps(t.to_dict()) + "\n" for t in report.trials)

@@ -1,7 +1,8 @@
 """Step time against peak memory, one point per trial: the data behind the report's picture (pareto.png/svg,
 kronos_tune.benchmark.report.picture) and the dashboard's scatter. Plain Python: nothing here draws.
 
-Lower is better on both axes. The time axis is the time per optimizer step when every trial runs the same
+Lower is better on both axes. Times are the estimate every view shows (report/estimate.py: the compared
+ratio x the baseline's median), not raw medians. The time axis is the time per optimizer step when every trial runs the same
 batch; when batches differ (bigger-batch, autobatch, DDP) it is the time per training sample, so that the
 points compare equal work. Prediction trials use the time per series. Re-measurements of the baseline
 (noise-probe, baseline-repeat, drift checks) are drawn but are no configuration of their own, so they never
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kronos_tune.benchmark.train.decide import DRIFT_STAGE
+from kronos_tune.benchmark.report.estimate import baseline_of, series_rate_estimate, step_time_estimate
 from kronos_tune.benchmark.results import TrialResult
 
 PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
@@ -98,17 +100,22 @@ def _unit(trials: Sequence[TrialResult], task: str) -> str:
     return "step" if len(batches) <= 1 else "sample"
 
 
-def _seconds(trial: TrialResult, unit: str) -> float | None:
-    if unit == "step":
-        return _median(trial.step_time_s)
-    rate = _median(trial.series_per_s if unit == "series" else trial.samples_per_s)
-    return None if rate is None else 1.0 / rate
+def _seconds(trial: TrialResult, unit: str, baseline: TrialResult | None) -> float | None:
+    """The point's time from the one estimate every view shows (kronos_tune.benchmark.report.estimate)."""
+    if unit == "series":
+        rate = _median(series_rate_estimate(trial, baseline))
+        return None if rate is None else 1.0 / rate
+    step = _median(step_time_estimate(trial, baseline))
+    if unit == "step" or step is None:
+        return step
+    samples_per_step = (_median(trial.samples_per_s) or 0.0) * (_median(trial.step_time_s) or 0.0)
+    return step / samples_per_step if samples_per_step > 0 else None
 
 
 AXIS_LABELS = {
-    "step": "time per optimizer step (median)",
-    "sample": "time per training sample (1 / median samples/s; the trials' batches differ)",
-    "series": "time per series (1 / median series/s)",
+    "step": "time per optimizer step (compared estimate)",
+    "sample": "time per training sample (compared estimate; the trials' batches differ)",
+    "series": "time per series (1 / compared series/s)",
 }
 
 
@@ -118,8 +125,9 @@ def scatter_of(trials: Sequence[TrialResult], task: str, budget_bytes: int = 0,
     drawable = [t for t in trials if t.status == "ok" and t.peak_memory_bytes]
     unit = _unit(drawable, task)
     scatter = Scatter(task, unit, AXIS_LABELS[unit], recommended=recommended, budget_bytes=int(budget_bytes or 0))
+    baseline = baseline_of(trials)
     for trial in trials:
-        seconds = _seconds(trial, unit) if any(t is trial for t in drawable) else None
+        seconds = _seconds(trial, unit, baseline) if any(t is trial for t in drawable) else None
         if seconds is None:
             why = trial.status if trial.status != "ok" else "no time or peak memory measured"
             scatter.left_out.append((trial.name, why))

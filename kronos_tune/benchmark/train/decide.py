@@ -397,8 +397,7 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
             hint = ""
             if best is not None:
                 name, comparison = best
-                hint = (f"; the closest, {name} at {comparison.pct:+.1f}% ({comparison.interval_text()}), "
-                        f"is within it")
+                hint = f"; the closest, {name}, is within the noise ({comparison.interval_text()})"
             memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
             if costly:
                 decision.reason = f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"

@@ -24,15 +24,30 @@ STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skippe
 NOTE_WIDTH = 44  # the reason column is cut at this width (the log pane has every reason whole)
 RECOMMENDED_MARK = "▶"
 BEST_MARK = "★"
-LEGEND = "▶ recommended · ★ fastest · ↑↓ PgUp/PgDn or the mouse wheel scroll"
+LEGEND = ("▶ recommended · ★ fastest (by the compared time shown) · ↑↓ PgUp/PgDn or the mouse wheel "
+          "scroll")
 TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 
 
-def figure(result: TrialResult, key: str, render: Callable[[Any], str]) -> Text:
+ESTIMATED = {"step_time_s": "step_time_estimate", "series_per_s": "series_rate_estimate"}
+
+
+def shown_value(result: TrialResult, key: str, baseline: TrialResult | None = None) -> Any:
+    """The figure a cell shows: the compared estimate for the time and rate (the same one the delta, the
+    full run, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else the field itself."""
+    if key not in ESTIMATED or getattr(result, key) is None:
+        return getattr(result, key)
+    from kronos_tune.benchmark.report import estimate
+
+    return getattr(estimate, ESTIMATED[key])(result, baseline)
+
+
+def figure(result: TrialResult, key: str, render: Callable[[Any], str], baseline: TrialResult | None = None
+           ) -> Text:
     """The value of `key` and its delta, right-aligned; '–' when the trial has no such figure."""
     from kronos_tune.benchmark.report.table import delta_cell
 
-    value = getattr(result, key)
+    value = shown_value(result, key, baseline)
     text = Text("–" if value is None else render(value), style="dim" if value is None else "")
     delta = delta_cell(result.deltas.get(key), key)  # the protocol's verdict: good, bad or noise ("~")
     if delta.text:
@@ -81,7 +96,8 @@ def columns(task: str) -> tuple[Column, ...]:
         Column("stage", "stage", lambda r: r.stage),
         Column("status", "status", lambda r: r.status),
     )
-    body = tuple(Column(key, label, lambda r, key=key: getattr(r, key)) for key, label, _ in FIGURES[task])
+    body = tuple(Column(key, label, lambda r, b=None, key=key: shown_value(r, key, b), key in ESTIMATED)
+                 for key, label, _ in FIGURES[task])
     return head + body + (Column("reason", "note", lambda r: r.reason or ""),)
 
 
@@ -103,15 +119,15 @@ def name_cell(name: str, best: str | None, recommended: str | None) -> Text:
     return Text.assemble((marks + " " if marks else "", style), (name, style))
 
 
-def row_cells(result: TrialResult, task: str, best: str | None = None, recommended: str | None = None
-              ) -> list[Text]:
+def row_cells(result: TrialResult, task: str, best: str | None = None, recommended: str | None = None,
+              baseline: TrialResult | None = None) -> list[Text]:
     """One table row: name, stage, status, the task's figures with their deltas, the note."""
     cells = [
         name_cell(result.name, best, recommended),
         Text(result.stage, style="dim"),
         Text(result.status, style=STATUS_STYLES.get(result.status, "")),
     ]
-    cells += [figure(result, key, render) for key, _, render in FIGURES[task]]
+    cells += [figure(result, key, render, baseline) for key, _, render in FIGURES[task]]
     cells.append(note(result))
     return cells
 
@@ -140,8 +156,11 @@ class ResultsTable(DataTable):
                 f"{column.label} {arrow}" if column.key == sort_key else column.label)
         cursor = self.cursor_row
         self.clear()
+        from kronos_tune.benchmark.report.estimate import baseline_of
+
+        baseline = baseline_of(rows)
         for result in rows:
-            cells = row_cells(result, task, best, recommended)
+            cells = row_cells(result, task, best, recommended, baseline)
             cells[-1].truncate(NOTE_WIDTH, overflow="ellipsis")
             self.add_row(*cells, key=result.name)
         if rows:

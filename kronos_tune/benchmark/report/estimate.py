@@ -1,0 +1,99 @@
+"""One estimate per trial for every figure a user sees: the step time (train) or series/s (predict).
+
+A trial's raw median was measured at another time than the baseline's, so two raw medians can disagree
+with the comparison the decision rule makes (the paired design cancels the drift between them). Every
+view (the table's time cell, its delta, the projected full run, the fastest mark, the picture, the
+dashboard) takes its figure from here, so they cannot contradict each other:
+
+- a trial compared with the baseline: the baseline's median times the compared ratio (paired: the centre
+  of the block ratios; sequential: the ratio of the medians), rescaled to the trial's own step when its
+  batch differs (the ratio is per token);
+- the baseline, and a trial without a comparison: its own median.
+
+The raw medians stay in report.json (each trial's `step_time_s` / `series_per_s` spread, named "raw" by
+`raw_and_estimate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kronos_tune.benchmark.results import TrialResult
+
+ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
+                   "alternating blocks, else the ratio of medians); the raw medians are in report.json")
+
+
+def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
+    comparison = result.comparison or {}
+    ratio = comparison.get("ratio")
+    if baseline is None or result.name == baseline.name or not ratio or ratio <= 0:
+        return None
+    return float(ratio)
+
+
+def _per_step_scale(result: TrialResult, baseline: TrialResult) -> float:
+    """The ratio compares time per token: a trial with a bigger batch does more per step."""
+    if not result.tokens_per_step or not baseline.tokens_per_step:
+        return 1.0
+    return result.tokens_per_step / baseline.tokens_per_step
+
+
+def step_time_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
+    """Seconds per optimizer step of `result` (see the module doc); None when it has no timing."""
+    ratio = _ratio(result, baseline)
+    if ratio is not None and baseline is not None and baseline.step_time_s is not None:
+        return ratio * baseline.step_time_s.median * _per_step_scale(result, baseline)
+    return None if result.step_time_s is None else float(result.step_time_s.median)
+
+
+def series_rate_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
+    """Series per second of a predict trial: the reference's rate over the compared time ratio."""
+    ratio = _ratio(result, baseline)
+    if ratio is not None and baseline is not None and baseline.series_per_s is not None:
+        return float(baseline.series_per_s.median) / ratio
+    return None if result.series_per_s is None else float(result.series_per_s.median)
+
+
+def speed_key(result: TrialResult, baseline: TrialResult | None, task: str) -> float | None:
+    """Lower is faster, for ranking: the step time, or minus the series/s."""
+    if task == "predict":
+        rate = series_rate_estimate(result, baseline)
+        return None if rate is None else -rate
+    return step_time_estimate(result, baseline)
+
+
+def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
+    """The baseline (the trial of kind reference) among `results`."""
+    return next((r for r in results if r.trial_kind.kind == "reference"), None)
+
+
+def fastest(results: Sequence[TrialResult], task: str) -> TrialResult | None:
+    """The fastest trial that ran ok and kept its quality guard, by the estimate; None before any."""
+    baseline = baseline_of(results)
+    ranked = [(speed_key(r, baseline, task), r) for r in results if r.status == "ok"
+              and (r.quality is None or r.quality.get("passed", True))]
+    ranked = [(key, r) for key, r in ranked if key is not None]
+    return min(ranked, key=lambda item: item[0])[1] if ranked else None
+
+
+def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[str, Any]:
+    """What report.json keeps beside the raw spread: the figure shown and where it comes from."""
+    predict = result.task == "predict"
+    shown = series_rate_estimate(result, baseline) if predict else step_time_estimate(result, baseline)
+    raw = result.series_per_s if predict else result.step_time_s
+    source = "compared ratio x baseline median" if _ratio(result, baseline) is not None else "own median"
+    return {"key": "series_per_s" if predict else "step_time_s", "shown": shown,
+            "raw_median": None if raw is None else raw.median, "source": source,
+            "design": (result.comparison or {}).get("design") if source != "own median" else None}
+
+
+def report_dict(report: Any) -> dict[str, Any]:
+    """report.json: the ProtocolReport, each trial's raw spread as it was measured, and `shown`: per trial
+    the figure every view shows and where it comes from (raw_and_estimate)."""
+    out = report.to_dict()
+    baseline = baseline_of(report.trials)
+    out["shown"] = {"rule": ESTIMATE_LEGEND,
+                    "trials": {t.name: raw_and_estimate(t, baseline) for t in report.trials}}
+    return out
