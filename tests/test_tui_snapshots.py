@@ -16,6 +16,7 @@ from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdate
 from test_tui_canned import SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
 
 SIZES = [(100, 30), (160, 50)]
+FINISHED_SIZES = [(80, 24), (100, 30), (120, 40), (160, 50)]  # a finished benchmark at every common size
 
 
 def canned_app() -> DashboardApp:
@@ -81,10 +82,12 @@ def test_run_panel_during_a_trial(snap_compare) -> None:
                                                                                 running=True))
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", FINISHED_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_whole_protocol_with_recommendation(snap_compare, size: tuple[int, int]) -> None:
-    """Every trial of the cpu protocol and the recommendation panel (all visible at 160x50; the table scrolls
-    to the recommended row at 100x30); ▶ marks the recommended row, ★ the fastest."""
+    """Every trial of the cpu protocol and the recommendation panel at 80x24, 100x30, 120x40 and 160x50: the
+    recommended command whole on screen, the table scrolled to the recommended row where it does not fit (the
+    other rows one PgUp away, as its legend says); ▶ marks the recommended row, ★ the fastest; the Run panel
+    shows the run's end."""
     assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, protocol=True))
 
 

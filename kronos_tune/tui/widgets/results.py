@@ -24,8 +24,7 @@ STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skippe
 NOTE_WIDTH = 44  # the reason column is cut at this width (the log pane has every reason whole)
 RECOMMENDED_MARK = "▶"
 BEST_MARK = "★"
-LEGEND = ("▶ recommended · ★ fastest (by the compared time shown) · ↑↓ PgUp/PgDn or the mouse wheel "
-          "scroll")
+LEGEND = "▶ recommended · ★ fastest (by the time shown) · ↑↓ PgUp/PgDn scroll"
 TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 
 
