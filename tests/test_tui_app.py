@@ -341,3 +341,17 @@ async def test_results_refit_when_the_terminal_grows_back() -> None:
         await pilot.pause()
         assert not isinstance(app.screen, TooSmallScreen)
         assert app.query_one(ResultsTable).max_scroll_y == 0  # every row on screen again
+
+
+@pytest.mark.asyncio
+async def test_q_leaves_the_session_run_folders_behind(tmp_path: Path) -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), out_dir=tmp_path / "runs", timestamps=False)
+    assert app.farewell() == f"no run started; run folders go under {tmp_path / 'runs'}/"
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.report = full_protocol()[1]
+        await pilot.press("e")  # an export: one folder of this session
+        await pilot.pause()
+        await pilot.press("q")
+    (exported,) = app.folders
+    assert exported.parent == tmp_path / "runs" / "exports"
+    assert app.farewell() == f"run folders of this session: {exported}"

@@ -37,6 +37,7 @@ def dashboard(
         code = app.run()
     finally:
         sampler.close()
+    typer.echo(app.farewell())  # after the screen is gone: where the runs are (q, Ctrl-C, or an error)
     raise typer.Exit(code or 0)
 
 

@@ -71,6 +71,7 @@ class DashboardApp(ResultsView, App[int]):
         self._job_done = threading.Event()
         self._job_done.set()
         self._quitting = False
+        self.folders: list[Path] = []  # every run folder this session started, for the line `q` leaves behind
         self._unsubscribe: Callable[[], None] | None = None
         self._gpu_indices: tuple[int, ...] | None = None
 
@@ -272,6 +273,7 @@ class DashboardApp(ResultsView, App[int]):
         self._show_results()
         out = default_run_dir("benchmark", f"{preset.name}-{task}", root=self.out_dir)  # a new folder per run
         self.log_line(f"benchmark {task}: results in {out}")
+        self.folders.append(out)
         self._run_job(jobs.benchmark, preset, task, self.protocol_options, out, self._cancel)
 
     def action_autobatch(self) -> None:
@@ -287,6 +289,7 @@ class DashboardApp(ResultsView, App[int]):
         if preset is None:
             return
         folder, resume = self._training_folder(preset, self.recommended)
+        self.folders.append(folder)
         self.log_line(f"training with {self.recommended}" + (f", continuing the cancelled run in {folder}"
                                                               if resume else f" into {folder}"))
         self._run_job(jobs.train, self.recommended, folder, resume, self._cancel)
@@ -319,7 +322,14 @@ class DashboardApp(ResultsView, App[int]):
             self.log_line("nothing to export: run the benchmark (b or B) first", "warning")
             return
         folder = default_run_dir("exports", f"{self.report.preset}-{self.report.task}", root=self.out_dir)
+        self.folders.append(folder)
         self._export(self.report, folder)
+
+    def farewell(self) -> str:
+        """What the terminal keeps after the dashboard closes: where this session's runs are."""
+        if not self.folders:
+            return f"no run started; run folders go under {self.out_dir}/"
+        return "run folders of this session: " + ", ".join(str(folder) for folder in dict.fromkeys(self.folders))
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, report: ProtocolReport, folder: Path) -> None:
