@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kronos_core import torch_private
 from kronos_core.torch_private import CountingFakeMode
-from kronos_tune.memory import planner
+from kronos_tune.memory import planner, setup_traces
 from kronos_tune.memory.estimate import _CpuOnlyTracker
 from tests.test_planner import EMULATION, tiny_config, two_rank_tiny  # noqa: F401 - a fixture
 
@@ -101,13 +101,13 @@ def test_an_argument_a_light_key_does_not_describe_goes_through_the_mode() -> No
 def test_a_planner_trace_through_light_keys_is_the_trace_of_the_mode_s_own_keys(
         parallelism: str, fresh_light_keys: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tiny_config(parallelism)
-    light = planner._trace(config, (2, 5), 2, EMULATION)
-    light_again = planner._trace(config, (2, 5), 2, EMULATION)  # every op now found by its light key
+    light = setup_traces.trace_steps(config, (2, 5), 2, EMULATION)
+    light_again = setup_traces.trace_steps(config, (2, 5), 2, EMULATION)  # every op now found by its light key
     assert fresh_light_keys
     if parallelism == "fsdp":  # FSDP's copy-in op, which the mode does not cache, went to its meta kernel
         assert torch_private._META_ROUTES.get(torch.ops.fsdp.all_gather_copy_in.default) is True
     monkeypatch.setattr(torch_private, "SHORTCUTS", False)  # FakeTensorMode's own dispatch for every op
-    own = planner._trace(config, (2, 5), 2, EMULATION)
+    own = setup_traces.trace_steps(config, (2, 5), 2, EMULATION)
     for traced in (light, light_again):
         for (probe, trace), (own_probe, own_trace) in zip(traced, own):
             assert probe == own_probe

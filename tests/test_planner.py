@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kronos_core.train import TrainConfig
-from kronos_tune.memory import planner
+from kronos_tune.memory import planner, setup_traces
 from kronos_tune.memory.estimate import CudaEmulation, StepTrace
 from kronos_tune.memory.peak import PeakModel, largest_fitting
 from kronos_tune.memory.trace_cache import CACHE_ENV
@@ -26,25 +26,25 @@ def tiny_config(parallelism: str) -> TrainConfig:
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_the_peak_line_of_one_marker_step_matches_exact_traces_at_other_batch_sizes(parallelism: str) -> None:
     config = tiny_config(parallelism)
-    (session,) = planner._session(config, 2, EMULATION)  # one primed build, one step at a marker batch size
+    (session,) = setup_traces.trace_session(config, 2, EMULATION)  # one primed build, one step at a marker batch size
     assert session.marker >= 1009
     for batch in (2, 8, 13):
-        exact = planner.estimate_setup_peak(config, batch, 2, EMULATION)  # a fresh trace of that batch size
+        exact = setup_traces.estimate_setup_peak(config, batch, 2, EMULATION)  # a fresh trace of that batch size
         # what the line leaves out: the allocator's rounding of the scaled storages at another batch size
         assert 0 <= exact - session.line.peak_at(batch) <= 512 * 64, batch
-    exact = planner._trace(config, (8,), 2, EMULATION)[0][0]
+    exact = setup_traces.trace_steps(config, (8,), 2, EMULATION)[0][0]
     assert (session.template.weights, session.template.grads, session.template.optimizer,
             session.template.step_start) == (exact.weights, exact.grads, exact.optimizer, exact.step_start)
     # batch 1 is off the line (size-1 dimensions make views): a row that needs it gets a trace of its own
-    probes = planner._SetupProbes(config, 2, EMULATION, session)
-    assert probes(1).peak == planner.estimate_setup_peak(config, 1, 2, EMULATION) + (
+    probes = setup_traces.SetupProbes(config, 2, EMULATION, session)
+    assert probes(1).peak == setup_traces.estimate_setup_peak(config, 1, 2, EMULATION) + (
         probes(1).grads // 2 if parallelism == "ddp" else 0)  # DDP's buckets, as every row adds them
 
 
 def test_checkpointing_switched_on_the_traced_model_gives_the_line_of_its_own_session() -> None:
     config = tiny_config("fsdp")
-    plain, checkpointed = planner._session(config, 2, EMULATION, ("none", "all"))
-    (alone,) = planner._session(config.replace(activation_checkpointing="all"), 2, EMULATION, ("all",))
+    plain, checkpointed = setup_traces.trace_session(config, 2, EMULATION, ("none", "all"))
+    (alone,) = setup_traces.trace_session(config.replace(activation_checkpointing="all"), 2, EMULATION, ("all",))
     assert checkpointed == alone
     assert plain.line.peak_at(8) > checkpointed.line.peak_at(8)  # it recomputes instead of keeping activations
 
@@ -60,8 +60,8 @@ def test_the_marker_batch_is_a_prime_no_dimension_made_before_is_a_multiple_of()
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_a_primed_build_steps_like_one_after_a_warm_up_step(parallelism: str) -> None:
     config = tiny_config(parallelism)
-    primed = planner._trace(config, (4,), 2, EMULATION)[0][1]
-    warmed = planner._trace(config, (4,), 2, EMULATION, primed=False)[0][1]
+    primed = setup_traces.trace_steps(config, (4,), 2, EMULATION)[0][1]
+    warmed = setup_traces.trace_steps(config, (4,), 2, EMULATION, primed=False)[0][1]
     assert primed.ops == warmed.ops and primed.live_bytes == warmed.live_bytes
     assert primed.result.optimizer_state_bytes == warmed.result.optimizer_state_bytes > 0
     # what the prime stands in for: a first step without it creates the state and tables the steady state has
@@ -112,18 +112,18 @@ def test_a_repeated_plan_reads_the_trace_cache_and_an_unreadable_entry_is_traced
     assert first.sizes[0].parameters == _tiny_parameter_count()  # the whole model's, counted on the sharded one
     entries = list((tmp_path / "cache" / "traces").glob("*.json"))
     assert len(entries) == 1  # offload reuses the FSDP session
-    real_estimating = planner._estimating
+    real_estimating = setup_traces.estimating
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("traced although the cache holds the session")
 
-    monkeypatch.setattr(planner, "_estimating", no_tracing)
+    monkeypatch.setattr(setup_traces, "estimating", no_tracing)
     assert planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp", "fsdp+offload")) == first
     entries[0].write_text("{not json", encoding="utf-8")
-    monkeypatch.setattr(planner, "_estimating", real_estimating)
+    monkeypatch.setattr(setup_traces, "estimating", real_estimating)
     assert planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp", "fsdp+offload")) == first
     monkeypatch.setenv(CACHE_ENV, "off")
-    monkeypatch.setattr(planner, "_estimating", no_tracing)
+    monkeypatch.setattr(setup_traces, "estimating", no_tracing)
     with pytest.raises(AssertionError, match="traced although"):
         planner.plan_preset(two_rank_tiny, sizes=("tiny",), setups=("fsdp",))
 
@@ -154,7 +154,7 @@ def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> 
 
 def test_a_row_picks_the_largest_micro_batch_whose_exact_peak_fits() -> None:
     config = tiny_config("ddp")
-    probes = planner._SetupProbes(config, 2, EMULATION, planner._session(config, 2, EMULATION)[0])
+    probes = setup_traces.SetupProbes(config, 2, EMULATION, setup_traces.trace_session(config, 2, EMULATION)[0])
     peaks = {batch: probes(batch).peak for batch in range(2, 41)}
     for largest in range(2, 40):  # a budget between the peaks at `largest` and the next batch, no margin
         budget = (peaks[largest] + peaks[largest + 1]) // 2

@@ -66,7 +66,7 @@ from kronos_tune.autobatch.records import (  # noqa: F401 - ProbeStep re-exporte
     _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, ProbeStep, StepFactory,
     largest_within, within,
 )
-from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel
+from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel, default_margin, validate_margin
 from kronos_tune.autobatch.runners import (  # noqa: F401 - is_out_of_memory re-exported
     _CpuRunner, _CudaRunner, _EstimateRunner, _Runner, is_out_of_memory,
 )
@@ -99,29 +99,6 @@ def _checked_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise KronosTuneError(f"autobatch: {name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-CPU_MARGIN = 0.05
-CUDA_MARGIN = 0.10
-
-
-def default_margin(device: str | torch.device | None, estimate: bool = False,
-                   cuda_emulation: CudaEmulation | None = None) -> float:
-    """The budget fraction kept free when the caller gives none.
-
-    The margin covers what the meter does not see. The exact CPU meter of a
-    simulated device misses only scratch buffers inside kernels, so 5%. On CUDA
-    (real, or emulated by an estimate) the caching allocator's fragmentation and
-    library workspaces are unseen, so 10%.
-    """
-    on_cuda = (estimate and cuda_emulation is not None) or (device is not None and torch.device(device).type == "cuda")
-    return CUDA_MARGIN if on_cuda else CPU_MARGIN
-
-
-def validate_margin(margin: Any) -> float:
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
-        raise KronosTuneError(f"margin must be >= 0 and < 1 (a fraction of the budget kept free), got {margin!r}")
-    return float(margin)
 
 
 def _make_runner(step_factory: StepFactory, eval_factory: StepFactory | None, device: str | torch.device | None,

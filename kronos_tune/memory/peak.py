@@ -4,7 +4,8 @@ the planner and the maximizer.
 ``PeakModel`` is the highest of its series at every batch size. Its series come either from measured probes
 (``PeakModel.fit``: per phase and overall, a least-squares line and the chord through the points) or from one
 fake step traced at a marker batch size (``PeakModel.from_marker``: one line per point of the step, exact).
-``largest_fitting`` is the search both use: from a guess, gallop to a bracket, then bisect.
+``largest_fitting`` is the search both use: from a guess, gallop to a bracket, then bisect. The margin a pick
+keeps free (``default_margin``) is what the meter cannot see.
 """
 
 from __future__ import annotations
@@ -14,9 +15,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
+
+from kronos_tune.errors import KronosTuneError
 
 TOTAL_SERIES = "total"
 _CURVATURE_TOLERANCE = 0.01  # max |residual| of the line, as a fraction of the peak range
+CPU_MARGIN = 0.05
+CUDA_MARGIN = 0.10
+
+
+def default_margin(device: str | torch.device | None, estimate: bool = False, cuda_emulation: Any = None) -> float:
+    """The budget fraction kept free when the caller gives none.
+
+    The margin covers what the meter does not see. The exact CPU meter of a
+    simulated device misses only scratch buffers inside kernels, so 5%. On CUDA
+    (real, or emulated by an estimate) the caching allocator's fragmentation and
+    library workspaces are unseen, so 10%.
+    """
+    on_cuda = (estimate and cuda_emulation is not None) or (device is not None and torch.device(device).type == "cuda")
+    return CUDA_MARGIN if on_cuda else CPU_MARGIN
+
+
+def validate_margin(margin: Any) -> float:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= float(margin) < 1.0:
+        raise KronosTuneError(f"margin must be >= 0 and < 1 (a fraction of the budget kept free), got {margin!r}")
+    return float(margin)
 
 
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int, guess: int | None = None) -> int | None:

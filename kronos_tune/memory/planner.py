@@ -14,17 +14,8 @@ the largest that fits where the line alone, which misses a peak that moves from
 one point of the step to another, guessed low or high; accumulation then keeps
 the preset's effective batch.
 
-Each set-up is traced once (`_session`): one build, primed like a first step
-(`ProbeStep.prime`: optimizer state, position tables and FSDP buffers made
-without a forward or backward), then one step at a marker batch size whose
-live bytes are split into the storages that scale with the batch and the
-others (`FakeEstimate.trace_line`). A probe at any batch size from 2 takes its
-peak from that `peak.PeakModel` (the live bytes at every point of the step
-are affine in the batch size, so the peak is the highest of those lines) and
-every other figure from the traced step, which do not depend on the batch
-size; batch 1 (where some copies are views) is traced on its own when a row
-needs it. Sessions run in worker processes when there are several, and land in
-the trace cache (`trace_cache`), so a repeated plan traces nothing.
+Each set-up is traced once, in worker processes and through the trace cache
+(kronos_tune.memory.setup_traces).
 """
 
 from __future__ import annotations
@@ -32,19 +23,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.memory.peak import CPU_MARGIN, CUDA_MARGIN, largest_fitting
+from kronos_tune.memory.setup_traces import Job, SetupProbe, SetupProbes, run_sessions
 from kronos_tune.presets import Preset
-
-if TYPE_CHECKING:
-    from kronos_tune.memory.estimate import EstimateResult, FakeEstimate, StepTrace
-    from kronos_tune.memory.peak import PeakModel
 
 SETUPS = ("ddp", "fsdp", "fsdp+checkpointing", "fsdp+offload")
 PLAN_SIZES = ("mini", "small", "base", "large")
-CUDA_MARGIN = 0.10  # what a fake CUDA estimate cannot see (fragmentation, kernels' scratch): as autobatch
-CPU_MARGIN = 0.05
 MAX_MICRO_BATCH = 4096
 
 
@@ -103,227 +90,6 @@ class Plan:
         return data
 
 
-@dataclass
-class _Probe:
-    peak: int
-    weights: int
-    grads: int
-    optimizer: int
-    step_start: int
-    largest_unit: int  # local bytes of the largest FSDP unit's parameters (offload's device-side copy)
-    parameters: int  # the model's parameter count (FSDP: of the whole model, not the shard)
-
-
-def _estimating(config: Any, ranks: int, emulation: Any, primed: bool,
-                measure: Callable[[FakeEstimate], Any]) -> tuple[Any, int, int]:
-    """`measure(estimate)` for a FakeEstimate of `config`'s training step (FSDP: rank 0 of `ranks` simulated),
-    its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), the
-    local bytes of the model's largest FSDP unit and the model's parameter count."""
-    from kronos_tune.autobatch.train_task import TrainTask
-    from kronos_tune.memory.estimate import FakeEstimate
-    from kronos_tune.memory.sharded import SimulatedRanks
-
-    def run(mesh: Any) -> tuple[Any, int, int]:
-        holder: dict[str, Any] = {}
-        with TrainTask(config, device="cpu", mesh=mesh) as task:
-            def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
-                probe = holder["probe"] = task.estimate_step_factory(2)  # each step passes its own size
-                holder["unit"] = _largest_unit_bytes(probe.model)
-                holder["parameters"] = sum(param.numel() for param in probe.model.parameters())
-                return probe.model, probe.optimizer
-
-            def step(model: Any, optimizer: Any, size: int, meter: Any = None) -> None:
-                holder["probe"].run(meter, size)
-
-            def prime() -> None:
-                holder["probe"].prime()
-
-            measured = measure(FakeEstimate(build, step, cuda_emulation=emulation,
-                                            prime=prime if primed else None))
-            unit, parameters = holder.pop("unit"), holder.pop("parameters")
-            holder.clear()
-        return measured, unit, parameters
-
-    if config.parallelism == "fsdp":
-        with SimulatedRanks(ranks) as simulated:
-            return run(simulated.mesh)
-    return run(None)
-
-
-def _probe(result: EstimateResult, unit: int, parameters: int) -> _Probe:
-    return _Probe(result.allocated_peak_bytes, result.param_bytes, result.grad_bytes,
-                  result.optimizer_state_bytes, result.step_start_bytes, unit, parameters)
-
-
-def _trace(config: Any, batches: tuple[int, ...], ranks: int, emulation: Any,
-           primed: bool = True) -> list[tuple[_Probe, StepTrace]]:
-    """Exact fake training steps of `config` at each batch size, in one session."""
-    traces, unit, parameters = _estimating(config, ranks, emulation, primed,
-                                           lambda estimate: estimate.trace(*batches))
-    return [(_probe(trace.result, unit, parameters), trace) for trace in traces]
-
-
-@dataclass
-class _Session:
-    """One set-up traced once (`_session`): the figures that do not depend on the batch size (`template`; its
-    peak is the marker step's) and the step's peak at every batch size (`line`, from the marker step)."""
-
-    template: _Probe
-    line: PeakModel
-    marker: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"template": asdict(self.template), "lines": self.line.to_json(), "marker": self.marker}
-
-    @classmethod
-    def list_from_json(cls, data: Any, count: int) -> list[_Session] | None:
-        """`count` sessions from a list of what to_json wrote, else None."""
-        if not isinstance(data, list) or len(data) != count:
-            return None
-        sessions = [cls.from_json(item) for item in data]
-        return None if None in sessions else sessions  # type: ignore[return-value]
-
-    @classmethod
-    def from_json(cls, data: Any) -> _Session | None:
-        """None for anything but what to_json wrote."""
-        from kronos_tune.memory.peak import PeakModel
-
-        try:
-            return cls(_Probe(**data["template"]), PeakModel.lines_from_json(data["lines"]), int(data["marker"]))
-        except (TypeError, KeyError, ValueError, AttributeError):
-            return None
-
-
-def _session(config: Any, ranks: int, emulation: Any, checkpointing: tuple[str, ...] = ("none",)) -> list[_Session]:
-    """One primed build and one step at a marker batch size (`FakeEstimate.trace_line`) per activation
-    checkpointing setting, in order (a switch of the same model: it changes the step, not what the step keeps).
-    Batch 1 is not on the line (a size-1 dimension makes some copies views) and is traced on its own when a row
-    needs it."""
-    blocks = [config.replace(activation_checkpointing=setting).activation_checkpointing_blocks
-              for setting in checkpointing]
-
-    def switch(every: int) -> Callable[[Any], None]:
-        return lambda model: model.set_activation_checkpointing(every)
-
-    config = config.replace(activation_checkpointing=checkpointing[0])
-    lines, unit, parameters = _estimating(config, ranks, emulation, True,
-                                          lambda estimate: estimate.trace_line(*[switch(every) for every in blocks]))
-    return [_Session(_probe(trace.result, unit, parameters), line, trace.result.batch_size) for trace, line in lines]
-
-
-class _SetupProbes:
-    """Probes of one set-up at any batch size: the peak from the session's PeakModel and the other figures
-    (which do not depend on the batch size) from its traced step; batch 1 is traced on its own."""
-
-    def __init__(self, config: Any, ranks: int, emulation: Any, session: _Session) -> None:
-        self.config, self.ranks, self.emulation, self.line = config, ranks, emulation, session.line
-        self.template = session.template
-        self.probes: dict[int, _Probe] = {}
-
-    def _adjusted(self, probe: _Probe) -> _Probe:
-        if self.config.parallelism == "ddp":  # DDP's buckets: one more copy of the trainable gradients
-            return replace(probe, peak=probe.peak + probe.grads, grads=2 * probe.grads, largest_unit=0)
-        return probe
-
-    def __call__(self, batch: int) -> _Probe:
-        if batch not in self.probes:
-            if batch < 2:
-                probe = _trace(self.config, (batch,), self.ranks, self.emulation)[0][0]
-            else:
-                probe = replace(self.template, peak=self.line.peak_at(batch))
-            self.probes[batch] = self._adjusted(probe)
-        return self.probes[batch]
-
-
-POOL_MIN_LAYERS = 16  # below this many predictor blocks to trace in all, starting worker processes costs more
-
-
-Job = tuple[Any, int, Any, tuple[str, ...]]  # _session's arguments: config, ranks, CUDA emulation, checkpointing
-
-
-def _run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list[_Session]]:
-    """`_session(*job)` for every job, read from the trace cache where it holds the answer. The others run in
-    worker processes (one per CPU) when they are several and not tiny, else here. `on_start(i)` is called
-    before waiting for job i."""
-    import gc
-    import os
-
-    import torch.distributed as dist
-
-    from kronos_core.sizes import size_spec
-    from kronos_tune.memory import trace_cache
-
-    keys = [trace_cache.entry_key("plan-lines", [config.to_dict(), ranks, asdict(emulation) if emulation else None,
-                                                 list(checkpointing)])
-            for config, ranks, emulation, checkpointing in jobs]
-    sessions: dict[int, list[_Session] | None] = {index: _Session.list_from_json(trace_cache.load(key),
-                                                                                  len(jobs[index][3]))
-                                                  for index, key in enumerate(keys)}
-    missing = [index for index, found in sessions.items() if found is None]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    layers = sum(size_spec(jobs[index][0].model_size).model["n_layers"] * len(jobs[index][3]) for index in missing)
-    pooled = len(missing) > 1 and cpus > 1 and layers >= POOL_MIN_LAYERS and not (
-        dist.is_available() and dist.is_initialized())
-    # A worker's fake-tensor caches carry over from one session to the next, and one model size's DDP and FSDP
-    # steps share most of their shapes: a worker traces a whole size, DDP (the cheaper) first, where there
-    # are enough sizes to keep every worker busy.
-    by_size: dict[str, list[int]] = {}
-    for index in sorted(missing, key=lambda index: jobs[index][0].parallelism != "ddp"):
-        by_size.setdefault(jobs[index][0].model_size, []).append(index)
-    units = list(by_size.values()) if len(by_size) >= cpus else [[index] for index in missing]
-    futures: dict[int, tuple[Any, int]] = {}  # job -> (its unit's future, its place in the unit)
-    pool = None
-    if pooled:
-        import multiprocessing
-        import threading
-        from concurrent.futures import ProcessPoolExecutor
-
-        # A forked worker starts at once, where a spawned one imports torch again (seconds per worker); but a
-        # fork copies the locks other threads hold (a spinner's console lock, say), so only a process that
-        # runs no other thread forks. The workers trace on fake tensors: one intra-op thread each.
-        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
-            else "spawn"
-        pool = ProcessPoolExecutor(min(len(units), cpus), mp_context=multiprocessing.get_context(method),
-                                   initializer=_one_thread)
-        if method == "fork":
-            gc.freeze()  # what the workers inherit is never scanned by their collector (nor copied by its scans)
-        # The last jobs are the largest models: started first, they do not finish alone at the end.
-        for unit in sorted(units, key=max, reverse=True):
-            future = pool.submit(_sessions_in_order, [jobs[index] for index in unit])
-            futures.update({index: (future, place) for place, index in enumerate(unit)})
-    try:
-        for index in missing:
-            on_start(index)
-            if pooled:
-                future, place = futures[index]
-                traced = future.result()[place]
-            else:
-                traced = _session(*jobs[index])
-            trace_cache.store(keys[index], [session.to_json() for session in traced])
-            sessions[index] = traced
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-            gc.unfreeze()
-    return [sessions[index] for index in range(len(jobs))]  # type: ignore[misc]
-
-
-def _sessions_in_order(jobs: list[Job]) -> list[list[_Session]]:
-    return [_session(*job) for job in jobs]
-
-
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation: Any = None) -> int:
-    """Per-rank peak bytes of one steady-state training step of `config` at `batch_size` (FSDP: rank 0 of
-    `ranks`), as the planner estimates it before adjustments (no DDP buckets, no offload)."""
-    return _trace(config, (batch_size,), ranks, cuda_emulation)[0][0].peak
-
-
 def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
     """The two batch sizes the line of a row's first guess goes through (on the set-up's PeakModel unless the
     smaller is 1)."""
@@ -331,33 +97,15 @@ def _probe_batches(preset_batch: int, target_per_rank: int) -> tuple[int, int]:
     return (2 if large > 2 else 1), large
 
 
-def _largest_unit_bytes(model: Any) -> int:
-    from kronos_core.torch_private import local_shard
-    from kronos_core.train.fsdp import is_sharded, sharded_blocks
-
-    if not is_sharded(model):
-        return 0
-    sizes = []
-    for unit in [*sharded_blocks(model), model]:
-        local = 0
-        for param in unit.parameters(recurse=unit is not model):
-            tensor = local_shard(param)
-            local += tensor.numel() * tensor.element_size()
-        sizes.append(local)
-    return max(sizes, default=0)
-
-
-def _row(setup: str, probe_at: Callable[[int], _Probe], ranks: int, budget: int, margin: float,
+def _row(setup: str, probe_at: Callable[[int], SetupProbe], ranks: int, budget: int, margin: float,
          preset_batch: int, target_per_rank: int, offload: bool) -> PlanRow:
     """Largest micro-batch under budget x (1 - margin), searched from the guess of a line through two probes;
     `probe_at` gives the peak at any batch size (a set-up's PeakModel: a search costs nothing), so the search
     finds the largest that fits where the line alone, which misses a peak that moves from one point of the
     step to another, guesses low or high."""
-    from kronos_tune.memory.peak import largest_fitting
-
     limit = budget * (1.0 - margin)
 
-    def device_peak(p: _Probe) -> int:
+    def device_peak(p: SetupProbe) -> int:
         if not offload:
             return p.peak
         # Offload keeps shards, their gradients and AdamW state in host memory; the device holds a unit's
@@ -453,11 +201,11 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
             names = [setup for (of, setup), (how, _) in traced.items() if (of, how) == (size, parallelism)]
             on_progress(f"{size}: {', '.join(names)}")
 
-    probes: dict[tuple[str, str, str], _SetupProbes] = {}
-    for key, job, sessions in zip(keys, jobs, _run_sessions(jobs, started)):
+    probes: dict[tuple[str, str, str], SetupProbes] = {}
+    for key, job, sessions in zip(keys, jobs, run_sessions(jobs, started)):
         for checkpointing, session in zip(job[3], sessions):
             config = job[0].replace(activation_checkpointing=checkpointing)
-            probes[(*key, checkpointing)] = _SetupProbes(config, ranks, job[2], session)
+            probes[(*key, checkpointing)] = SetupProbes(config, ranks, job[2], session)
     plans = []
     for size in sizes:
         rows = []
