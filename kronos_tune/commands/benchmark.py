@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kronos_tune.commands.common import LiveProgress
+from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.benchmark import (
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
             predict_repeats=steps or defaults.predict_repeats, predict_series=predict_series,
             agreement_series=agreement_series, min_spearman=min_spearman, full=full, design=design,
             block_s=defaults.block_s if block is None else block)
-        console = Console(stderr=json_out)
+        console = make_console(stderr=json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
         cancel = threading.Event()

@@ -14,10 +14,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kronos_tune.commands.common import make_console
 from kronos_tune.commands.benchmark import render
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.benchmark.report.rebuild import LoadedRun, check_comparable, load_run
@@ -71,9 +71,7 @@ def register(app: typer.Typer) -> None:
         if len(runs) == 1:
             target = out if out is not None else (runs[0] if _writable(runs[0]) else None)
         loaded = [load_run(path, out_dir=target) for path in runs]
-        console = Console(stderr=json_out)
-        if not console.is_terminal:
-            console.width = max(console.width, 140)
+        console = make_console(stderr=json_out)
         for run in loaded:
             for dropped in run.dropped:
                 console.print(f"[yellow]warning[/]: dropped {escape(dropped)} (kept the valid lines)",
