@@ -91,7 +91,7 @@ def mode_throughput(args: argparse.Namespace, work: Path) -> dict:
                            skip_short=True)
     inputs = load_inputs(config, lambda level, text: None)
     predictor = load_predictor(config, lambda level, text: None)
-    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed) or {}
+    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed)
     end_to_end, alone = [], []
     for repeat in range(args.repeats):
         out = work / f"out-{repeat}.parquet"

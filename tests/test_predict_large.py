@@ -134,3 +134,11 @@ def test_output_trips_symbol_column_amount_note_and_large_json(tmp_path: Path) -
     assert "predictions" not in report and "in --out only" in report["predictions_note"]
     assert report["job"]["chunks"] == 2 and report["job"]["rows"] == SMALL_RUN_SERIES + 1
     assert sum(r["series"] for r in report["job"]["ranks"].values()) == SMALL_RUN_SERIES + 1
+
+
+def test_with_stream_keys_a_series_forecast_does_not_depend_on_the_chunking(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 7)
+    run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "threes.parquet"))
+    run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "one.parquet", chunk_series=7))
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "threes.parquet"),
+                                  pd.read_parquet(tmp_path / "one.parquet"))

@@ -2,8 +2,7 @@
 
 Every call passes the series' stream keys (`kronos_core.predict.streams.series_key` of the name the
 output writes and the last history bar) with the run's seed, so a series' sampled forecast does not depend
-on the chunk, the rank or a restart. (Until that module exists the predictor's global generator is
-seeded once per chunk from the chunk's index.)
+on the chunk, the rank or a restart.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from kronos_core.predict.predictor import KronosPredictor
+from kronos_core.predict.streams import series_key
 from kronos_tune.predict.output import fix_volumes
 from kronos_tune.predict.parts import chunk_table
 from kronos_tune.predict.quantiles import sample_quantiles
@@ -40,25 +39,17 @@ class ChunkSettings:
         return cls(**{**values, "levels": tuple(values["levels"])})
 
 
-def stream_arguments(names: np.ndarray, last_ns: np.ndarray, seed: int) -> dict[str, Any] | None:
-    """keys= and seed= for the predictor, or None where per-series streams are not available yet."""
-    try:
-        from kronos_core.predict.streams import series_key
-    except ImportError:
-        return None
+def stream_arguments(names: np.ndarray, last_ns: np.ndarray, seed: int) -> dict[str, Any]:
+    """keys= and seed= for the predictor: each series' own random stream."""
     keys = np.array([series_key(str(name), int(last)) for name, last in zip(names, last_ns)], dtype=np.int64)
     return {"keys": keys, "seed": seed}
 
 
-def predict_chunk(predictor: KronosPredictor, series: LoadedSeries, settings: ChunkSettings,
-                  chunk: int) -> tuple[pd.DataFrame, int]:
+def predict_chunk(predictor: KronosPredictor, series: LoadedSeries,
+                  settings: ChunkSettings) -> tuple[pd.DataFrame, int]:
     """The chunk's output rows and how many negative volume/amount values were clipped to 0."""
-    streams = stream_arguments(series.names, series.last_ns, settings.seed)
-    if streams is None:
-        torch.manual_seed(settings.seed * 1_000_003 + chunk)
-        streams = {}
     common = dict(T=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                  sample_count=settings.sample_count, **streams)
+                  sample_count=settings.sample_count, **stream_arguments(series.names, series.last_ns, settings.seed))
     quantiles = None
     if settings.levels:
         values, samples = predictor.predict_arrays(series.x, series.x_stamp, series.y_stamp, mean_and_samples=True,

@@ -217,7 +217,7 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
 
     torch.manual_seed(config.seed)
     predict_started = time.perf_counter()
-    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed) or {}
+    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed)
     with warnings.catch_warnings():
         # The long-history warning is already a note above.
         warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")

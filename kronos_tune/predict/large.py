@@ -168,7 +168,7 @@ def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, p
                     resumed_series += len(series)
                 else:
                     chunk_started = time.perf_counter()
-                    table, clipped = predict_chunk(predictor, series, settings, index)
+                    table, clipped = predict_chunk(predictor, series, settings)
                     write_part(work, index, table, series, 0, time.perf_counter() - chunk_started)
                     negative += clipped
                 if tables is not None:

@@ -104,7 +104,7 @@ def run_rank(job_file: Path) -> int:
             chunk = todo[claimed]
             series = load_saved_series(job_work.inputs(chunk))
             started = time.perf_counter()
-            table, negative = predict_chunk(predictor, series, settings, chunk)
+            table, negative = predict_chunk(predictor, series, settings)
             seconds = time.perf_counter() - started
             if slowdown > 1:
                 time.sleep((slowdown - 1) * seconds)
