@@ -4,7 +4,8 @@ Two kinds:
 
 * Names with no public equivalent, used always: ``TorchDispatchMode`` (the tracker of live bytes),
   ``FakeTensor``/``FakeTensorMode`` (the estimates' fake tensors), ``FakeStore`` (the fake process group of
-  simulated ranks) and a DTensor's local shard (``local_shard``).
+  simulated ranks), a DTensor's local shard (``local_shard``) and the profiler's memory timeline by category
+  (``memory_timeline``, for `kronos-tune profile`, which keeps its report without it).
 * Shortcuts through FakeTensorMode (``CountingFakeMode`` with ``shortcuts=True``), which change how fast a
   fake step runs, never what it counts. FakeTensorMode caches the metadata of an op's outputs by a key built
   from everything about its arguments (``FakeTensorMode._cache_key``); on a fake training step nearly every op
@@ -40,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["FakeTensor", "FakeTensorMode", "TorchDispatchMode", "CountingFakeMode", "SHORTCUTS", "fake_store",
-           "local_shard", "shortcuts_available"]
+           "local_shard", "memory_timeline", "shortcuts_available", "shortcuts_wanted"]
 
 SHORTCUTS_ENV = "KRONOS_PRIVATE_TORCH"
 
@@ -57,6 +58,18 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     tensor itself."""
     local = getattr(tensor, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else tensor
+
+
+def memory_timeline(prof: Any, device: str) -> tuple[list[list[int]], dict[int, str]]:
+    """A finished profile's memory timeline on ``device``: bytes per category at every recorded time, and each
+    column's category name. Raises whatever this PyTorch raises where its private memory profiler changed."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(device)
+    names = {index + 1: (category.name.lower() if category is not None else "unknown")
+             for category, index in _CATEGORY_TO_INDEX.items()}
+    names[0] = "unknown"
+    return sizes, names
 
 
 _SHORTCUT_NAMES = (

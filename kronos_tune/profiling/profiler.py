@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from kronos_core.torch_private import memory_timeline
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.profiling.flops import mfu, train_flops_per_token
@@ -99,19 +100,14 @@ def check_output_paths(trace_path: Path | None, tensorboard_dir: Path | None) ->
 
 def _memory_by_category(prof: profile, device: str) -> tuple[dict[str, int], int | None, str | None]:
     """Bytes per category (parameter, gradient, activation, ...) at the moment of peak total memory."""
-    try:  # private torch API: keep the rest of the report if it changes
-        from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
-
-        times, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(device)
+    try:  # private torch API (kronos_core.torch_private): keep the rest of the report if it changes
+        sizes, names = memory_timeline(prof, device)
     except Exception as error:  # noqa: BLE001 - any failure here only loses this table
         return {}, None, f"memory timeline unavailable in torch {torch.__version__}: {type(error).__name__}"
     if not sizes:
         return {}, None, "memory timeline recorded no allocations"
     totals = [sum(row) for row in sizes]
     peak_row = sizes[totals.index(max(totals))]
-    names = {index + 1: (category.name.lower() if category is not None else "unknown")
-             for category, index in _CATEGORY_TO_INDEX.items()}
-    names[0] = "unknown"
     by_category = {names[i]: value for i, value in enumerate(peak_row) if value > 0}
     return by_category, max(totals), None
 
