@@ -229,7 +229,7 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
                             trials=paired_run(periodic, 0.10), out_dir=str(tmp_path))
     report.planned = [t.name for t in report.trials]
-    summarize(report, None)
+    report = summarize(report, None)
     figure = report.timing["resolution_pct"]
     line = f"changes under {figure:.1f}% could not be told from noise in this run"
     assert line in report_markdown(report)

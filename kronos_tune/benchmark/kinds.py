@@ -47,12 +47,21 @@ _LEGACY_KINDS = {
 }
 
 
-def legacy_kind(name: str, stage: str, task: str = "train") -> TrialKind:
-    """The kind of a trial from a results file that did not record it (inferred from its name and stage)."""
-    if task == "predict":
-        return TrialKind("reference" if stage == "baseline" else "speed", name)
+def _legacy_train_kind(name: str, stage: str) -> TrialKind:
     if stage == "drift":
         return TrialKind("baseline-repeat")
     if name in _LEGACY_KINDS:
         return _LEGACY_KINDS[name]
     return TrialKind({"baseline": "reference", "combined": "combination"}.get(stage, "speed"), name)
+
+
+def _legacy_predict_kind(name: str, stage: str) -> TrialKind:
+    return TrialKind("reference" if stage == "baseline" else "speed", name)
+
+
+_LEGACY_RULES = {"train": _legacy_train_kind, "predict": _legacy_predict_kind}  # by the task the results name
+
+
+def legacy_kind(name: str, stage: str, task: str = "train") -> TrialKind:
+    """The kind of a trial from a results file that did not record it (inferred from its name and stage)."""
+    return _LEGACY_RULES.get(task, _legacy_train_kind)(name, stage)

@@ -376,25 +376,43 @@ def append_result(path: Path, result: TrialResult) -> None:
         os.fsync(handle.fileno())
 
 
-def load_results(path: str | os.PathLike) -> list[TrialResult]:
-    """Trials of a results.jsonl (or of the folder holding one); the last line of a name wins, a torn last
-    line (a crash while writing) is ignored."""
+@dataclass
+class ResultsFile:
+    """The trials of one results.jsonl, and the lines that were not valid trial results."""
+
+    trials: list[TrialResult]
+    dropped: list[str] = field(default_factory=list)  # e.g. "results.jsonl the last line, cut short: JSONDecodeError"
+
+
+def read_results(path: str | os.PathLike) -> ResultsFile:
+    """The trials of a results.jsonl (or of the folder holding one; none when there is no such file). The last
+    line of a name wins (a resumed run re-ran it); a line that is not a valid trial result (a torn last line from a
+    crash while writing) is dropped and named; results of a newer schema are refused in one line."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
     if not path.is_file():
-        return []
+        return ResultsFile([])
     by_name: dict[str, TrialResult] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    dropped = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             result = TrialResult.from_dict(json.loads(line))
         except NewerSchema as error:
-            raise KronosTuneError(f"{path}: its results are of {error}; continue it with the kronos-tune that "
-                                  f"wrote it, or use another --out") from None
-        except (json.JSONDecodeError, TypeError, KeyError):
+            raise KronosTuneError(f"{path}: line {number} has results of {error}; upgrade kronos-tune "
+                                  f"(pip install -U kronos-tune) to read it") from None
+        except (json.JSONDecodeError, TypeError, KeyError, ValueError) as error:
+            where = "the last line, cut short" if number == len(lines) else f"line {number}"
+            dropped.append(f"{path.name} {where}: {type(error).__name__}")
             continue
         by_name.pop(result.name, None)
         by_name[result.name] = result
-    return list(by_name.values())
+    return ResultsFile(list(by_name.values()), dropped)
+
+
+def load_results(path: str | os.PathLike) -> list[TrialResult]:
+    """The valid trials of a results.jsonl (read_results without the dropped lines)."""
+    return read_results(path).trials

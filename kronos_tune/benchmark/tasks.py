@@ -1,25 +1,33 @@
-"""The benchmark's tasks by name: "train" and "predict"."""
+"""The benchmark's tasks by name: "train" and "predict" (each a BenchmarkTask, task.py)."""
 
 from __future__ import annotations
 
 from kronos_tune.benchmark.options import ProtocolOptions
-from kronos_tune.benchmark.predict.trial_list import PREDICT_TRIALS, check_predict_options, plan_predict
+from kronos_tune.benchmark.predict.task import PredictBenchmark
 from kronos_tune.benchmark.results import TrialSpec
 from kronos_tune.benchmark.selection import check_names, resolve
-from kronos_tune.benchmark.train.trial_list import TRAIN_TRIALS, plan_train
+from kronos_tune.benchmark.task import BenchmarkTask
+from kronos_tune.benchmark.train.task import TrainBenchmark
+from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
 from kronos_tune.workloads import runnable_device
+
+TASKS: dict[str, BenchmarkTask] = {task.name: task for task in (TrainBenchmark(), PredictBenchmark())}
+
+
+def get(name: str) -> BenchmarkTask:
+    task = TASKS.get(name)
+    if task is None:
+        raise KronosTuneError(f"unknown task '{name}'; use one of {', '.join(TASKS)}")
+    return task
 
 
 def plan_trials(preset: Preset | str, task: str = "train",
                 options: ProtocolOptions = ProtocolOptions()) -> list[TrialSpec]:
-    """Every trial of the protocol in run order (baseline first, combined last), skipped ones with their reason."""
+    """Every trial of the benchmark in run order (baseline first, combined last), skipped ones with their reason."""
     preset = resolve(preset)
-    if task == "predict":
-        check_names(task, options, PREDICT_TRIALS)
-        check_predict_options(options)
-        device, _ = runnable_device(preset)
-        return plan_predict(preset, options, device)
-    check_names(task, options, TRAIN_TRIALS)
+    chosen = get(task)
+    check_names(task, options, chosen.trial_names)
+    chosen.check(options)
     device, _ = runnable_device(preset)
-    return plan_train(preset, options, device)
+    return chosen.plan(preset, options, device)

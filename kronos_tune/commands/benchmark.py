@@ -29,7 +29,9 @@ from kronos_tune.benchmark import (
 )
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
-from kronos_tune.benchmark.report.table import changes_text, fmt_seconds, table
+from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds
+from kronos_tune.benchmark.report.table import table
+from kronos_tune.benchmark.tasks import TASKS, get
 from kronos_tune.benchmark.report.files import resolution_line
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
@@ -111,40 +113,7 @@ def render(console: Console, report: ProtocolReport) -> None:
                       soft_wrap=True)
         for note in trial.notes:
             console.print(f"    [dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
-    lines = list(report.notes)
-    if report.task == "train":
-        q, t = report.quality, report.timing
-        noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
-        threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
-        lines.append(f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
-                     f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows")
-        designs = t.get("designs") or {}
-        paired = [name for name, d in designs.items() if d.get("design") == "paired"]
-        sequential = [f"{name} ({d.get('why')})" for name, d in designs.items() if d.get("design") == "sequential"]
-        if paired:
-            lines.append(f"timing: paired with a live baseline in alternating blocks ({', '.join(paired)}), "
-                         f"threshold ±{t.get('paired_threshold_pct', 0):.1f}%; Δ shows the 95% interval of the "
-                         f"block ratios; ~ = the rule calls it neither faster nor slower")
-        if sequential or (not paired and t.get("threshold_pct") is not None):
-            drift = "not measured" if t.get("drift_pct") is None else f"{t['drift_pct']:.1f}%"
-            lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; threshold "
-                         f"±{t.get('threshold_pct', 0):.1f}% (drift of the baseline's re-measurements {drift})")
-        left = t.get("left_out") or {}
-        if left:
-            lines.append(f"left out of this quick run: {', '.join(left)}; add them with --full (or one with --only "
-                         f"NAME)")
-        if t.get("noisy"):
-            lines.append(f"too noisy to decide: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
-                         f"told from noise (limit {t.get('noisy_limit_pct', 25):g}%); the baseline is kept; rerun on "
-                         f"a quieter machine")
-        if report.headroom:
-            lines.append(f"memory: {report.headroom['text']}")
-        if report.flops:
-            lines.append(f"MFU: {report.flops['formula']}")
-    if report.task == "predict":
-        from kronos_tune.benchmark.predict.summary import predict_decision_lines
-
-        lines += [escape(line) for line in predict_decision_lines(report)]
+    lines = list(report.notes) + get(report.task).notes(report)
     for line in lines:
         console.print(f"[dim]- {escape(line)}[/]", highlight=False, soft_wrap=True)
     resolution = resolution_line(report)
@@ -201,8 +170,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
         helpful ones together; writes the reports and a recommended config into the run folder."""
-        if task not in ("train", "predict"):
-            raise KronosTuneError(f"--task {task}: use train or predict")
+        if task not in TASKS:
+            raise KronosTuneError(f"--task {task}: use {' or '.join(TASKS)}")
         if design not in DESIGN_CHOICES:
             raise KronosTuneError(f"--design {design}: use one of {', '.join(DESIGN_CHOICES)}")
         if resume and out is None:

@@ -22,7 +22,8 @@ from kronos_tune.commands.benchmark import render
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.benchmark.report.rebuild import LoadedRun, check_comparable, load_run
 from kronos_tune.benchmark.report.files import REPORT_FILES, write_reports
-from kronos_tune.benchmark.report.table import fmt_seconds
+from kronos_tune.benchmark.report.cells import fmt_seconds
+from kronos_tune.benchmark.tasks import get
 
 
 def _writable(folder: Path) -> bool:
@@ -93,7 +94,7 @@ def register(app: typer.Typer) -> None:
             return
         run = loaded[0]
         if target is None and run.report.recommended:  # nothing written here: say how to get the config
-            verb = "predict" if run.report.task == "predict" else "train"  # predict: the [predict] settings file
+            verb = get(run.report.task).config_command
             run.report.recommended["command"] = (f"kronos-tune report {runs[0]} --out DIR, then kronos-tune {verb} "
                                                  f"--config DIR/recommended.toml")
         if target is not None:

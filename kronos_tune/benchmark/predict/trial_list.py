@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
 
 from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.benchmark.results import PredictSettings, TrialSpec
@@ -37,6 +36,8 @@ def reference_series(measured: int, lookback: int, pred_len: int, sample_count: 
 
 
 def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    import torch  # only the plan of a CUDA run asks the device
+
     p = preset.predict
     measured, agreement = predict_counts(p.series_count, options)
     cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,

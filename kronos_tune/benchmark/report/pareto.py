@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from kronos_tune.benchmark.train.decide import DRIFT_STAGE
 from kronos_tune.benchmark.report.estimate import baseline_of, series_rate_estimate, step_time_estimate
 from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.tasks import get
 
 PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
 
@@ -93,13 +94,6 @@ def _median(spread: float | None) -> float | None:
     return None if spread is None or not spread > 0 else float(spread)
 
 
-def _unit(trials: Sequence[TrialResult], task: str) -> str:
-    if task == "predict":
-        return "series"
-    batches = {t.tokens_per_step for t in trials if t.tokens_per_step}
-    return "step" if len(batches) <= 1 else "sample"
-
-
 def _seconds(trial: TrialResult, unit: str, baseline: TrialResult | None) -> float | None:
     """The point's time from the one estimate every view shows (kronos_tune.benchmark.report.estimate)."""
     if unit == "series":
@@ -123,7 +117,7 @@ def scatter_of(trials: Sequence[TrialResult], task: str, budget_bytes: int = 0,
                recommended: str | None = None) -> Scatter:
     """The points of the trials that ran ok with a time and a peak memory; the others listed with why."""
     drawable = [t for t in trials if t.status == "ok" and t.peak_memory_bytes]
-    unit = _unit(drawable, task)
+    unit = get(task).scatter_unit(drawable)
     scatter = Scatter(task, unit, AXIS_LABELS[unit], recommended=recommended, budget_bytes=int(budget_bytes or 0))
     baseline = baseline_of(trials)
     for trial in trials:

@@ -16,8 +16,7 @@ from typing import Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.benchmark.results import NewerSchema, ProtocolReport, TrialResult
-from kronos_tune.benchmark.results import RESULTS_FILE
+from kronos_tune.benchmark.results import RESULTS_FILE, ProtocolReport, read_results
 from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.runs import RUN_FILE, read_run_file
 
@@ -51,28 +50,6 @@ def _paths(path: Path) -> tuple[Path, Path | None, Path | None]:
     return path, run, None
 
 
-def _read_results(path: Path) -> tuple[list[TrialResult], list[str]]:
-    by_name: dict[str, TrialResult] = {}
-    dropped = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            result = TrialResult.from_dict(data)
-        except NewerSchema as error:
-            raise KronosTuneError(f"report {path}: line {number} has results of {error}; upgrade kronos-tune "
-                                  f"(pip install -U kronos-tune) to read it") from None
-        except (json.JSONDecodeError, TypeError, KeyError, ValueError) as error:
-            last = "the last line, cut short" if number == len(lines) else f"line {number}"
-            dropped.append(f"{path.name} {last}: {type(error).__name__}")
-            continue
-        by_name.pop(result.name, None)
-        by_name[result.name] = result  # the last line of a name wins (a resumed run re-ran it)
-    return list(by_name.values()), dropped
-
-
 def _run_facts(run_file: Path | None) -> dict[str, Any]:
     if run_file is None:
         return {}
@@ -103,15 +80,18 @@ def load_run(path: str | Path, out_dir: str | Path | None = None) -> LoadedRun:
     """The report of one run, rebuilt from its results (see the module docstring). `out_dir`: where the
     rebuilt files will be written (the recommendation's command points there); default the run folder."""
     results_file, run_file, folder = _paths(Path(path))
-    trials, dropped = _read_results(results_file)
+    results = read_results(results_file)
+    trials, dropped = results.trials, results.dropped
     if not trials:
         extra = f" ({len(dropped)} unreadable line(s))" if dropped else ""
         raise KronosTuneError(f"report {path}: no trial results in {results_file.name}{extra}; the run may not "
                               f"have finished its first trial")
-    tasks = sorted({t.task for t in trials})
+    by_task: dict[str, list[str]] = {}
+    for t in trials:
+        by_task.setdefault(t.task, []).append(t.name)
+    tasks = sorted(by_task)
     if len(tasks) > 1:
-        examples = "; ".join(task + ": " + ", ".join([t.name for t in trials if t.task == task][:3])
-                             for task in tasks)
+        examples = "; ".join(task + ": " + ", ".join(by_task[task][:3]) for task in tasks)
         raise KronosTuneError(f"report {path}: the results mix tasks {', '.join(tasks)} ({examples}); give one "
                               f"run's results")
     facts = _run_facts(run_file)
@@ -142,8 +122,7 @@ def load_run(path: str | Path, out_dir: str | Path | None = None) -> LoadedRun:
         preset_source=facts.get("preset_source"),
         out_dir=str(out_dir) if out_dir is not None else str(folder) if folder is not None else None,
         started_at=facts.get("started_at", ""), finished_at=facts.get("finished_at", facts.get("updated_at", "")))
-    summarize(report, preset)
-    return LoadedRun(report, results_file, folder, dropped)
+    return LoadedRun(summarize(report, preset), results_file, folder, dropped)
 
 
 def check_comparable(runs: list[LoadedRun]) -> None:

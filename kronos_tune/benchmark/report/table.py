@@ -1,156 +1,27 @@
-"""The summary table of a benchmark report, shared by report.md and the terminal views."""
+"""The summary table of a benchmark report (report.md, the terminal): the shared columns here, the task's own
+from its `cells`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from kronos_core.units import format_bytes
-from kronos_tune.benchmark.results import Delta, ProtocolReport, TrialResult
-
-LOWER_IS_BETTER = ("step_time_s", "peak_memory_bytes", "val_loss", "projected_train_time_s", "projected_predict_time_s")
-
-
-# Formatting -----------------------------------------------------------------------------------------------
-
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if value < 1:
-        return f"{1000 * value:.0f} ms"
-    if value < 120:
-        return f"{value:.2f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    if value < 172800:
-        return f"{value / 3600:.1f} h"
-    return f"{value / 86400:.1f} d"
-
-
-def fmt_rate(value: float | None) -> str:
-    return "–" if value is None else (f"{value:,.0f}" if value >= 100 else f"{value:.3g}")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """Text of one table cell; tone good | bad | noise | warn | '' (colours in the CLI, marks in Markdown)."""
-
-    text: str
-    tone: str = ""
-
-
-def delta_cell(delta: Delta | None, key: str) -> Cell:
-    if delta is None:
-        return Cell("")
-    text = f"{delta.pct:+.1f}%"
-    if delta.noise:
-        return Cell(f"~{text}", "noise")
-    better = delta.pct < 0 if key in LOWER_IS_BETTER else delta.pct > 0
-    return Cell(text, "good" if better else "bad") if delta.pct else Cell(text)
-
-
-def _spread_text(spread: Any, fmt: Any, compact: bool = False) -> str:
-    """Median, then the interquartile range (min–max for results kept without quartiles) and n."""
-    if spread is None:
-        return "–"
-    low, high = (spread.q1, spread.q3) if spread.iqr is not None else (spread.min, spread.max)
-    if compact:
-        return f"{fmt(spread.median)}\n{fmt(low).replace(' ', '')}–{fmt(high).replace(' ', '')} n={spread.n}"
-    kind = "IQR" if spread.iqr is not None else "min–max"
-    return f"{fmt(spread.median)} [{kind} {fmt(low)}–{fmt(high)}] n={spread.n}"
-
-
-def time_delta_cell(result: TrialResult, compact: bool = False) -> Cell:
-    """The step-time change vs the baseline with its 95% interval; ~ when the rule does not call it."""
-    cell = delta_cell(result.deltas.get("step_time_s"), "step_time_s")
-    comparison = result.comparison
-    if not cell.text or not comparison or comparison.get("low") is None:
-        return cell
-    low, high = 100 * (comparison["low"] - 1), 100 * (comparison["high"] - 1)
-    sep = "\n" if compact else " "
-    tone = "warn" if comparison.get("verdict") == "unresolved" else cell.tone
-    return Cell(f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]", tone)
-
-
-def trajectory_cell(result: TrialResult) -> Cell:
-    check = result.trajectory
-    if not check:
-        return Cell("")
-    text = f"{check['measured']} ({check['max_rel_deviation']:.1g})"
-    return Cell(text, "bad" if check.get("defect") else "")
-
-
-def changes_text(result: TrialResult) -> str:
-    return ", ".join(f"{k}={v}" for k, v in result.changes.items()) or "reference"
-
-
-def _status_cell(result: TrialResult, compact: bool = False) -> Cell:
-    tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn",
-            "timeout": "bad"}[result.status]
-    text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
-    if result.quality is not None and not result.quality.get("passed", True):
-        guard = result.quality.get("text") if result.task == "predict" else None  # predict: its class's verdict
-        text, tone = f"{text}; {guard or 'quality guard: worse than the noise allows'}", "bad"
-    if result.trajectory and result.trajectory.get("defect"):
-        text, tone = (f"{text}; defect: losses deviate {result.trajectory['max_rel_deviation']:.2g} from the "
-                      f"baseline's, promised {result.trajectory['expected']}"), "bad"
-    return Cell(text, tone)
-
-
-def speedup_cell(result: TrialResult, compact: bool = False) -> Cell:
-    """Predict: series/s over the reference method's, with the 95% interval; ~ when the rule does not call it."""
-    if not result.speedup:
-        return Cell("")
-    comparison = result.comparison or {}
-    text = f"{result.speedup:.2f}x"
-    if comparison.get("low") is not None and comparison.get("high") is not None:
-        text += ("\n" if compact else " ") + f"[{1 / comparison['high']:.2f}, {1 / comparison['low']:.2f}]"
-    called = comparison.get("verdict")
-    if called in ("faster", "slower"):
-        return Cell(text, "good" if called == "faster" else "bad")
-    return Cell(f"~{text}" if comparison else text, "noise" if comparison else "")
-
-
-def predict_quality_cell(result: TrialResult) -> Cell:
-    quality = result.quality or {}
-    if "passed" not in quality:
-        return Cell("")
-    if quality.get("class") == "exact":
-        return Cell("exact" if quality["passed"] else "not exact", "" if quality["passed"] else "bad")
-    if quality.get("spearman") is None:
-        return Cell("not measured", "warn")
-    return Cell(f"ρ {quality['spearman']:.3f}", "" if quality["passed"] else "bad")
-
-
-TRAIN_COLUMNS = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
-                 "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
-PREDICT_COLUMNS = ("configuration", "hardware", "series/s [IQR] n", "speed-up [95% CI]", "projected total", "memory",
-                   "Δ mem", "max Δ output vs ref", "quality", "status")
+from kronos_tune.benchmark.report.cells import Cell, changes_text, delta_cell, status_cell
+from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.tasks import get
 
 
 def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
-    """Header and rows of the summary table (train or predict shape).
+    """Header and rows of the summary table (its task's columns).
 
     `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without
     its reason (list those below the table with `changes_text` and `TrialResult.reason`)."""
+    task = get(report.task)
     rows = []
     for t in report.trials:
-        name = Cell(t.name if compact else f"{t.name} ({changes_text(t)})")
-        status = _status_cell(t, compact)
-        hardware = Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware)
-        peak = Cell(format_bytes(t.peak_memory_bytes, missing="–"))
-        if report.task == "predict":
-            rows.append([name, hardware, Cell(_spread_text(t.series_per_s, fmt_rate, compact)),
-                         speedup_cell(t, compact), Cell(fmt_seconds(t.projected_predict_time_s)), peak,
-                         delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                         Cell("–" if t.output_max_abs_diff is None else f"{t.output_max_abs_diff:.3g} σ"),
-                         predict_quality_cell(t), status])
-            continue
-        loss = "–" if t.val_loss is None else f"{t.val_loss:.4f}"
-        rows.append([name, hardware, Cell(_spread_text(t.step_time_s, fmt_seconds, compact)),
-                     time_delta_cell(t, compact), Cell(fmt_seconds(t.projected_train_time_s)),
-                     peak,
-                     delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
-                     Cell(loss), delta_cell(t.deltas.get("val_loss"), "val_loss"), trajectory_cell(t),
-                     Cell("–" if t.mfu is None else f"{100 * t.mfu:.1f}%"), status])
-    return (PREDICT_COLUMNS if report.task == "predict" else TRAIN_COLUMNS), rows
+        shared = {"configuration": Cell(t.name if compact else f"{t.name} ({changes_text(t)})"),
+                  "hardware": Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware),
+                  "memory": Cell(format_bytes(t.peak_memory_bytes, missing="–")),
+                  "Δ mem": delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
+                  "status": status_cell(t, compact)}
+        own = task.cells(t, compact)
+        rows.append([own[column] if column in own else shared[column] for column in task.columns])
+    return task.columns, rows

@@ -15,10 +15,10 @@ written to OUT/curves/<trial>.jsonl (kronos_tune.run_logs).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import gc
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -32,13 +32,10 @@ from kronos_core.errors import one_line
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset
-from kronos_tune.benchmark.predict import trials as predict_trials
-from kronos_tune.benchmark.train import trials as train_trials
 from kronos_tune.benchmark.run.isolation import Outcome, launch_trial
 from kronos_tune.benchmark.run.paired import BaselineWorkers
-from kronos_tune.benchmark.tasks import plan_trials
+from kronos_tune.benchmark.tasks import get, plan_trials
 from kronos_tune.benchmark.selection import resolve
-from kronos_tune.benchmark.predict.measure import autobatch_chunk
 from kronos_tune.benchmark.quality import noise_estimate
 from kronos_tune.benchmark.results import (
     NOISE_PROBE,
@@ -73,6 +70,7 @@ class ProtocolRun:
                  on_event: EventCallback | None, cancel: threading.Event | None, overwrite: bool = False,
                  tensorboard: bool = False) -> None:
         self.preset, self.task, self.options = preset, task, options
+        self.bench_task = get(task)  # the task's plan, trials, decision and report
         self.on_event = on_event
         self.cancel = cancel if cancel is not None else threading.Event()
         self.specs = plan_trials(preset, task, options)
@@ -155,7 +153,7 @@ class ProtocolRun:
         name, total = torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory
         total_text = format_bytes(total, "GiB", 1)
         if budget < total:
-            if self.task == "predict":  # predict trials run in this process
+            if self.bench_task.probes_in_process:
                 self.notes.append(apply_cuda_budget(budget, dev))
             else:
                 self.notes.append(f"each trial's process caps {dev} at {budget_text} of {total_text} via "
@@ -214,13 +212,13 @@ class ProtocolRun:
             self.finish(self.run_trial(spec, index))
 
     def reapply_budget(self) -> None:
-        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.task == "predict":
+        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.bench_task.probes_in_process:
             from kronos_tune.memory import apply_cuda_budget
 
             apply_cuda_budget(self.budget_bytes, torch.device("cuda", torch.cuda.current_device()))
 
     def restore_device(self) -> None:
-        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.task == "predict":
+        if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.bench_task.probes_in_process:
             torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
 
     def run_trial(self, spec: TrialSpec, index: int) -> TrialResult:
@@ -251,7 +249,7 @@ class ProtocolRun:
         except Exception as error:  # noqa: BLE001 - a crashing trial is a result; the protocol goes on
             result = ended("failed", one_line(error))
         finally:
-            train_trials.remove_tree(work)
+            shutil.rmtree(work, ignore_errors=True)
             gc.collect()
             if self.device == "cuda":
                 torch.cuda.empty_cache()
@@ -265,20 +263,10 @@ class ProtocolRun:
         """Decide what is only known while running: autobatch's pick, the combination, the noise probe's data."""
         if spec.skip_reason is not None:
             return spec, []
-        if self.task == "predict":
-            if spec.name != "autobatch":
-                return spec, []
-            base = next(s for s in self.specs if s.name == "kv-cache").config
-            chunk, notes = autobatch_chunk(base, self.device, self.budget_bytes, self.options.autobatch_margin)
-            spec.config = dataclasses.replace(base, max_batch_size=chunk)
-            spec.changes = {"use_cache": True, "max_batch_size": chunk}
-            return spec, notes
-        return train_trials.resolve(self, spec, work)
+        return self.bench_task.resolve(self, spec, work)
 
     def measure(self, spec: TrialSpec, work: Path) -> TrialResult:
-        if self.task == "train":
-            return train_trials.run_trial(self, spec, work)
-        return predict_trials.run_trial(self, spec, work)
+        return self.bench_task.run_trial(self, spec, work)
 
     # The report ----------------------------------------------------------------------------------
     def build_report(self) -> ProtocolReport:
@@ -288,9 +276,7 @@ class ProtocolRun:
         not_run = [s.name for s in self.specs if s.name not in self.results]
         # a cancel that arrives after the last trial finished stops nothing: the run is complete, not cancelled
         stopped = self.cancel.is_set() and (bool(not_run) or any(t.status == "cancelled" for t in trials))
-        options = self.options.to_dict()
-        if self.task == "predict" and self.specs:
-            options["predict_series_used"] = max(getattr(s.config, "measured_series", 0) for s in self.specs)
+        options = {**self.options.to_dict(), **self.bench_task.report_options(self.specs)}
         options["trial_timeout_s"] = self.trial_timeout_s
         report = ProtocolReport(
             preset=self.preset.name, task=self.task, device=self.device, device_line=self.device_line,
@@ -300,8 +286,7 @@ class ProtocolRun:
             notes=list(self.notes), preset_source=str(self.preset.source_path) if self.preset.source_path else None,
             out_dir=str(self.out_dir), started_at=self.started_at, finished_at=_now(),
             wall_time_s=time.perf_counter() - self.started)
-        summarize(report, self.preset)
-        return report
+        return summarize(report, self.preset)
 
 
 def run_protocol(preset: Preset | str, task: str = "train", options: ProtocolOptions = ProtocolOptions(),

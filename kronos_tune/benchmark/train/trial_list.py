@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from kronos_core.train import TrainConfig
 from kronos_tune.benchmark.kinds import TrialKind
@@ -56,6 +55,8 @@ def _single(name: str, kind: TrialKind, base: TrainConfig, changes: dict[str, An
 
 
 def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    import torch  # only the plan of a CUDA run asks the device
+
     batch = base.batch_size
     bf16_skip = None
     if device == "cuda" and not torch.cuda.is_bf16_supported():

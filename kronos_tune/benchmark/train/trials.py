@@ -9,7 +9,6 @@ mean (verdicts, the recommendation) is decided in decision.py and summary.py."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,6 @@ DEFAULT_TRIAL_BUDGET_S = {"cpu": 10.0, "cuda": 20.0}
 RESOLUTION_BUDGET_FACTOR = 3.0  # the A/A comparison's rounds over a trial's (comparison_budget)
 
 
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _spec(run: RunContext, name: str) -> TrialSpec:
     return next(s for s in run.specs if s.name == name)
 
@@ -48,7 +43,7 @@ def _spec(run: RunContext, name: str) -> TrialSpec:
 # Trials decided while running ---------------------------------------------------------------------------
 
 def decision_context(run: RunContext) -> DecisionContext:
-    from kronos_tune.benchmark.report.summary import model_has_dropout
+    from kronos_tune.benchmark.train.summary import model_has_dropout
 
     margin = run.options.autobatch_margin
     return DecisionContext(budget_bytes=run.budget_bytes, objective=run.options.objective,

@@ -44,7 +44,7 @@ def shown_value(result: TrialResult, key: str, baseline: TrialResult | None = No
 def figure(result: TrialResult, key: str, render: Callable[[Any], str], baseline: TrialResult | None = None
            ) -> Text:
     """The value of `key` and its delta, right-aligned; '–' when the trial has no such figure."""
-    from kronos_tune.benchmark.report.table import delta_cell
+    from kronos_tune.benchmark.report.cells import delta_cell
 
     value = shown_value(result, key, baseline)
     text = Text("–" if value is None else render(value), style="dim" if value is None else "")

@@ -1,0 +1,73 @@
+"""What a benchmark task is: the trials it plans and runs, how it decides and reports. `tasks.py` holds them by
+name ("train", "predict"); the runner, the reports and the commands ask the task instead of testing its name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.report.cells import Cell
+from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.presets import Preset
+
+if TYPE_CHECKING:
+    from kronos_tune.benchmark.run.context import RunContext
+
+
+class BenchmarkTask(ABC):
+    name: str
+    trial_names: tuple[str, ...]  # every trial the task knows, for --skip/--only
+    columns: tuple[str, ...]  # the report table's header
+    config_command: str  # the command its recommended.toml is for: kronos-tune <config_command> --config FILE
+    probes_in_process: bool = False  # it probes the device in the runner's process: a CUDA budget is capped there
+
+    def check(self, options: ProtocolOptions) -> None:
+        """Refuse options the task cannot use (KronosTuneError, one line)."""
+
+    @abstractmethod
+    def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+        """Every trial in run order, skipped ones with their reason."""
+
+    @abstractmethod
+    def resolve(self, run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
+        """Decide what is only known while running (autobatch's pick, the combination); notes for the row."""
+
+    @abstractmethod
+    def run_trial(self, run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
+        """Measure one trial (in its own worker processes)."""
+
+    def report_options(self, specs: Sequence[TrialSpec]) -> dict[str, Any]:
+        """What the report's options add from the planned trials."""
+        return {}
+
+    @abstractmethod
+    def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
+        """Fill the derived sections of `report` (a copy `summarize` owns) from its trials: comparisons,
+        deltas, quality, timing, the decision and the recommendation."""
+
+    @abstractmethod
+    def cells(self, trial: TrialResult, compact: bool) -> dict[str, Cell]:
+        """The task's own cells of a trial's table row, by column name (the shared ones come from the table)."""
+
+    @abstractmethod
+    def recommended_toml(self, report: ProtocolReport) -> str | None:
+        """RUN/recommended.toml, for `kronos-tune <config_command> --config`; None without a recommendation."""
+
+    @abstractmethod
+    def markdown_lines(self, report: ProtocolReport) -> list[str]:
+        """report.md's section between the notes and the table."""
+
+    @abstractmethod
+    def notes(self, report: ProtocolReport) -> list[str]:
+        """The plain lines a terminal prints under the table."""
+
+    def resolution_line(self, report: ProtocolReport) -> str | None:
+        """The run's own resolution in one sentence, where the task measures one."""
+        return None
+
+    @abstractmethod
+    def scatter_unit(self, trials: Sequence[TrialResult]) -> str:
+        """What the picture's time axis is per: step | sample | series."""

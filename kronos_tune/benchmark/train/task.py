@@ -1,0 +1,73 @@
+"""The train task of the benchmark: the preset's training step as the reference runs it, one change at a time,
+then the helpful changes together (trial_list, trials, decide, summary, text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kronos_tune.benchmark.report.cells import (
+    Cell, delta_cell, fmt_seconds, spread_text, time_delta_cell, trajectory_cell,
+)
+from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.task import BenchmarkTask
+from kronos_tune.benchmark.train import text
+from kronos_tune.benchmark.train.summary import summarize_train
+from kronos_tune.benchmark.train.trial_list import TRAIN_TRIALS
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.presets import Preset
+
+if TYPE_CHECKING:
+    from kronos_tune.benchmark.run.context import RunContext
+
+
+class TrainBenchmark(BenchmarkTask):
+    name = "train"
+    trial_names = TRAIN_TRIALS
+    columns = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
+               "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
+    config_command = "train"
+
+    def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+        from kronos_tune.benchmark.train.trial_list import plan_train
+
+        return plan_train(preset, options, device)
+
+    def resolve(self, run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
+        from kronos_tune.benchmark.train import trials
+
+        return trials.resolve(run, spec, work)
+
+    def run_trial(self, run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
+        from kronos_tune.benchmark.train import trials
+
+        return trials.run_trial(run, spec, work)
+
+    def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
+        summarize_train(report, preset)
+
+    def cells(self, trial: TrialResult, compact: bool) -> dict[str, Cell]:
+        return {"time/step [IQR] n": Cell(spread_text(trial.step_time_s, fmt_seconds, compact)),
+                "Δ time [95% CI]": time_delta_cell(trial, compact),
+                "projected total": Cell(fmt_seconds(trial.projected_train_time_s)),
+                "val loss": Cell("–" if trial.val_loss is None else f"{trial.val_loss:.4f}"),
+                "Δ loss": delta_cell(trial.deltas.get("val_loss"), "val_loss"),
+                "losses vs baseline": trajectory_cell(trial),
+                "MFU": Cell("–" if trial.mfu is None else f"{100 * trial.mfu:.1f}%")}
+
+    def recommended_toml(self, report: ProtocolReport) -> str | None:
+        return text.recommended_toml(report)
+
+    def markdown_lines(self, report: ProtocolReport) -> list[str]:
+        return text.markdown_lines(report)
+
+    def notes(self, report: ProtocolReport) -> list[str]:
+        return text.console_notes(report)
+
+    def resolution_line(self, report: ProtocolReport) -> str | None:
+        return text.resolution_line(report)
+
+    def scatter_unit(self, trials: Sequence[TrialResult]) -> str:
+        batches = {t.tokens_per_step for t in trials if t.tokens_per_step}
+        return "step" if len(batches) <= 1 else "sample"

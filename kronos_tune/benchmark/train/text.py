@@ -1,0 +1,182 @@
+"""What a train benchmark's report says in words: its timing, quality and memory sections, its recommended
+config file, and the notes the terminal prints under the table."""
+
+from __future__ import annotations
+
+import textwrap
+
+from kronos_tune.benchmark.report.cells import fmt_seconds
+from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+
+
+def recommended_toml(report: ProtocolReport) -> str | None:
+    """RUN/recommended.toml of a train run: the recommended TrainConfig, for `kronos-tune train --config`."""
+    from kronos_core.train.config import TrainConfig  # torch: only when there is a config to write
+
+    rec = report.recommended
+    if not rec or not rec.get("config"):
+        return None
+    text = TrainConfig.from_dict(rec["config"], source="recommended", portable=True).to_toml()
+    header = []
+    if report.partial:
+        header.append(f"# partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
+                      f"{'; cancelled' if report.cancelled else ''}); the recommendation is from the trials that ran")
+    header += [f"# kronos-tune benchmark, preset {report.preset}: {rec['source']}",
+               *textwrap.wrap(f"why: {rec['reason']}", 110, initial_indent="# ", subsequent_indent="#   "),
+               f"# run: {rec['command']}"]
+    return "\n".join(header) + "\n" + text
+
+
+def _aa_rounds(report: ProtocolReport) -> str:
+    aa = next((tr for tr in report.trials if tr.name == NOISE_PROBE), None)
+    timing = aa.timing if aa is not None else {}
+    if not timing.get("rounds"):
+        return "not run"
+    return f"{timing['rounds']} rounds in {timing.get('measure_time_s', 0):.0f} s"
+
+
+def resolution_line(report: ProtocolReport) -> str | None:
+    """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train)."""
+    t = report.timing or {}
+    if t.get("resolution_pct") is not None:
+        return (f"changes under {t['resolution_pct']:.1f}% could not be told from noise in this run (the A/A "
+                f"comparison: the noise-probe against the baseline, interleaved the same way)")
+    if t.get("smallest_change_pct") is not None:
+        return (f"changes under {t['smallest_change_pct']:.1f}% could not be told from noise in this run (the "
+                f"sequential design's threshold: the larger of its floor and the drift of the baseline's "
+                f"re-measurements)")
+    if any(d.get("design") == "paired" for d in (t.get("designs") or {}).values()):
+        return (f"this run did not measure its resolution: the noise-probe (the A/A comparison) did not run, so "
+                f"paired verdicts used the {t.get('paired_threshold_pct', 2):g}% floor alone")
+    return None
+
+
+def timing_lines(report: ProtocolReport) -> list[str]:
+    """Plain sentences on how the timings were taken and how far they can be trusted (train)."""
+    t, opts = report.timing, report.options
+    if not t:
+        return []
+    lines = []
+    resolution = resolution_line(report)
+    if resolution:
+        lines.append(f"**Resolution**: {resolution}.")
+    aa = ((report.decision or {}).get("comparisons") or {}).get(NOISE_PROBE)
+    if aa and aa.get("design") == "paired" and aa.get("verdict") in ("faster", "slower"):
+        lines.append(f"The A/A comparison itself came out {aa['verdict']} ({100 * (aa['ratio'] - 1):+.1f}%): two "
+                     f"workers of one configuration differed beyond the floor, which is why the resolution is as "
+                     f"wide as it is.")
+    designs = t.get("designs") or {}
+    paired = [name for name, d in designs.items() if d.get("design") == "paired"]
+    sequential = {name: d.get("why") for name, d in designs.items() if d.get("design") == "sequential"}
+    if paired:
+        steps = sorted({tr.timing["steps_per_block"] for tr in report.trials if tr.timing.get("steps_per_block")})
+        size = f"{'/'.join(str(n) for n in steps)} step(s)" if steps else f"about {opts.get('block_s', 0.5):g} s"
+        lines.append(f"Paired design ({', '.join(paired)}): each against a live, warmed-up baseline worker in "
+                     f"alternating blocks of {size}, the order drawn at random for each pair of rounds and "
+                     f"mirrored in the second, so that each side leads equally often (seed {opts.get('seed')} and "
+                     f"the trial's name), rounds added until the interval of "
+                     f"the block ratios is within ±{100 * opts.get('target_ci', 0.02):.0f}% or the trial's budget is "
+                     f"spent (the A/A comparison, whose reach is the resolution, runs its whole budget: "
+                     f"{_aa_rounds(report)}); decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
+    if sequential:
+        lines.append("Sequential design (the trial alone against the baseline's own measurement, threshold "
+                     f"±{t.get('threshold_pct', 0):.1f}%): " + "; ".join(f"{name}: {why}"
+                                                                          for name, why in sequential.items()) + ".")
+    drift = t.get("drift_pct")
+    if not paired or sequential or drift is not None:
+        drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(t.get('drift_sources') or [])})"
+        lines.append(f"Timing: each trial warms up until a step is within "
+                     f"{100 * opts.get('settle_tolerance', 0.1):.0f}% of the one before (at least {opts.get('warmup')} "
+                     f"steps); a sequential trial then measures at least {opts.get('steps')} steps, until the "
+                     f"median's 95% interval is within ±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget "
+                     f"is spent. Drift of the baseline's re-measurements: {drift_text}; sequential threshold "
+                     f"±{t.get('threshold_pct', 0):.1f}%.")
+    if t.get("noisy"):
+        lines.append(f"**Too noisy to decide**: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
+                     f"told from noise, past the {t.get('noisy_limit_pct', 25):g}% the rule accepts; the baseline "
+                     f"is kept. Rerun on a quieter machine.")
+    costs = t.get("one_time") or {}
+    paid = [f"{name}: {c['one_time_s']:.1f} s once vs {c['saving_s']:+.1f} s saved over the workload"
+            for name, c in costs.items() if c.get("one_time_s", 0) >= 0.5]
+    if paid:
+        lines.append("One-time costs beyond the baseline's (warm-up, compilation, searches) against what each change "
+                     "saves over the preset's workload: " + "; ".join(paid) + ".")
+    left = t.get("left_out") or {}
+    if left:
+        lines.append(f"Left out of this quick run: {', '.join(left)}; add them all with `--full`, or one with "
+                     f"`--only NAME` (each reason is in its row).")
+    warm = t.get("warmup") or {}
+    if warm:
+        parts = []
+        for name, item in warm.items():
+            times = ", ".join(fmt_seconds(v) for v in item["warmup_times_s"])
+            state = "settled" if item["settled"] else "not settled in the allowed steps"
+            parts.append(f"{name}: {times} ({state}; first step {item['first_over_median']:.1f}x, last "
+                         f"{item['last_over_median']:.2f}x the measured median)")
+        lines.append("Warm-up evidence (step times before measuring): " + "; ".join(parts) + ".")
+    stops = [f"{tr.name} n={_measured_count(tr)} ({tr.timing.get('stop')}, ±{100 * tr.timing['ci_halfwidth']:.1f}%)"
+             for tr in report.trials if tr.timing.get("stop") and tr.timing.get("ci_halfwidth") is not None]
+    if stops:
+        lines.append("Measured steps (paired: rounds) and why measuring stopped (interval = the 95% interval reached "
+                     "its target, budget = time budget spent, max-steps/max-rounds): " + "; ".join(stops) + ".")
+    return lines
+
+
+def _measured_count(trial: TrialResult) -> int:
+    return len(trial.blocks) if trial.blocks else len(trial.step_times_s)
+
+
+def markdown_lines(report: ProtocolReport) -> list[str]:
+    """report.md's train section: what every trial shares, the timing, memory, the quality guard, MFU."""
+    opts = report.options
+    lines: list[str] = []
+    q = report.quality
+    lines += ["", f"Every trial: seed {opts.get('seed')}, the same windows and tokens per optimizer step; "
+                  f"validation loss after {q.get('val_loss_step')} optimizer steps from the same initial "
+                  f"weights on {q.get('eval_windows')} validation windows."]
+    lines += [""] + timing_lines(report)
+    if report.headroom:
+        lines += ["", f"Memory: {report.headroom['text']}."]
+    noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
+    threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
+    lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold {threshold} (val loss). "
+                  f"Training losses: {q.get('trajectory_rule', '')}."]
+    if q.get("defects"):
+        lines += ["", f"**Defects**: {', '.join(q['defects'])} should reproduce the baseline's losses and do not."]
+    if report.flops:
+        lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
+    return lines
+
+
+def console_notes(report: ProtocolReport) -> list[str]:
+    """The lines the terminal prints under the table: the quality guard, the timing designs, what the quick run
+    left out, memory and MFU."""
+    q, t = report.quality, report.timing
+    noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
+    threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
+    lines = [f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
+             f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows"]
+    designs = t.get("designs") or {}
+    paired = [name for name, d in designs.items() if d.get("design") == "paired"]
+    sequential = [f"{name} ({d.get('why')})" for name, d in designs.items() if d.get("design") == "sequential"]
+    if paired:
+        lines.append(f"timing: paired with a live baseline in alternating blocks ({', '.join(paired)}), "
+                     f"threshold ±{t.get('paired_threshold_pct', 0):.1f}%; Δ shows the 95% interval of the "
+                     f"block ratios; ~ = the rule calls it neither faster nor slower")
+    if sequential or (not paired and t.get("threshold_pct") is not None):
+        drift = "not measured" if t.get("drift_pct") is None else f"{t['drift_pct']:.1f}%"
+        lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; threshold "
+                     f"±{t.get('threshold_pct', 0):.1f}% (drift of the baseline's re-measurements {drift})")
+    left = t.get("left_out") or {}
+    if left:
+        lines.append(f"left out of this quick run: {', '.join(left)}; add them with --full (or one with --only "
+                     f"NAME)")
+    if t.get("noisy"):
+        lines.append(f"too noisy to decide: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
+                     f"told from noise (limit {t.get('noisy_limit_pct', 25):g}%); the baseline is kept; rerun on "
+                     f"a quieter machine")
+    if report.headroom:
+        lines.append(f"memory: {report.headroom['text']}")
+    if report.flops:
+        lines.append(f"MFU: {report.flops['formula']}")
+    return lines
