@@ -355,3 +355,16 @@ async def test_q_leaves_the_session_run_folders_behind(tmp_path: Path) -> None:
     (exported,) = app.folders
     assert exported.parent == tmp_path / "runs" / "exports"
     assert app.farewell() == f"run folders of this session: {exported}"
+
+
+@pytest.mark.asyncio
+async def test_help_scrolls_on_a_short_terminal() -> None:
+    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        keys = app.screen.query_one("#help-keys")
+        assert keys.max_scroll_y > 0  # more keys than lines: they scroll, the footer stays
+        await pilot.press("end")
+        await pilot.pause()
+        assert keys.scroll_y == keys.max_scroll_y

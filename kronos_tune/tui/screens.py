@@ -9,7 +9,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -38,8 +38,21 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(key, description)
         with Vertical(id="help-box", classes="dialog"):
             yield Static(Text("Keys (also in the command palette, ctrl+p)", style="bold"))
-            yield Static(table)
-            yield Static(Text("escape closes this help", style="dim"))
+            with VerticalScroll(id="help-keys"):  # a short terminal scrolls the keys instead of cutting them
+                yield Static(table)
+            yield Static(Text("↑↓ PgUp/PgDn scroll · escape closes this help", style="dim"))
+
+    def on_mount(self) -> None:
+        self._fit()
+        self.query_one("#help-keys").focus()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """The keys take what the dialog (90% of the screen) leaves after its border, padding, title and
+        footer: they scroll below that, and the title and footer stay on screen."""
+        self.query_one("#help-keys").styles.max_height = max(3, int(0.9 * self.size.height) - 8)
 
 
 def preset_option(preset: Preset) -> Option:
