@@ -98,3 +98,14 @@ async def test_without_textual_plotext_a_table_takes_the_plots_place(monkeypatch
         assert [line[0] for line in lines if line[-1] == "◆"] == ["checkpointing", "baseline", "combined"]
         assert lines[0][1:4] == ["1.71", "1.62", "GiB"]  # time per step, peak memory
         assert "time per optimizer step (compared estimate) [s]" in table
+
+
+def test_names_of_close_points_do_not_run_into_each_other() -> None:
+    from kronos_tune.tui.widgets.scatter import label_places
+
+    cell = (0.1, 0.01)  # one column = 0.1 GiB, one row = 10 ms
+    points = [("dataloader", 2.40, 1.300), ("combined", 2.45, 1.302), ("baseline", 2.0, 1.5)]
+    places = label_places(points, cell, right=10.0)
+    rows = {name: round(y / cell[1]) for name, (_, y) in places.items()}
+    assert rows["dataloader"] != rows["combined"]  # the same row would have merged the two names
+    assert rows["baseline"] == 150 and places["baseline"][0] == pytest.approx(2.2)  # alone: on its own row

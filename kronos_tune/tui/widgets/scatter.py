@@ -81,6 +81,30 @@ def points_table(scatter: Scatter) -> Table:
     return table
 
 
+def label_places(points: list[tuple[str, float, float]], cell: tuple[float, float], right: float
+                 ) -> dict[str, tuple[float, float]]:
+    """Where each name is written: two columns right of its marker (left of it at the right edge), on the
+    marker's row, or the nearest free row above or below when another name already covers those columns
+    there (overlapping names merged into one word: "dataloadere")."""
+    column, row = cell
+    taken: list[tuple[int, int, int]] = []  # (row, first column, last column) of every name placed
+    places: dict[str, tuple[float, float]] = {}
+    for name, x, y in sorted(points, key=lambda p: (p[2], p[1])):
+        start = x + 2 * column if x + (len(name) + 3) * column < right else x - (len(name) + 2) * column
+        first = round(start / column)
+        last = first + len(name)
+        home = round(y / row)
+        for shift in (0, 1, -1, 2, -2, 3, -3):
+            line = home + shift
+            if all(line != r or last + 1 < a or first > b + 1 for r, a, b in taken):
+                break
+        else:
+            line = home
+        taken.append((line, first, last))
+        places[name] = (start, line * row)
+    return places
+
+
 class ScatterPanel(Vertical):
     """The plot (or the fallback table) and its caption. `drawn` keeps what the last `show` plotted, by series:
     (x values, y values, names) in the plot's units."""
@@ -156,14 +180,18 @@ class ScatterPanel(Vertical):
             self.drawn["budget"] = ([scatter.budget_bytes / mem_div], [], ["budget"])
             right = max(right, scatter.budget_bytes)
         right = 1.15 * right / mem_div
+        top = 1.15 * max(p.seconds for p in scatter.points) * t_mul
         width = self.plot.size.width or self.size.width  # type: ignore[union-attr]
-        cell = right / max(20, width - 12)  # one column, in GiB/MiB
-        for point in scatter.points:  # the name two columns right of its marker (left of it at the right edge)
-            x = point.memory_bytes / mem_div
-            x = x + 2 * cell if x + (len(point.name) + 3) * cell < right else x - (len(point.name) + 2) * cell
-            plt.text(point.name, x, point.seconds * t_mul, alignment="left", color="gray" if point.repeat else None)
+        height = self.plot.size.height or self.size.height  # type: ignore[union-attr]
+        cell = (right / max(20, width - 12), top / max(5, height - 4))  # one column and one row, in data units
+        places = label_places([(p.name, p.memory_bytes / mem_div, p.seconds * t_mul) for p in scatter.points],
+                              cell, right)
+        self.drawn["labels"] = ([x for x, _ in places.values()], [y for _, y in places.values()], list(places))
+        for point in scatter.points:
+            x, y = places[point.name]
+            plt.text(point.name, x, y, alignment="left", color="gray" if point.repeat else None)
         plt.xlim(0, right)
-        plt.ylim(0, 1.15 * max(p.seconds for p in scatter.points) * t_mul)
+        plt.ylim(0, top)
         plt.xlabel(f"peak memory [{mem_unit}]")
         plt.ylabel(f"time per {scatter.unit} [{t_unit}]")
         self.plot.refresh()  # type: ignore[union-attr]
