@@ -122,7 +122,8 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     outcome.precision = widest([Precision(*finished[k].precision) for k in range(outcome.chunks)] or [Precision()])
     if not outcome.ranks:
         outcome.ranks = rank_summary(finished)
-    if outcome.tables is None and outcome.series <= SMALL_RUN_SERIES:
+    # --json embeds small runs; without --out (a sharded run) the frames are the result, as in one process
+    if outcome.tables is None and (outcome.series <= SMALL_RUN_SERIES or config.out is None):
         outcome.tables = [pd.read_parquet(work.part(k)) for k in range(outcome.chunks)]
     if config.holdout:
         outcome.scores = holdout_pairs(work, outcome.scores, config.pred_len)
