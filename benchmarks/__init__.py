@@ -7,9 +7,12 @@ Run each from the repository root as `python -m benchmarks.<name> --help`:
 * train: training-step precision and speed variants
 * memory: the planner's fake-tensor estimate against the exact CPU meter
 * memory_fsdp: FSDP against DDP in gloo processes, and the planner against the measurement
+* plan_cold: a cold `kronos-tune plan` with and without the private PyTorch shortcuts, side by side
 * telemetry: what the sampler costs a training run
 * autobatch: the autobatch pick against the true largest batch
 * decisions: how often the benchmark's decision rule is right under quiet and noisy load
+
+Other modules here (predict_job, predict_streams, skill, ...) say what they measure in their own docstrings.
 """
 
 from __future__ import annotations
