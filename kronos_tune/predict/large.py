@@ -12,15 +12,16 @@ number of series. Progress reports series done, series/s and the time left (per 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kronos_core.data.kline import find_data_files
 from kronos_core.hub import PretrainedSource
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import predict_chunk
@@ -41,10 +42,9 @@ def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource]) ->
     """What a resume must match: the data (each file's size and time), the model, every setting that changes
     a value. Not the process count: a job may resume on more or fewer ranks."""
     files = []
-    for path in config.data:
-        for file in sorted(Path(path).glob("*")) if Path(path).is_dir() else [Path(path)]:
-            stat = file.stat()
-            files.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    for file in find_data_files(list(config.data)) if config.data else ():
+        stat = file.stat()
+        files.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
     return {
         "data": files, "synthetic": config.synthetic, "size": config.size,
         "weights": {label: str(source.path) for label, source in sorted(weights.items())},
@@ -65,18 +65,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
         yield
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def open_job(config: PredictConfig, weights: dict[str, PretrainedSource]) -> WorkFolder:
