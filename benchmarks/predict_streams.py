@@ -5,7 +5,7 @@
 
 Invariance: the same N synthetic series (random-init weights) predicted as one
 batch (the reference), in reversed order, in chunks of 7 (`max_batch_size`), and
-each alone (chunks of 1), for each sampling mode:
+each alone (chunks of 1; `--compositions` picks), for each sampling mode:
 
 - "greedy-plain": top_k=1 without keys, as before this change (no padding of the chunk);
 - "greedy-keys" and "sampled-keys" (T 1.0, top-p 0.9): each series with its
@@ -112,7 +112,9 @@ def invariance(args: argparse.Namespace) -> None:
     inputs = make_inputs(args.series, args.lookback, args.pred_len, args.seed)
     count = args.series
     forward, reverse = np.arange(count), np.arange(count)[::-1].copy()
-    compositions = {"reversed": (reverse, count), "chunks of 7": (forward, 7), "alone": (forward, 1)}
+    compositions = {name: layout for name, layout in
+                    {"reversed": (reverse, count), "chunks-of-7": (forward, 7), "alone": (forward, 1)}.items()
+                    if name in args.compositions.split(",")}
     print(f"invariance: {count} series, lookback {args.lookback}, pred_len {args.pred_len}, "
           f"{args.sample_count} path(s), {torch.get_num_threads()} thread(s); reference: one batch of all")
     print(f"{'size':<6} {'mode':<16} {'composition':<12} {'series w/ token change':>23} {'tokens changed':>15} "
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["invariance", "cost"], default=None, help="one part (default: both)")
     parser.add_argument("--sizes", default="mini,small", help="model sizes for the invariance part")
     parser.add_argument("--modes", default=",".join(MODES), help=f"sampling modes, of: {', '.join(MODES)}")
+    parser.add_argument("--compositions", default="reversed,chunks-of-7,alone",
+                        help="compared with one batch of all, of: reversed, chunks-of-7, alone")
     parser.add_argument("--series", type=int, default=1000)
     parser.add_argument("--lookback", type=int, default=32)
     parser.add_argument("--pred-len", type=int, default=4)
