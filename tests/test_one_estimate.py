@@ -56,3 +56,15 @@ def test_every_view_orders_the_trials_the_same_way(trials) -> None:
     scatter = scatter_of(trials, "train")
     assert [p.name for p in sorted(scatter.points, key=lambda p: p.seconds)] == expected
     assert scatter.point("fused-adamw").seconds == pytest.approx(0.347 * 1.037)
+
+
+def test_the_report_table_shows_the_estimate_with_the_raw_median(trials) -> None:
+    from kronos_tune.benchmark.report.table import table
+    from kronos_tune.benchmark.results import ProtocolReport
+
+    report = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
+                            budget_mode="simulated", trials=trials)
+    header, rows = table(report)
+    cells = {row[0].text.split(" (")[0]: row[header.index("time/step [IQR] n")].text for row in rows}
+    assert cells["fused-adamw"].startswith("360 ms (raw 335 ms") and cells["dataloader"].startswith("330 ms (raw 360")
+    assert cells["baseline"].startswith("347 ms [")  # its own median: nothing to add

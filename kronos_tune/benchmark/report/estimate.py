@@ -97,3 +97,21 @@ def report_dict(report: Any) -> dict[str, Any]:
     out["shown"] = {"rule": ESTIMATE_LEGEND,
                     "trials": {t.name: raw_and_estimate(t, baseline) for t in report.trials}}
     return out
+
+
+# The table's time column of each task (benchmark.train.task / benchmark.predict.task `cells`): the figure
+# shown is the estimate, the raw median beside it.
+TIME_COLUMNS = {"train": "time/step [IQR] n", "predict": "series/s [IQR] n"}
+
+
+def shown_time_cell(trial: TrialResult, baseline: TrialResult | None, compact: bool) -> Any:
+    """The table's time cell: the estimate, with the raw spread in parentheses when they differ."""
+    from kronos_tune.benchmark.report.cells import Cell, fmt_rate, fmt_seconds, spread_text
+
+    predict = trial.task == "predict"
+    raw, fmt = (trial.series_per_s, fmt_rate) if predict else (trial.step_time_s, fmt_seconds)
+    raw_text = spread_text(raw, fmt, compact)
+    shown = series_rate_estimate(trial, baseline) if predict else step_time_estimate(trial, baseline)
+    if raw is None or shown is None or fmt(shown) == fmt(raw.median):
+        return Cell(raw_text)
+    return Cell(f"{fmt(shown)}{chr(10) if compact else ' '}(raw {raw_text.replace(chr(10), ' ')})")

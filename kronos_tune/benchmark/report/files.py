@@ -45,7 +45,9 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Δ: change vs the baseline with its 95% interval (paired: the centre of the block ratios; "
                   "sequential: the ratio of medians); ~ marks a change the decision rule does not call faster or "
-                  "slower (inside the threshold or unresolved). Projected total: the preset's workload at the "
+                  "slower (inside the threshold or unresolved). Time: the baseline's median x the compared ratio "
+                  "(the figure the Δ, the projection, the picture and the dashboard use), the trial's raw median, "
+                  "measured at another time, in parentheses. Projected total: the preset's workload at the "
                   "trial's speed plus its one-time costs.", ""]
     if picture:
         lines += [picture, ""]

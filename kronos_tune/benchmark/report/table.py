@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.report.cells import Cell, changes_text, delta_cell, status_cell
+from kronos_tune.benchmark.report.estimate import TIME_COLUMNS, baseline_of, shown_time_cell
 from kronos_tune.benchmark.results import ProtocolReport
 from kronos_tune.benchmark.tasks import get
 
@@ -15,6 +16,7 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
     `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without
     its reason (list those below the table with `changes_text` and `TrialResult.reason`)."""
     task = get(report.task)
+    baseline = baseline_of(report.trials)
     rows = []
     for t in report.trials:
         shared = {"configuration": Cell(t.name if compact else f"{t.name} ({changes_text(t)})"),
@@ -23,5 +25,7 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
                   "Δ mem": delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
                   "status": status_cell(t, compact)}
         own = task.cells(t, compact)
+        if TIME_COLUMNS.get(report.task) in own:  # one estimate in every view (report/estimate.py)
+            own[TIME_COLUMNS[report.task]] = shown_time_cell(t, baseline, compact)
         rows.append([own[column] if column in own else shared[column] for column in task.columns])
     return task.columns, rows
