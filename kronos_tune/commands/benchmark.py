@@ -91,13 +91,22 @@ class ProtocolProgress(LiveProgress):
             p.update(self.trials, info="done")
 
 
+# What the table's marks mean, per task (its footer names only columns it has).
+CAPTIONS = {
+    "train": "; time/step: the baseline's median x the compared ratio (raw median in parentheses); Δ vs the "
+             "baseline, ~ = inside the noise",
+    "predict": "; series/s: the reference's x the compared speed-up (raw median in parentheses); speed-up vs the "
+               "reference method and Δ mem vs the baseline, ~ = inside the noise",
+}
+
+
 def render(console: Console, report: ProtocolReport) -> None:
     header, rows = table(report, compact=True)
     out = Table(title=f"kronos-tune benchmark: preset {report.preset}, task {report.task}", title_justify="left",
-                caption=report.device_line + "; Δ vs the baseline, ~ = inside the noise", caption_justify="left",
+                caption=report.device_line + CAPTIONS.get(report.task, ""), caption_justify="left",
                 box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
-    short = {"configuration": "trial", "hardware": "hw", "time/step [min–max]": "time/step",
-             "series/s [min–max]": "series/s", "projected total": "full run", "max Δ output vs ref": "Δ output",
+    short = {"configuration": "trial", "hardware": "hw", "time/step [IQR] n": "time/step",
+             "series/s [IQR] n": "series/s", "projected total": "full run", "max Δ output vs ref": "Δ output",
              "Δ time": "Δ", "Δ mem": "Δ", "Δ loss": "Δ"}
     shown = [i for i, name in enumerate(header) if any(row[i].text not in ("–", "") for row in rows)]
     for i in shown:  # columns with nothing to show (MFU without a peak figure) are left out
