@@ -1,8 +1,8 @@
 """The paired design for real: two live trial workers on the tiny model, paused between blocks, a planted effect.
 
-The decision benchmark's own machinery (bench_decisions: BenchRun, start_worker) drives them, so this also checks
-that `python -m kronos_tune.protocol.bench_decisions` can run. No timing is asserted: a 30% planted effect is
-found (the interval lies below 1), whatever the machine's speed.
+The decision benchmark's own machinery (benchmarks.decisions: BenchRun, start_worker) drives them, so this also
+checks that `python -m benchmarks.decisions` can run. No timing is asserted: a 30% planted effect is found (the
+interval lies below 1), whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kronos_tune.protocol.bench_decisions import BenchRun, paired_once, start_worker, verdict_counts
-from kronos_tune.protocol.paired import MAX_STRETCH, Interleaver
-from kronos_tune.protocol.records import ProtocolOptions
-from kronos_tune.protocol.stats import MIN_PAIRS, paired_compare
+from benchmarks.decisions import BenchRun, paired_once, start_worker, verdict_counts
+from kronos_tune.benchmark.run.paired import MAX_STRETCH, Interleaver
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.stats import MIN_PAIRS, paired_compare
 
 
 def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
