@@ -175,3 +175,35 @@ def test_backtest_run_begun_under_the_old_draws_refuses_resume(tmp_path: Path):
     message = str(refused.value)
     assert "\n" not in message and f"draws: None there, '{DRAWS}' now" in message
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["identity"] == old  # the old run is kept as it was
+
+
+# The predict benchmark's exactness check -----------------------------------------------------------------------
+
+def test_benchmark_sampled_run_is_the_same_whatever_the_chunk_size(one_thread):
+    from kronos_tune.benchmark.predict.measure import _predictor, _run, series_inputs
+    from kronos_tune.benchmark.results import PredictSettings
+
+    settings = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=5)
+    inputs = series_inputs(settings)
+    whole = _run(_predictor(settings, "cpu"), settings, inputs, sampled=True)
+    chunked = _run(_predictor(replace(settings, max_batch_size=2), "cpu"), settings, inputs, sampled=True)
+    greedy = _run(_predictor(settings, "cpu"), settings, inputs)
+    for a, b, c in zip(whole, chunked, greedy):
+        pd.testing.assert_frame_equal(a, b)
+        assert not a.equals(c)
+
+
+def test_exact_class_fails_on_a_sampled_difference_and_says_so():
+    from kronos_tune.benchmark.predict.decide import quality_check
+    from kronos_tune.benchmark.results import TrialResult
+
+    def trial(sampled: float | None) -> TrialResult:
+        quality = {"series": 100, "reference": "recompute",
+                   **({} if sampled is None else {"sampled_max_abs_diff": sampled})}
+        return TrialResult("autobatch", "single", "ok", task="predict", output_max_abs_diff=0.0, quality=quality)
+
+    same, differs, unmeasured = (quality_check(trial(s), 0.95) for s in (0.0, 0.3, None))
+    assert same["passed"] and same["text"] == "identical greedy and sampled output to recompute's over 100 series"
+    assert not differs["passed"] and "sampled output (per-series streams) differs" in differs["text"]
+    assert differs["sampled_max_abs_diff"] == 0.3 and "a defect" in differs["text"]
+    assert unmeasured["passed"] and unmeasured["text"] == "identical greedy output to recompute's over 100 series"

@@ -42,6 +42,8 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
     assert cached.quality["spearman"] == 1.0 and cached.quality["series"] == 3
     assert cached.quality["reference"] == "recompute" and cached.quality["class"] == "exact"
     assert cached.quality["passed"] and any("identical to the recompute's output on the 3" in n for n in cached.notes)
+    assert cached.quality["sampled_max_abs_diff"] == 0.0  # the sampled run too: per-series streams
+    assert report.trial("autobatch").quality["sampled_max_abs_diff"] == 0.0  # another chunk size, same draws
     bf16 = report.trial("bf16").quality
     assert bf16["series"] == 5 and bf16["reference"] == "kv-cache" and bf16["class"] == "approximate"
     assert report.trial("sharding").status == "skipped"

@@ -9,7 +9,10 @@ then `repeats` timed runs without the meter. series/s is per timed run; the
 projection is the preset's series_count at the median rate. The outputs kept
 for the quality check are the metered run's; when the check is asked to
 cover more series than are timed (`agreement_series`), one more untimed run
-predicts those (the timed series are the first of them).
+predicts those (the timed series are the first of them). Last, one untimed
+sampled run over the same series (T 1.0, top-p 0.9, per-series random streams
+keyed by each series' name) lets the check cover sampled output too: with the
+streams, an exact method must give the same sampled forecast as its reference.
 
 The sharding trial runs torchrun processes (one per GPU, NCCL; CPU ranks
 use gloo with the cores split between them), not threads: the host work of a
@@ -32,17 +35,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data.kline import FEATURE_COLUMNS
+from kronos_core.data.kline import FEATURE_COLUMNS, wall_clock_ns
 from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.predict.arrays import prepare_lists
 from kronos_core.predict.sharded import ShardJob, read_merged, write_job
 from kronos_core.predict.predictor import KronosPredictor
+from kronos_core.predict.streams import series_key
 from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.run.order import trial_leads
 from kronos_tune.benchmark.results import PredictSettings, PredictStep
+
+SAMPLED = dict(T=1.0, top_k=0, top_p=0.9)  # the exactness check's sampled run (greedy: top_k=1)
+GREEDY = dict(T=1.0, top_k=1, top_p=1.0)
 
 @dataclass
 class PredictMeasurement:
@@ -52,6 +59,7 @@ class PredictMeasurement:
     peak_memory_bytes: int | None = None
     metered_time_s: float | None = None
     outputs: list[pd.DataFrame] = field(default_factory=list)
+    sampled_outputs: list[pd.DataFrame] = field(default_factory=list)  # the untimed sampled run's (quality set)
     reference_seconds: list[float] = field(default_factory=list)  # paired: the reference's run in each round
     order: list[str] = field(default_factory=list)  # paired: which side ran first in each round
 
@@ -67,6 +75,11 @@ def series_inputs(settings: PredictSettings, count: int | None = None
     return dfs, xs, ys
 
 
+def series_names(count: int) -> list[str]:
+    """The synthetic series' names: what their random streams are keyed by."""
+    return [f"series-{index:05d}" for index in range(count)]
+
+
 def _predictor(settings: PredictSettings, device: str) -> KronosPredictor:
     model = build_model(settings.model_size, seed=settings.seed)
     tokenizer = build_tokenizer(settings.model_size, seed=settings.seed)
@@ -77,12 +90,14 @@ def _predictor(settings: PredictSettings, device: str) -> KronosPredictor:
 
 
 def _run(predictor: KronosPredictor, settings: PredictSettings,
-         inputs: tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]]) -> list[pd.DataFrame]:
-    """Predict every measured series, greedy and seeded."""
+         inputs: tuple[list[pd.DataFrame], list[pd.Series], list[pd.Series]], sampled: bool = False
+         ) -> list[pd.DataFrame]:
+    """Predict every measured series, greedy and seeded; `sampled`: T 1.0, top-p 0.9 from per-series streams."""
     dfs, xs, ys = inputs
     torch.manual_seed(settings.seed)
-    frames = predictor.predict_batch(dfs, xs, ys, settings.pred_len, T=1.0, top_k=1, top_p=1.0,
-                                     sample_count=settings.sample_count, verbose=False)
+    sampling = dict(SAMPLED, keys=series_names(len(dfs)), seed=settings.seed) if sampled else GREEDY
+    frames = predictor.predict_batch(dfs, xs, ys, settings.pred_len, sample_count=settings.sample_count,
+                                     verbose=False, **sampling)
     if predictor.device.type == "cuda":
         torch.cuda.synchronize(predictor.device)
     return frames
@@ -99,7 +114,8 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
                     on_step: Callable[[PredictStep], None] | None = None,
                     should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
     """The sharding trial: `settings.devices` torchrun ranks, each predicting its block `repeats` + 1 times;
-    then, when quality covers more series than are timed, one more launch predicting those once."""
+    then, when quality covers more series than are timed, one more launch predicting those once; last, one
+    launch of the sampled run over the quality series."""
     result = _launch_sharded(settings, device, repeats, settings.measured_series, on_step, should_stop)
     if result.status == "ok" and settings.quality_series > settings.measured_series:
         if should_stop():
@@ -111,6 +127,14 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
         result.outputs = quality.outputs
         if on_step is not None and quality.metered_time_s is not None:
             on_step(_quality_step(settings, repeats, quality.metered_time_s))
+    if result.status == "ok":
+        if should_stop():
+            result.status, result.reason = "cancelled", "cancelled before the sampled run"
+            return result
+        sampled = _launch_sharded(settings, device, 0, settings.quality_series, None, should_stop, sampled=True)
+        if sampled.status != "ok":
+            result.status, result.reason = sampled.status, f"sampled run: {sampled.reason}"
+        result.sampled_outputs = sampled.outputs
     return result
 
 
@@ -121,7 +145,7 @@ def _quality_step(settings: PredictSettings, repeats: int, seconds: float) -> Pr
 
 def _launch_sharded(settings: PredictSettings, device: str, repeats: int, count: int,
                     on_step: Callable[[PredictStep], None] | None,
-                    should_stop: Callable[[], bool]) -> PredictMeasurement:
+                    should_stop: Callable[[], bool], sampled: bool = False) -> PredictMeasurement:
     import shutil
     import tempfile
     from pathlib import Path
@@ -134,7 +158,10 @@ def _launch_sharded(settings: PredictSettings, device: str, repeats: int, count:
     job = ShardJob(size=settings.model_size, seed=settings.seed, device="cuda" if device == "cuda" else "cpu",
                    amp=None if settings.amp == "none" else settings.amp,
                    max_context=SIZES[settings.model_size].context, max_batch_size=settings.max_batch_size,
-                   top_k=1, top_p=1.0, sample_count=settings.sample_count, repeats=repeats, threads=threads)
+                   top_k=(SAMPLED if sampled else GREEDY)["top_k"], top_p=(SAMPLED if sampled else GREEDY)["top_p"],
+                   sample_count=settings.sample_count, repeats=repeats, threads=threads)
+    keys = None if not sampled else np.array(
+        [series_key(name, int(wall_clock_ns(stamps)[-1])) for name, stamps in zip(series_names(count), xs)])
     work = Path(tempfile.mkdtemp(prefix="kronos-predict-trial-"))
     tokens = count * settings.sample_count * settings.pred_len
     total = repeats + 1 + (settings.quality_series > settings.measured_series)
@@ -153,7 +180,7 @@ def _launch_sharded(settings: PredictSettings, device: str, repeats: int, count:
             peaks.append(int(event["peak_gpu_bytes"]))
 
     try:
-        job_file = write_job(work, job, group.x, group.x_stamp, group.y_stamp)
+        job_file = write_job(work, job, group.x, group.x_stamp, group.y_stamp, keys=keys)
         launched = run_launch(torchrun_command(LaunchSpec(nproc=processes), "kronos_core.predict.sharded",
                                                [str(job_file)]), on_event=on_event, should_stop=should_stop)
         if launched.stopped:
@@ -239,6 +266,11 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
             result.outputs = _run(predictor, settings, series_inputs(settings, settings.quality_series))
             if on_step is not None:
                 on_step(_quality_step(settings, repeats, time.perf_counter() - start))
+        if should_stop():
+            result.status, result.reason = "cancelled", "cancelled before the sampled run"
+            return result
+        result.sampled_outputs = _run(predictor, settings, series_inputs(settings, settings.quality_series),
+                                      sampled=True)
         return result
     except torch.OutOfMemoryError as error:
         result.status, result.reason = "oom", one_line(error, typed=False)

@@ -52,11 +52,12 @@ def paired_reference(run: RunContext, spec: TrialSpec) -> tuple[TrialResult | No
 
 def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     settings = spec.config
-    result_file, outputs_file = work / "result.json", work / "outputs.npz"
+    result_file, outputs_file, sampled_file = work / "result.json", work / "outputs.npz", work / "sampled.npz"
     partner, design_reason = paired_reference(run, spec)
     repeats = spec.measured_steps if partner is None else max(spec.measured_steps, PAIRED_MIN_ROUNDS)
     job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
-           "repeats": repeats, "result_file": str(result_file), "outputs_file": str(outputs_file)}
+           "repeats": repeats, "result_file": str(result_file), "outputs_file": str(outputs_file),
+           "sampled_file": str(sampled_file)}
     if partner is not None:
         job["reference_settings"] = partner.config
         job["order_seed"] = f"{run.options.seed}:{spec.name}"
@@ -74,7 +75,7 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
         raise_for_exit(outcome, work)
     m = json.loads(result_file.read_text(encoding="utf-8"))
     dfs, _, ys = series_inputs(settings, settings.quality_series)  # the outputs kept are the quality set's
-    outputs = _outputs(outputs_file, ys)
+    outputs, sampled = _outputs(outputs_file, ys), _outputs(sampled_file, ys)
     seconds = list(m["seconds"])
     rates = [settings.measured_series / s for s in seconds]
     tokens = settings.measured_series * settings.sample_count * settings.pred_len
@@ -97,24 +98,27 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     if reference is not None and reference.series_per_s and result.series_per_s:
         result.speedup = result.series_per_s.median / reference.series_per_s.median
     if spec.stage == "baseline":
-        run.references["outputs"] = outputs
+        run.references["outputs"], run.references["sampled"] = outputs, sampled
         return result
-    compare_quality(run, result, outputs, dfs)
+    compare_quality(run, result, outputs, dfs, sampled)
     return result
 
 
-def exact_reference(run: RunContext, name: str) -> tuple[str, list[pd.DataFrame]]:
+def exact_reference(run: RunContext, name: str, sampled: bool = False) -> tuple[str, list[pd.DataFrame]]:
     """The output a trial's quality is judged against: the recompute's (on the series it predicted), or, for the
-    trials after kv-cache, kv-cache's over all their series once it proved identical to the recompute's."""
-    if name != "kv-cache" and run.references.get("exact"):
-        return "kv-cache", run.references["exact"]
-    return "recompute", run.references.get("outputs") or []
+    trials after kv-cache, kv-cache's over all their series once it proved identical to the recompute's.
+    `sampled`: the sampled runs' outputs (per-series streams) instead of the greedy ones."""
+    exact, outputs = ("exact_sampled", "sampled") if sampled else ("exact", "outputs")
+    if name != "kv-cache" and run.references.get(exact):
+        return "kv-cache", run.references[exact]
+    return "recompute", run.references.get(outputs) or []
 
 
 def compare_quality(run: RunContext, result: TrialResult, outputs: list[pd.DataFrame],
-                    histories: list[pd.DataFrame]) -> None:
+                    histories: list[pd.DataFrame], sampled: list[pd.DataFrame] | None = None) -> None:
     """The trial's output against its exact reference over the series both predicted: the largest difference
-    and the ranking agreement (result.quality, with the series count and the reference's name)."""
+    and the ranking agreement (result.quality, with the series count and the reference's name); with `sampled`
+    outputs, their largest difference from the reference's sampled run too (quality["sampled_max_abs_diff"])."""
     name, reference = exact_reference(run, result.name)
     shared = min(len(outputs), len(reference))
     if not shared:
@@ -122,11 +126,17 @@ def compare_quality(run: RunContext, result: TrialResult, outputs: list[pd.DataF
     mine, theirs, shown = outputs[:shared], reference[:shared], histories[:shared]  # the same series: a prefix
     result.output_max_abs_diff = output_max_abs_diff(mine, theirs, shown)
     result.quality = {"series": shared, "reference": name, **(rank_agreement(mine, theirs, shown, result.stage) or {})}
+    _, sampled_reference = exact_reference(run, result.name, sampled=True)
+    if sampled and len(sampled) >= shared and len(sampled_reference) >= shared:
+        result.quality["sampled_max_abs_diff"] = output_max_abs_diff(sampled[:shared], sampled_reference[:shared],
+                                                                     shown)
     if "spearman" in result.quality:
         result.notes.append(f"ranking agreement with {name}'s predicted returns: Spearman "
                             f"{result.quality['spearman']:.3f} over {shared} series")
     if result.name == "kv-cache" and result.status == "ok" and result.output_max_abs_diff <= EXACT_TOLERANCE:
         run.references["exact"] = outputs
+        if sampled and result.quality.get("sampled_max_abs_diff", 1.0) <= EXACT_TOLERANCE:
+            run.references["exact_sampled"] = sampled
         if len(outputs) > shared:
             result.notes.append(f"identical to the recompute's output on the {shared} series both predicted: its "
                                 f"output over all {len(outputs)} is the exact reference of the later trials")

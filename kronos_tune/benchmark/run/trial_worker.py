@@ -136,7 +136,8 @@ def planted_delay(trial: str) -> float:
 
 
 def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
-    """A predict trial: the metered run and the timed runs of measure_prediction; outputs to an .npz file."""
+    """A predict trial: the metered run and the timed runs of measure_prediction; greedy outputs to one .npz
+    file, the sampled run's (per-series streams) to another when the job names it."""
     import numpy as np
 
     from kronos_tune.benchmark.predict.measure import measure_prediction
@@ -160,10 +161,10 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     reference = PredictSettings(**job["reference_settings"]) if job.get("reference_settings") else None
     m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, should_stop, reference,
                            str(job.get("order_seed", "")))
-    outputs = Path(job["outputs_file"])
-    if m.outputs:
-        with atomic_writer(outputs, "wb") as handle:
-            np.savez(handle, *[frame.to_numpy() for frame in m.outputs])
+    for frames, name in ((m.outputs, job["outputs_file"]), (m.sampled_outputs, job.get("sampled_file"))):
+        if frames and name:
+            with atomic_writer(Path(name), "wb") as handle:
+                np.savez(handle, *[frame.to_numpy() for frame in frames])
     write_json(Path(job["result_file"]), {"status": m.status, "reason": m.reason, "seconds": m.seconds,
                                           "peak_memory_bytes": m.peak_memory_bytes,
                                           "metered_time_s": m.metered_time_s,
