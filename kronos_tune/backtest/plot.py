@@ -43,8 +43,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     curves.axhline(0.0, color="black", linewidth=0.6)
     curves.set_ylabel("cumulative return")
     curves.legend(loc="best", fontsize=8)
-    title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins; " \
-            + " vs ".join(dict.fromkeys(result.config.model_name(s.setting) for s in result.scores))
+    title = picture_title(result)
     if result.overlap.origins_in_span:
         title += f"; {result.overlap.origins_in_span} origins IN-SAMPLE (--allow-overlap)"
         cut = sum(o.timestamp < result.overlap.cut for o in result.plan.origins) - 0.5
@@ -71,6 +70,13 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     figure.autofmt_xdate()
     figure.tight_layout()
     return save_figure(figure, path)
+
+
+def picture_title(result: BacktestResult) -> str:
+    """Universe, origins and the models compared ('random mini vs mini-2026/best')."""
+    models = dict.fromkeys(result.config.model_name(s.setting) for s in result.scores)
+    return f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins; " \
+           + " vs ".join(models)
 
 
 def _from_zero(equity) -> list[float]:

@@ -30,7 +30,7 @@ from kronos_tune.backtest.leakage import check_spans, plan_out_of_sample, resolv
 from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginPlan, parse_every, plan_origins
 from kronos_tune.backtest.report import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
-from kronos_tune.backtest.significance import hac_lag, min_origins, missing_stats
+from kronos_tune.backtest.significance import STATS_WARNING, hac_lag, min_origins, missing_stats
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
 from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
@@ -152,9 +152,8 @@ def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
 
 def _significance_notes(config: BacktestConfig, plan: OriginPlan, note: NoteCallback) -> None:
     """Before any prediction: whether the significance tests will be available at all."""
-    missing = missing_stats()
-    if missing is not None:
-        note("warning", missing + "; every other figure is computed")
+    if missing_stats() is not None:
+        note("warning", STATS_WARNING)
         return
     lag = hac_lag(config.pred_len, every_in_bars(config, plan))
     if len(plan.origins) < min_origins(lag):

@@ -29,7 +29,9 @@ import numpy as np
 
 LEVEL = 0.05
 INSTALL = "pip install 'kronos-tune[stats]'"
-STATS_MISSING = f"statsmodels is not installed ({INSTALL}); significance tests are not available"
+STATS_MISSING = "statsmodels is not installed (the [stats] extra)"  # a test's reason; the warning has the command
+STATS_WARNING = f"statsmodels is not installed ({INSTALL}): the significance tests are not available; every " \
+                "other figure is computed"
 MAX_ORIGINS_NEEDED = 1_000_000
 
 
@@ -53,8 +55,9 @@ def degrees_of_freedom(n: int, lag: int) -> int:
 
 
 def missing_stats() -> str | None:
-    """STATS_MISSING when statsmodels cannot be imported, else None."""
+    """STATS_MISSING when statsmodels (or SciPy, which it brings) cannot be imported, else None."""
     try:
+        import scipy.stats  # noqa: F401
         import statsmodels.regression.linear_model  # noqa: F401
     except ImportError:
         return STATS_MISSING

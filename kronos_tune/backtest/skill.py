@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality
-from kronos_tune.backtest.significance import MeanTest, format_p, hac_mean_test
+from kronos_tune.backtest.significance import MeanTest, format_p, hac_mean_test, needed_text
 
 NO_SAMPLES = "needs sample paths: --sample-count 2 or more"
 
@@ -57,7 +57,8 @@ class SettingSkill:
     def verdict(self, title: str) -> str:
         """One line: better, worse or not distinguishable from no change, and whether the IC is more than noise."""
         dm = self.mae_vs_persistence
-        head = f"{title} vs persistence: MAE {self.mae_ratio:.3g} x persistence's"
+        head = (f"{title} vs persistence: MAE {self.mae_ratio:.3g} x persistence's" if math.isfinite(self.mae_ratio)
+                else f"{title} vs persistence: MAE ratio not available (persistence's MAE is 0)")
         shared = _shared_reason(dm, self.ic, self.hit_rate)
         if shared is not None:
             return f"{head}, IC {self.ic.mean:+.4f}, hit rate {self.hit_rate.mean:.3f}; tests not available: {shared}"
@@ -66,7 +67,7 @@ class SettingSkill:
         elif dm.significant:
             judged = f"DM p = {format_p(dm.p)}: {'better' if self.mae_ratio < 1 else 'worse'} than no change"
         else:
-            judged = f"DM p = {format_p(dm.p)}: not distinguishable from no change"
+            judged = f"DM p = {format_p(dm.p)}: not distinguishable from no change; {needed_text(dm.origins_needed)}"
         return f"{head} ({judged}); IC {self.ic.mean:+.4f} ({self.ic.brief()}); hit rate {_interval(self.hit_rate)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +93,11 @@ def _interval(test: MeanTest) -> str:
     return f"{test.mean:.3f} (95 % {test.low:.3f} to {test.high:.3f}, {against})"
 
 
+def correlation_test(quality: list[OriginQuality], lag: int, which: str) -> MeanTest:
+    """The HAC test of the per-origin IC ('ic') or RankIC ('rank_ic')."""
+    return hac_mean_test([getattr(q, which) for q in quality], lag)
+
+
 def setting_skill(predictions: list[pd.DataFrame], quality: list[OriginQuality], persistence: list[pd.DataFrame],
                   lag: int, crps: float | None, band_crps: float | None, band_reason: str | None) -> SettingSkill:
     """The skill of one forecast (`crps`: its pooled CRPS / last close, None without sample paths; `band_crps`:
@@ -107,7 +113,7 @@ def setting_skill(predictions: list[pd.DataFrame], quality: list[OriginQuality],
     return SettingSkill(
         persistence_mae=persistence_mae, mae_ratio=mae / persistence_mae if persistence_mae > 0 else math.nan,
         mae_vs_persistence=hac_mean_test(loss_differentials(predictions, persistence), lag),
-        ic=hac_mean_test([q.ic for q in quality], lag), rank_ic=hac_mean_test([q.rank_ic for q in quality], lag),
+        ic=correlation_test(quality, lag, "ic"), rank_ic=correlation_test(quality, lag, "rank_ic"),
         hit_rate=hac_mean_test([q.hit_rate for q in quality], lag, null=0.5, bounds=(0.0, 1.0)),
         crps_skill=crps_skill, crps_reason=reason)
 
