@@ -1,8 +1,8 @@
 """The old name of kronos_tune.benchmark, kept for one release: its public names, loaded on first use.
 
-The modules moved (protocol/plan.py -> benchmark/trial_list.py, records.py -> results.py, runner.py ->
-run/runner.py, ...); import them from kronos_tune.benchmark. bench_decisions stays here until it moves to
-the developer benchmarks.
+The modules moved (protocol/plan.py -> benchmark/tasks.py and train|predict/trial_list.py, records.py ->
+results.py, runner.py -> run/runner.py, ...; docs/upgrading.md lists them); import them from
+kronos_tune.benchmark. bench_decisions is now the developer benchmark `python -m benchmarks.decisions`.
 """
 
 from __future__ import annotations

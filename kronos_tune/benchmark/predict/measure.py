@@ -1,4 +1,4 @@
-"""Measuring the predict protocol's trials (planned in `plan.plan_predict`): the reference's full recompute vs the
+"""Measuring the predict protocol's trials (planned in `trial_list.plan_predict`): the reference's full recompute vs the
 KV cache vs bf16 vs the autobatch chunk vs sharding the series over processes, on the preset's predict shape.
 
 Each trial predicts the same `measured_series` synthetic series (the preset's
