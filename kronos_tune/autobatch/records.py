@@ -1,15 +1,14 @@
-"""Probes, results and the peak-memory fit of the autobatch search."""
+"""Probes and results of the autobatch search (the peak model it fits: kronos_tune.memory.peak)."""
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
 
+from kronos_tune.memory.estimate import accepts_meter
 
 ProbeStatus = Literal["ok", "oom", "verify"]
 ProbeKind = Literal["probe", "verify", "diagnose"]
@@ -19,15 +18,8 @@ _EXTRAPOLATION_FACTOR = 2.0
 _BACKOFF_FACTOR = 0.9
 
 
-def _accepts_meter(fn: Callable[..., Any]) -> bool:
-    try:
-        return "meter" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _call(fn: Callable[..., Any], meter: Any) -> Any:
-    return fn(meter=meter) if _accepts_meter(fn) else fn()
+    return fn(meter=meter) if accepts_meter(fn) else fn()
 
 
 class OnProbe(Protocol):

@@ -194,7 +194,8 @@ class _CpuOnlyTracker(StorageTracker):
         super()._see(tensor, func)
 
 
-def _wants_meter(step: StepFn) -> bool:
+def accepts_meter(step: Callable[..., Any]) -> bool:
+    """Whether a step takes a ``meter`` keyword (for its ``meter.phase(...)`` blocks)."""
     try:
         return "meter" in inspect.signature(step).parameters
     except (TypeError, ValueError):
@@ -282,7 +283,7 @@ class FakeEstimate:
         tracker = _CpuOnlyTracker(budget_bytes=budget, round_bytes=round_bytes)
         if None in batch_sizes:
             tracker.dims_seen = set()
-        pass_meter = _wants_meter(self.step)
+        pass_meter = accepts_meter(self.step)
         fake_mode = CountingFakeMode.make(tracker.see_outputs)
         traces = []
         with fake_mode, tracker.fed():
