@@ -115,9 +115,9 @@ class RunState:
 
     def end(self, phase: str, outcome: str) -> None:
         """The job's end; a benchmark's last trial and its steps no longer show (the outcome says it all)."""
-        self.phase, self.outcome, self.note = phase, outcome, ""
+        self.phase, self.outcome = phase, outcome
         if self.trial is not None:
-            self.trial = None
+            self.trial, self.note = None, ""
             self._reset_steps(None)
 
 

@@ -67,6 +67,9 @@ class ResultsView:
         """Show the report's answer, unless it is partial and a complete one of the same task is on screen:
         a cancelled run never replaces a finished one (both stay on disk, in their own folders)."""
         self.report = report
+        if report.task == self.results_task:  # the summarized trials: their deltas and comparisons (a copy of
+            for trial in report.trials:      # the rows the trials' events brought, which have neither)
+                self.results.add(trial)
         kept = self.complete.get(report.task)
         if is_complete(report):
             self.complete[report.task] = report
