@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kronos_core.errors import KronosError
-from kronos_core.model import Kronos
-from kronos_core.tokenizer import KronosTokenizer
+
+if TYPE_CHECKING:  # the builders import torch; the table of sizes needs none (reports, presets, configs)
+    from kronos_core.model import Kronos
+    from kronos_core.tokenizer import KronosTokenizer
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ def size_spec(name: str) -> SizeSpec:
 
 def build_model(name: str, seed: int | None = 0) -> Kronos:
     """A randomly initialized predictor of a named size (deterministic with a seed)."""
+    import torch
+
+    from kronos_core.model import Kronos
+
     spec = size_spec(name)
     if seed is not None:
         torch.manual_seed(seed)
@@ -71,6 +76,10 @@ def build_model(name: str, seed: int | None = 0) -> Kronos:
 
 def build_tokenizer(name: str, seed: int | None = 0) -> KronosTokenizer:
     """A randomly initialized tokenizer: a tokenizer name ('base', '2k', 'tiny') or a model size."""
+    import torch
+
+    from kronos_core.tokenizer import KronosTokenizer
+
     key = SIZES[name].tokenizer if name in SIZES else name
     if key not in TOKENIZERS:
         raise KronosError(f"unknown tokenizer '{name}'; choose one of {', '.join(TOKENIZERS)} or a model size")

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kronos_core.train import TrainConfig
 from kronos_tune.presets import Preset
 
@@ -24,6 +22,8 @@ def preset_train_fields(preset: Preset) -> dict[str, Any]:
 
 def runnable_device(preset: Preset) -> tuple[str, str | None]:
     """The device this machine can run the preset on, and a note when it differs from the preset's."""
+    import torch  # when asked (planning a run), not on import: reading a report needs no torch
+
     if preset.hardware.device == "cuda" and not torch.cuda.is_available():
         return "cpu", (f"preset {preset.name} describes a CUDA device but this machine has none: running on "
                        f"the CPU; memory is simulated, times are this CPU's")

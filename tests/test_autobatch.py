@@ -17,7 +17,8 @@ from rich.console import Console
 from torch import nn
 
 from kronos_tune.autobatch import ProbeStep, autobatch, split_effective_batch
-from kronos_tune.autobatch import render
+from kronos_tune.autobatch.text import toml_snippet
+from kronos_tune.commands import autobatch_render as render
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
 
@@ -171,7 +172,7 @@ def test_pick_is_the_true_maximum_within_few_probes_and_frees_everything() -> No
     console.print(render.summary_table(result, "t"), render.probes_table(result), render.memory_plot(result))
     text = console.export_text()
     assert "◆" in text and "▲" in text and f"pick {result.batch_size}" in text
-    assert render.toml_snippet(result.batch_size, 1) == f"batch_size = {result.batch_size}\naccumulation_steps = 1\n"
+    assert toml_snippet(result.batch_size, 1) == f"batch_size = {result.batch_size}\naccumulation_steps = 1\n"
 
 
 def test_failed_verification_backs_off_to_a_size_that_fits() -> None:

@@ -1,4 +1,5 @@
-"""The package layout: no import circles, the core below the assistant, one class per name.
+"""The package layout: no import circles, the core below the assistant, one class per name, no UI library in
+the logic packages, and light commands that start without torch.
 
 The import graph is read from the source (ast), every import counted wherever it sits (module level, inside a
 function, under TYPE_CHECKING): a circle hidden in a function is still two modules that cannot be understood
@@ -8,6 +9,9 @@ apart. A planted bad tree shows each check can fail.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kronos_core", "kronos_tune")
 CORE_FORBIDDEN = {"kronos_tune", "rich", "textual", "typer", "click", "textual_plotext"}
+UI_LIBRARIES = {"rich", "textual", "textual_plotext"}
+UI_LAYERS = ("kronos_tune.commands", "kronos_tune.tui", "kronos_tune.cli")  # where the terminal is drawn
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -120,6 +126,16 @@ def core_violations(root: Path) -> list[str]:
     return sorted(set(bad))
 
 
+def ui_in_logic(root: Path) -> list[str]:
+    """kronos_tune modules outside the command line and the dashboard that import a UI library."""
+    bad = []
+    for module, path in module_files(root).items():
+        if module.split(".")[0] != "kronos_tune" or module.startswith(UI_LAYERS):
+            continue
+        bad += [f"{module} imports {name}" for name in imported_names(module, path) if name.split(".")[0] in UI_LIBRARIES]
+    return sorted(set(bad))
+
+
 def classes_defined_twice(root: Path) -> dict[str, list[str]]:
     where: dict[str, list[str]] = defaultdict(list)
     for module, path in module_files(root).items():
@@ -141,6 +157,10 @@ def test_no_class_name_defined_twice() -> None:
     assert classes_defined_twice(ROOT) == {}
 
 
+def test_logic_packages_import_no_ui_library() -> None:
+    assert ui_in_logic(ROOT) == []
+
+
 @pytest.fixture()
 def bad_tree(tmp_path: Path) -> Path:
     core, tune = tmp_path / "kronos_core", tmp_path / "kronos_tune"
@@ -155,6 +175,10 @@ def bad_tree(tmp_path: Path) -> Path:
     (tune / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kronos_tune.z import C\n"
                                "class Twice:\n    pass\ny = 1\n")
     (tune / "z.py").write_text("from kronos_tune.x import y\nclass C:\n    pass\n")
+    (tune / "logic.py").write_text("def draw():\n    from rich.text import Text\n")
+    (tune / "commands").mkdir()
+    (tune / "commands" / "__init__.py").write_text("")
+    (tune / "commands" / "view.py").write_text("import rich\n")
     return tmp_path
 
 
@@ -164,3 +188,46 @@ def test_the_checks_fail_on_a_planted_bad_tree(bad_tree: Path) -> None:
     assert core_violations(bad_tree) == ["kronos_core.ui imports kronos_tune.x", "kronos_core.ui imports kronos_tune.x.y",
                                          "kronos_core.ui imports rich"]
     assert classes_defined_twice(bad_tree) == {"Twice": ["kronos_core.predict.a", "kronos_tune.x"]}
+    assert ui_in_logic(bad_tree) == ["kronos_tune.logic imports rich.text", "kronos_tune.logic imports rich.text.Text"]
+
+
+# Light commands ------------------------------------------------------------------------------------------
+
+def torch_after(argvs: list[list[str]], cwd: Path) -> list[tuple[list[str], int, bool]]:
+    """Run `kronos-tune ARGV` for each ARGV, in order, in one fresh interpreter: each one's exit code and whether
+    torch was imported by then (once one imports it, the later ones say so too)."""
+    script = ("import json, sys\nfrom kronos_tune.cli import main\nseen = []\n"
+              "for argv in json.loads(sys.argv[1]):\n    code = 0\n    try:\n        main(argv)\n"
+              "    except SystemExit as exit_:\n        code = exit_.code or 0\n"
+              "    seen.append([argv, code, 'torch' in sys.modules])\n"
+              "print(json.dumps(seen))\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argvs)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+    return [tuple(item) for item in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+# train and autobatch are not here yet: their modules import torch as they load (kronos_tune.train.job, the
+# kronos_tune.autobatch package), and so does `kronos-tune --help`, which loads every command.
+LIGHT_HELP = ("presets", "monitor", "predict", "profile", "dashboard", "benchmark", "config", "report", "plan",
+              "backtest")
+BAD_BENCHMARK_FLAGS = (["benchmark", "--preset", "cpu", "--task", "nope"],
+                       ["benchmark", "--preset", "cpu", "--skip", "nope"],
+                       ["benchmark", "--preset", "cpu", "--task", "predict", "--min-spearman", "2"])
+
+
+def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
+    from test_report_cli import write_gpu_run
+
+    from kronos_tune.cli import main
+
+    run = write_gpu_run(tmp_path / "run", preset="cpu")
+    with pytest.raises(SystemExit) as done:  # the first rebuild writes report.json (its FLOPs per token counted)
+        main(["report", str(run)])
+    assert done.value.code == 0 and json.loads((run / "report.json").read_text())["flops"]["flops_per_token"] > 0
+    written = {name: (run / name).read_bytes() for name in ("report.json", "report.md", "report.csv")}
+    argvs = [[command, "--help"] for command in LIGHT_HELP] + [list(a) for a in BAD_BENCHMARK_FLAGS]
+    argvs.append(["report", str(run)])
+    expected = [(argv, 2 if argv[0] == "benchmark" and argv[1] != "--help" else 0, False) for argv in argvs]
+    assert torch_after(argvs, tmp_path) == expected
+    assert {name: (run / name).read_bytes() for name in written} == written  # the same files, without torch
+

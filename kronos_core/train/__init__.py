@@ -6,10 +6,26 @@
 Multi-process: ``torchrun --nproc-per-node N -m kronos_core.train --config run.toml``.
 """
 
-from kronos_core.train.train_state import checkpoint_path, load_checkpoint
-from kronos_core.train.config import TrainConfig
-from kronos_core.train.records import PHASES, EvalRecord, PhaseMeter, StepRecord, TrainSummary
-from kronos_core.train.trainer import Trainer
+from __future__ import annotations
 
-__all__ = ["PHASES", "EvalRecord", "PhaseMeter", "StepRecord", "TrainConfig", "TrainSummary", "Trainer", "checkpoint_path",
-           "load_checkpoint"]
+import importlib
+from typing import Any
+
+# Loaded on first use (as kronos_core's own names): a TrainConfig alone, for a report or a config file, does not
+# import the Trainer and torch.
+_EXPORTS = {
+    "checkpoint_path": "kronos_core.train.train_state",
+    "load_checkpoint": "kronos_core.train.train_state",
+    "TrainConfig": "kronos_core.train.config",
+    **{name: "kronos_core.train.records" for name in ("PHASES", "EvalRecord", "PhaseMeter", "StepRecord",
+                                                        "TrainSummary")},
+    "Trainer": "kronos_core.train.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kronos_core.train' has no attribute {name!r}")

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.sizes import SIZES
 from kronos_core.train.data_span import parse_train_until
@@ -203,7 +201,7 @@ class TrainConfig:
         if getattr(self, "_portable", False) and self.device == "auto":
             return "auto"  # another machine's: unknown here
         if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
+            return "cuda" if _cuda_visible() else "cpu"
         return self.device
 
     # Validation ----------------------------------------------------------------------
@@ -283,7 +281,7 @@ class TrainConfig:
                              f"x accumulation_steps {self.accumulation_steps} = {per_step})",
                              f"raise samples_per_epoch to at least {per_step} or lower accumulation_steps")
         device = self.device
-        if device == "cuda" and not torch.cuda.is_available() and not getattr(self, "_portable", False):
+        if device == "cuda" and not getattr(self, "_portable", False) and not _cuda_visible():
             raise self._fail("device", "but no CUDA device is visible", "use device = \"cpu\" or \"auto\"")
         if self.amp == "fp16" and self.resolved_device() == "cpu":
             raise self._fail("amp", "needs a CUDA device (this run is on CPU)", "use amp = \"bf16\" or \"none\" on CPU")
@@ -350,3 +348,9 @@ def check_keys(values: dict[str, Any], source: str) -> None:
     """Unknown keys -> KronosError naming them and the closest valid key."""
     check_known_keys(values, field_names(), where=source, noun="config key",
                      fix="valid keys are the TrainConfig fields (list them: `kronos-tune config keys`)")
+
+
+def _cuda_visible() -> bool:
+    import torch  # only when this machine's device is asked: a config alone (a report, another machine's) needs none
+
+    return torch.cuda.is_available()

@@ -22,12 +22,19 @@ def get(name: str) -> BenchmarkTask:
     return task
 
 
+def check_options(task: str, options: ProtocolOptions) -> BenchmarkTask:
+    """The task, once its name and the options are known good (else one line, KronosTuneError): what a
+    command checks before it loads the runner."""
+    chosen = get(task)
+    check_names(task, options, chosen.trial_names)
+    chosen.check(options)
+    return chosen
+
+
 def plan_trials(preset: Preset | str, task: str = "train",
                 options: ProtocolOptions = ProtocolOptions()) -> list[TrialSpec]:
     """Every trial of the benchmark in run order (baseline first, combined last), skipped ones with their reason."""
     preset = resolve(preset)
-    chosen = get(task)
-    check_names(task, options, chosen.trial_names)
-    chosen.check(options)
+    chosen = check_options(task, options)
     device, _ = runnable_device(preset)
     return chosen.plan(preset, options, device)

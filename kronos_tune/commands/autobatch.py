@@ -95,7 +95,7 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 
     import torch
 
-    from kronos_tune.autobatch import render
+    from kronos_tune.autobatch import text
 
     hw = preset.hardware
     wants_cuda = hw.device == "cuda"
@@ -122,7 +122,7 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     unit = "series per chunk" if task == "predict" else "batch size"
 
     def on_probe(probe: Probe) -> None:
-        progress.print(f"[dim]  {render.probe_line(probe, unit)}[/]")
+        progress.print(f"[dim]  {text.probe_line(probe, unit)}[/]")
 
     progress.print(f"[dim]autobatch {task} on preset {preset.name}: probing on {device}...[/]")
     if task == "train":
@@ -140,7 +140,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
            round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any,
            maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
-    from kronos_tune.autobatch import render
+    from kronos_tune.commands import autobatch_render as render
+    from kronos_tune.autobatch import text
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.workloads import train_config_from_preset
 
@@ -174,7 +175,7 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
     payload["train_config"] = final.to_dict()
     title = (f"autobatch: fine-tune Kronos-{config.model_size} on {preset.name} "
              f"({'simulated on the CPU' if simulated and not estimate else device})")
-    snippet = render.toml_snippet(result.batch_size, result.accumulation_steps)
+    snippet = text.toml_snippet(result.batch_size, result.accumulation_steps)
     summary = render.summary_table(result, title)
     return payload, _renderables(result, summary, render.probes_table(result), "batch size", snippet,
                                  "paste into the preset's \\[workload] or a training config", assumptions)
@@ -182,7 +183,7 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
 
 def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, run_device: str, round_bytes: int,
              device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
-    from kronos_tune.autobatch import render
+    from kronos_tune.commands import autobatch_render as render
     from kronos_tune.autobatch.predict_task import PredictTask
 
     task = PredictTask.from_preset(preset, device=run_device)
@@ -212,7 +213,7 @@ def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, 
 def _renderables(result: Any, summary: Any, probes: Any, axis: str, snippet: str, snippet_title: str,
                  assumptions: list[str]) -> list:
     """Summary, probes, the memory plot, the snippet to paste and the notes, in that order."""
-    from kronos_tune.autobatch import render
+    from kronos_tune.commands import autobatch_render as render
 
     return [
         summary,

@@ -24,14 +24,13 @@ from rich.table import Table
 from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
-from kronos_tune.benchmark import (
-    ProtocolFinished, ProtocolOptions, ProtocolReport, TrialFinished, TrialStarted, TrialStep, run_protocol,
-)
+from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.results import ProtocolFinished, ProtocolReport, TrialFinished, TrialStarted, TrialStep
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
 from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds
 from kronos_tune.benchmark.report.table import table
-from kronos_tune.benchmark.tasks import TASKS, get
+from kronos_tune.benchmark.tasks import TASKS, check_options, get
 from kronos_tune.benchmark.report.files import resolution_line
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
@@ -207,6 +206,9 @@ def register(app: typer.Typer) -> None:
         console = make_console(stderr=json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
+        check_options(task, options)  # bad flags: one line before the runner (and torch) loads
+        from kronos_tune.benchmark.run.runner import run_protocol
+
         cancel = threading.Event()
         with cancel_on_signals(cancel) as received, ProtocolProgress(console) as view:
             report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,

@@ -62,8 +62,8 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         import torch
 
         from kronos_core.units import format_bytes
-        from kronos_tune.autobatch import render
         from kronos_tune.autobatch.records import SearchCancelled
+        from kronos_tune.autobatch.text import probe_line
         from kronos_tune.autobatch.train_task import TrainTask
         from kronos_tune.workloads import train_config_from_preset
 
@@ -76,7 +76,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         effective = preset.workload.batch_size * preset.workload.accumulation_steps
 
         def on_probe(probe: Probe) -> None:
-            line = render.probe_line(probe)
+            line = probe_line(probe)
             post(LogLine(f"autobatch: {line}"))
             post(JobNote(f"{line}; next probe or the fit follows"))
             if cancel.is_set():

@@ -65,6 +65,17 @@ def _run_facts(run_file: Path | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _recorded_flops(folder: Path | None) -> dict[str, Any] | None:
+    """The MFU section of the report.json the run wrote: its FLOPs per token are kept for the same model shape
+    (train/summary.py), so rebuilding needs no model and no torch."""
+    try:
+        data = json.loads((folder / "report.json").read_text(encoding="utf-8")) if folder is not None else {}
+    except (OSError, ValueError):
+        return None
+    flops = data.get("flops") if isinstance(data, dict) else None
+    return flops if isinstance(flops, dict) else None
+
+
 def find_preset(name: str | None, source: str | None) -> Preset | None:
     for candidate in (source, name):
         if not candidate:
@@ -121,7 +132,8 @@ def load_run(path: str | Path, out_dir: str | Path | None = None) -> LoadedRun:
         notes=[f"rebuilt by kronos-tune report from {results_file}"] + [f"dropped {d}" for d in dropped],
         preset_source=facts.get("preset_source"),
         out_dir=str(out_dir) if out_dir is not None else str(folder) if folder is not None else None,
-        started_at=facts.get("started_at", ""), finished_at=facts.get("finished_at", facts.get("updated_at", "")))
+        started_at=facts.get("started_at", ""), finished_at=facts.get("finished_at", facts.get("updated_at", "")),
+        flops=_recorded_flops(folder))
     return LoadedRun(summarize(report, preset), results_file, folder, dropped)
 
 

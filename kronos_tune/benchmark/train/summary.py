@@ -11,11 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kronos_core.model import Kronos
 from kronos_core.sizes import SIZES
-from kronos_tune.profiling.flops import train_flops_per_token
 from kronos_tune.presets import Preset
 from kronos_tune.benchmark.costs import one_time_s, workload_time_s
 from kronos_tune.benchmark.train.decide import (
@@ -90,15 +86,28 @@ def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, An
         return None
     work = preset.workload
     spec = SIZES[work.model_size].model
-    with torch.device("meta"):
-        model = Kronos(**spec)
-    tokens = work.lookback_window + work.predict_window
+    shape = {"layers": spec["n_layers"], "heads": spec["n_heads"], "head_dim": spec["d_model"] // spec["n_heads"],
+             "tokens_per_window": work.lookback_window + work.predict_window}
     peaks = {dtype: preset.peak_flops(dtype) for dtype in ("fp32", "tf32", "bf16", "fp16")}
-    return {"formula": FLOPS_FORMULA, "flops_per_token": train_flops_per_token(model, tokens),
-            "layers": spec["n_layers"], "heads": spec["n_heads"], "head_dim": spec["d_model"] // spec["n_heads"],
-            "tokens_per_window": tokens, "peak_flops_per_device": peaks,
+    return {"formula": FLOPS_FORMULA, "flops_per_token": _flops_per_token(spec, shape, report.flops), **shape,
+            "peak_flops_per_device": peaks,
             "mfu_note": None if report.device == preset.hardware.device else
             "MFU not computed: this machine's device differs from the preset's"}
+
+
+def _flops_per_token(spec: dict[str, Any], shape: dict[str, int], known: dict[str, Any] | None) -> float:
+    """The figure `known` (the flops section a rebuilt run's report.json carried) has for this model shape and
+    window, else counted on a meta-device model: reading a report then needs no torch."""
+    if known and known.get("flops_per_token") and all(known.get(key) == value for key, value in shape.items()):
+        return known["flops_per_token"]
+    import torch
+
+    from kronos_core.model import Kronos
+    from kronos_tune.profiling.flops import train_flops_per_token
+
+    with torch.device("meta"):
+        model = Kronos(**spec)
+    return train_flops_per_token(model, shape["tokens_per_window"])
 
 
 def headroom(report: ProtocolReport) -> dict[str, Any] | None:

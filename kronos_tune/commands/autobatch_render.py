@@ -1,4 +1,4 @@
-"""Rich output for an autobatch result: summary, probe table, memory-vs-batch plot, TOML snippet."""
+"""Rich output for an autobatch result: summary, probe table, memory-vs-batch plot (the plain lines: autobatch/text.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
-from kronos_tune.autobatch.search import AutobatchResult, Probe
+from kronos_tune.autobatch.search import AutobatchResult
 
 PLOT_WIDTH = 56
 PLOT_HEIGHT = 10
@@ -124,13 +124,3 @@ def memory_plot(result: AutobatchResult, width: int = PLOT_WIDTH, height: int = 
     out.append(" " * (label_width + 2) + "· fit   o probe   ◆ verified   x out of memory\n", style="dim")
     out.append(" " * (label_width + 2) + "─ budget   ┄ usable (budget - margin)   ▲ pick", style="dim")
     return out
-
-
-def toml_snippet(batch_size: int, accumulation_steps: int) -> str:
-    return f"batch_size = {batch_size}\naccumulation_steps = {accumulation_steps}\n"
-
-
-def probe_line(probe: Probe, unit: str = "batch") -> str:
-    """One line per finished probe, for progress output."""
-    peak = format_bytes(probe.peak_bytes) if probe.peak_bytes is not None else "out of memory"
-    return f"{probe.kind} {unit} {probe.batch_size}: {peak} ({probe.status}, {probe.wall_time_s:.1f} s)"
