@@ -96,8 +96,8 @@ def resolve_checkpoint(given: str | os.PathLike, flag: str = "--checkpoint", sta
     if _is_run(path):
         raise KronosTuneError(f"{_named(flag, text)}: the training run {path} has no {BEST}/ checkpoint yet (it "
                               f"is written at the first evaluation); train it further or name another checkpoint")
-    raise KronosTuneError(f"{_named(flag, text)}: {path} is neither a checkpoint folder (no {CONFIG_NAME}) nor a "
-                          f"training run's folder (no {BEST}/)")
+    raise KronosTuneError(f"{_named(flag, text)}: {path} has no {CONFIG_NAME}: neither a checkpoint folder "
+                          f"({CONFIG_NAME} + model.safetensors) nor a training run's folder (with {BEST}/)")
 
 
 def resolve_pair(checkpoint: str | os.PathLike | None, tokenizer: str | os.PathLike | None,

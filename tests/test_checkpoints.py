@@ -51,7 +51,7 @@ def test_a_run_without_best_and_a_stranger_folder_are_one_line(tmp_path: Path) -
     (tmp_path / "early" / "config.toml").write_text('model_size = "tiny"\n')
     with pytest.raises(KronosTuneError, match="the training run .*early has no best/ checkpoint yet"):
         resolve_checkpoint(tmp_path / "early")
-    with pytest.raises(KronosTuneError, match="is neither a checkpoint folder"):
+    with pytest.raises(KronosTuneError, match="has no config.json: neither a checkpoint folder"):
         resolve_checkpoint(tmp_path)
 
 
