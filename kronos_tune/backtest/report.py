@@ -213,7 +213,8 @@ def naive_columns(result: BacktestResult) -> pd.DataFrame:
     part = pd.DataFrame({
         "persistence_mae_return": naive.persistence_mae,
         "drift_ic": [q.ic for q in drift.quality], "drift_rank_ic": [q.rank_ic for q in drift.quality],
-        "drift_hit_rate": [q.hit_rate for q in drift.quality], "drift_mae_return": [q.mae_return for q in drift.quality],
+        "drift_hit_rate": [q.hit_rate for q in drift.quality],
+        "drift_mae_return": [q.mae_return for q in drift.quality],
         "drift_net_return": [p.net_return for p in drift.periods],
     })
     if naive.band is not None:

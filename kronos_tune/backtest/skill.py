@@ -135,8 +135,8 @@ class SettingComparison:
         pair = f"{self.title_b} vs {self.title_a}: "
         shared = _shared_reason(self.mae, self.ic, self.rank_ic)
         if shared is not None:
-            return (f"{pair}MAE {100 * self.mae_change:+.1f}%, IC {self.ic.mean:+.4f}, RankIC {self.rank_ic.mean:+.4f}; tests not available: "
-                    f"{shared}")
+            return (f"{pair}MAE {100 * self.mae_change:+.1f}%, IC {self.ic.mean:+.4f}, RankIC "
+                    f"{self.rank_ic.mean:+.4f}; tests not available: {shared}")
         mae = (f"MAE {100 * self.mae_change:+.1f}% (DM p = {format_p(self.mae.p)})" if self.mae.reason is None
                else f"MAE {100 * self.mae_change:+.1f}% (DM test not available: {self.mae.reason})")
         found = [name for name, test in (("MAE", self.mae), ("IC", self.ic), ("RankIC", self.rank_ic))
