@@ -89,16 +89,16 @@ def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> 
     """A trial spec and job of the tiny model on synthetic data (by default no evaluation: only timing matters
     here)."""
     from kronos_core.train import TrainConfig
-    from kronos_tune.benchmark.train.measure import StepPlan
+    from kronos_tune.benchmark.train.measure import TrialSteps
     from kronos_tune.benchmark.results import TrialSpec
 
     config = TrainConfig(what="predictor", model_size="tiny", data=["synthetic"], lookback_window=16,
                          predict_window=4, batch_size=8, samples_per_epoch=1_000_000, epochs=1, eval_samples=8,
                          synthetic_series=2, synthetic_rows=200, seed=seed, device="cpu", num_workers=0,
                          output_dir=str(work / "run"))
-    plan = StepPlan(min_warmup=3, max_warmup=10, eval_step=eval_step)
+    plan = TrialSteps(min_warmup=3, max_warmup=10, eval_step=eval_step)
     return (TrialSpec(name, "single", {}, config),
-            {"config": config.to_dict(), "plan": plan.to_dict(), "budget_bytes": None,
+            {"config": config.to_dict(), "steps": plan.to_dict(), "budget_bytes": None,
              "result_file": str(work / "result.json")})
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from kronos_core.model import Kronos
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.memory import CpuExactMeter
-from kronos_tune.benchmark.train.measure import StepPlan, measure_training
+from kronos_tune.benchmark.train.measure import TrialSteps, measure_training
 
 STEPS = 4
 
@@ -97,7 +97,7 @@ def main(out: Path) -> None:
     # a tight interval at once, rank 1 never): agreed, both leave warm-up and measurement at the same step;
     # each on its own, rank 0 would leave while rank 1 waits in a collective for good.
     eager = rank == 0
-    plan = StepPlan(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2, max_steps=5,
+    plan = TrialSteps(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2, max_steps=5,
                     target_ci=1e9 if eager else 0.0, budget_s=1e9)
     measured = measure_training(config(out, "measured"), None, plan, agree_across_ranks=True)
     counts = [None] * dist.get_world_size()

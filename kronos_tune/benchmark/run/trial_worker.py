@@ -13,7 +13,7 @@ can do to a hung CUDA call or a deadlocked DataLoader. It also gives each
 trial a fresh allocator, cuBLAS state and compile cache, so one trial's
 warm-up never flatters the next.
 
-JOB.json: ``config`` (TrainConfig keys), ``plan`` (measure.StepPlan),
+JOB.json: ``config`` (TrainConfig keys), ``steps`` (train/measure.py: TrialSteps),
 ``budget_bytes`` (per device), ``result_file`` and ``stack_file``. SIGTERM
 (the launcher's stop) makes every rank stop after the current step. SIGUSR1
 makes every thread of this process (and of the loader workers it forked,
@@ -59,7 +59,7 @@ import torch
 from kronos_core.files import atomic_writer, write_text_atomic
 from kronos_core.launch import emit_event
 from kronos_core.train import StepRecord, TrainConfig
-from kronos_tune.benchmark.train.measure import StepPlan, TrialSession
+from kronos_tune.benchmark.train.measure import TrialSteps, TrialSession
 
 STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             emit_event(STEP_EVENT, **record.to_dict())
 
-    session = TrialSession(config, meter, StepPlan.from_dict(job["plan"]), on_record=emit, should_stop=should_stop,
+    session = TrialSession(config, meter, TrialSteps.from_dict(job["steps"]), on_record=emit, should_stop=should_stop,
                            meter_always=config.resolved_device() == "cuda",
                            agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1, delay=planted_delay(trial))
     try:

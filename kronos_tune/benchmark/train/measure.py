@@ -32,7 +32,7 @@ StepCallback = Callable[[StepRecord], None]
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class TrialSteps:
     """How many steps one trial runs: warm-up until settled, one metered step, measured steps until the median's
     interval is tight (or the budget is spent), and the validation loss at ``eval_step`` (None: no evaluation)."""
 
@@ -49,7 +49,7 @@ class StepPlan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StepPlan:
+    def from_dict(cls, data: dict[str, Any]) -> TrialSteps:
         return cls(**data)
 
 
@@ -100,16 +100,16 @@ class TrialSession:
     ``block`` calls (the paired design: a few timed steps at a time, alternating with the baseline's), then
     ``finish`` (trained on to the evaluation step if the steps so far did not reach it).
 
-    The validation loss is taken right after the optimizer step ``plan.eval_step``, wherever that falls; the
+    The validation loss is taken right after the optimizer step ``steps.eval_step``, wherever that falls; the
     step after an evaluation pays for its cache effects and is never timed. ``delay`` (a fraction) keeps the
     thread busy that much longer after every step, counted in its time: the planted effect of the decision
     benchmark and its tests. Out-of-memory, cancel and every other error are the caller's (``run`` below
     turns the first two into the measurement's status)."""
 
-    def __init__(self, config: TrainConfig, meter: Any | None, plan: StepPlan,
+    def __init__(self, config: TrainConfig, meter: Any | None, steps: TrialSteps,
                  on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
                  meter_always: bool = False, agree_across_ranks: bool = False, delay: float = 0.0) -> None:
-        self.config, self.plan, self.on_record, self.should_stop = config, plan, on_record, should_stop
+        self.config, self.steps, self.on_record, self.should_stop = config, steps, on_record, should_stop
         self.agree_across_ranks, self.meter_always, self.delay = agree_across_ranks, meter_always, delay
         self.switch = MeterSwitch(meter, always=meter_always)
         self.result = TrainMeasurement(status="ok")
@@ -141,7 +141,7 @@ class TrialSession:
         trainer = self.trainer
         assert trainer is not None
         record = self._one()
-        if self.plan.eval_step is not None and trainer.step == self.plan.eval_step:
+        if self.steps.eval_step is not None and trainer.step == self.steps.eval_step:
             self.result.val_loss = float(trainer.evaluate()["val_loss"])
             self.result.val_loss_step = trainer.step
             self._one()  # after the evaluation: its cache effects, never timed
@@ -167,23 +167,23 @@ class TrialSession:
 
     # The parts of a trial ----------------------------------------------------------------------------------
     def warm_up(self) -> None:
-        """Warm-up steps until a step's time is within ``plan.settle_tolerance`` of the one before (between
+        """Warm-up steps until a step's time is within ``steps.settle_tolerance`` of the one before (between
         ``min_warmup`` and ``max_warmup`` steps), then one metered step (memory; on the CPU its dispatch mode is
         slow, so it is never timed)."""
-        plan, result = self.plan, self.result
+        steps, result = self.steps, self.result
         assert self.trainer is not None
         started = time.perf_counter()
         settled = False
-        while len(result.warmup_times_s) < max(plan.max_warmup, 1):
+        while len(result.warmup_times_s) < max(steps.max_warmup, 1):
             result.warmup_times_s.append(self.step().step_time_s)
             times = result.warmup_times_s
-            if self.agreed(int(len(times) >= max(plan.min_warmup, 1) and len(times) >= 2
-                               and abs(times[-1] / times[-2] - 1) <= plan.settle_tolerance)):
+            if self.agreed(int(len(times) >= max(steps.min_warmup, 1) and len(times) >= 2
+                               and abs(times[-1] / times[-2] - 1) <= steps.settle_tolerance)):
                 settled = True
                 break
         result.warmup_time_s = time.perf_counter() - started
         result.timing = {"warmup_steps": len(result.warmup_times_s), "settled": settled,
-                         "settle_tolerance": plan.settle_tolerance}
+                         "settle_tolerance": steps.settle_tolerance}
         self.switch.start(self.trainer)
         self.step()  # the metered step
         self.switch.stop()
@@ -193,20 +193,20 @@ class TrialSession:
         """The sequential design's measured steps: until the median's 95 % interval is within ``target_ci`` of
         the median, ``budget_s`` of measuring is spent or ``max_steps`` ran, and at least ``min_steps`` ran and
         the evaluation step was reached."""
-        plan, result, trainer = self.plan, self.result, self.trainer
+        steps, result, trainer = self.steps, self.result, self.trainer
         assert trainer is not None
         measuring, stop_reason, halfwidth = time.perf_counter(), "", float("inf")
         while True:
             times = [r["step_time_s"] for r in result.timed]
-            evaluated = plan.eval_step is None or trainer.step >= plan.eval_step
+            evaluated = steps.eval_step is None or trainer.step >= steps.eval_step
             reason = 0
-            if len(times) >= plan.min_steps and evaluated:
+            if len(times) >= steps.min_steps and evaluated:
                 halfwidth = relative_halfwidth(times)
-                if halfwidth <= plan.target_ci:
+                if halfwidth <= steps.target_ci:
                     reason = STOP_REASONS.index("interval")
-                elif time.perf_counter() - measuring >= plan.budget_s:
+                elif time.perf_counter() - measuring >= steps.budget_s:
                     reason = STOP_REASONS.index("budget")
-                elif len(times) >= plan.max_steps:
+                elif len(times) >= steps.max_steps:
                     reason = STOP_REASONS.index("max-steps")
             reason = self.agreed(reason)
             if reason:
@@ -214,18 +214,18 @@ class TrialSession:
                 break
             result.timed.append(self.step().to_dict())
         result.timing.update({"measured_steps": len(result.timed), "stop": stop_reason, "ci_halfwidth": halfwidth,
-                              "target_ci": plan.target_ci, "budget_s": plan.budget_s,
+                              "target_ci": steps.target_ci, "budget_s": steps.budget_s,
                               "measure_time_s": time.perf_counter() - measuring})
 
-    def block(self, steps: int) -> list[StepRecord]:
-        """`steps` timed steps of the paired design (an evaluation among them adds its untimed step)."""
-        return [self.step() for _ in range(max(1, steps))]
+    def block(self, count: int) -> list[StepRecord]:
+        """`count` timed steps of the paired design (an evaluation among them adds its untimed step)."""
+        return [self.step() for _ in range(max(1, count))]
 
     def finish(self) -> None:
         """Train on (untimed) to the evaluation step when the steps so far did not reach it."""
         trainer = self.trainer
         assert trainer is not None
-        while self.plan.eval_step is not None and trainer.step < self.plan.eval_step:
+        while self.steps.eval_step is not None and trainer.step < self.steps.eval_step:
             self.step()
         if self.meter_always:
             self.result.peak_memory_bytes = self.switch.peak_bytes()
@@ -253,17 +253,17 @@ class TrialSession:
             self.trainer = None
 
 
-def measure_training(config: TrainConfig, meter: Any | None, plan: StepPlan,
+def measure_training(config: TrainConfig, meter: Any | None, steps: TrialSteps,
                      on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
                      meter_always: bool = False, agree_across_ranks: bool = False,
                      delay: float = 0.0) -> TrainMeasurement:
-    """One trial of `config` by `plan`, the sequential design: warm-up, the metered step, measured steps
+    """One trial of `config` by `steps`, the sequential design: warm-up, the metered step, measured steps
     (TrialSession.measure), the evaluation; out-of-memory (real or simulated) is a result, other errors
     propagate. `should_stop` is polled after every step. With `agree_across_ranks` (DDP) every decision is
     agreed by an all-reduce: the ranks time their steps on their own clocks, and one rank leaving the warm-up
     or the measurement a step before the others would leave them waiting in a collective forever.
     """
-    session = TrialSession(config, meter, plan, on_record, should_stop, meter_always, agree_across_ranks, delay)
+    session = TrialSession(config, meter, steps, on_record, should_stop, meter_always, agree_across_ranks, delay)
     try:
         return session.run(session.open, session.warm_up, session.measure, session.finish)
     finally:

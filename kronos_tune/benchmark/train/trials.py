@@ -22,7 +22,7 @@ from kronos_tune.benchmark.run.context import RunContext
 from kronos_tune.benchmark.train.decide import DecisionContext, decide, memory_binding
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
 from kronos_tune.benchmark.run.live_worker import LiveWorker, WorkerGone
-from kronos_tune.benchmark.train.measure import StepPlan, TrainMeasurement
+from kronos_tune.benchmark.train.measure import TrialSteps, TrainMeasurement
 from kronos_tune.benchmark.run.paired import BASELINE_WORKER, Interleaver, choose_design, steps_per_block
 from kronos_tune.benchmark.train.trial_list import combine
 from kronos_tune.benchmark.selection import left_out
@@ -173,9 +173,9 @@ def materialize_probe(config: TrainConfig, base: TrainConfig, work: Path) -> Tra
 
 # Running one trial -----------------------------------------------------------------------------------------
 
-def step_plan(run: RunContext, spec: TrialSpec, budget_s: float | None = None) -> StepPlan:
+def trial_steps(run: RunContext, spec: TrialSpec, budget_s: float | None = None) -> TrialSteps:
     options = run.options
-    return StepPlan(min_warmup=spec.warmup_steps, max_warmup=spec.max_warmup_steps,
+    return TrialSteps(min_warmup=spec.warmup_steps, max_warmup=spec.max_warmup_steps,
                     settle_tolerance=options.settle_tolerance, min_steps=spec.measured_steps,
                     max_steps=max(spec.max_measured_steps, spec.measured_steps), target_ci=options.target_ci,
                     budget_s=trial_budget(run) if budget_s is None else budget_s, eval_step=spec.eval_step)
@@ -207,7 +207,7 @@ def block_seconds(run: RunContext) -> float:
 
 def _job(run: RunContext, spec: TrialSpec, work: Path, budget_s: float | None = None) -> dict[str, Any]:
     config = spec.config.replace(output_dir=str(work / "run"))
-    return {"trial": spec.name, "config": config.to_dict(), "plan": step_plan(run, spec, budget_s).to_dict(),
+    return {"trial": spec.name, "config": config.to_dict(), "steps": trial_steps(run, spec, budget_s).to_dict(),
             "budget_bytes": run.budget_bytes, "result_file": str(work / "result.json")}
 
 
