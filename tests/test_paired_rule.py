@@ -273,3 +273,18 @@ def test_the_order_is_counterbalanced_so_a_slow_second_block_is_charged_to_neith
     even = statistics.mean(aa_centre(leads, seed) for seed in range(40))
     assert uneven < -0.003  # about -0.4%: the same bias in every run with that seed
     assert abs(even) < 0.001
+
+
+def test_an_a_a_comparison_past_the_floor_is_said_in_the_timing_section() -> None:
+    from kronos_tune.benchmark import ProtocolReport
+    from kronos_tune.benchmark.results import NOISE_PROBE
+    from kronos_tune.benchmark.stats import Comparison
+    from kronos_tune.benchmark.train.text import timing_lines
+
+    probe = TrialResult(NOISE_PROBE, "baseline", "ok", {}, None, "", task="train")
+    report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated", trials=[probe],
+                            timing={"resolution_pct": 4.0})
+    for verdict, said in (("slower", True), ("same", False)):
+        probe.comparison = Comparison(1.04, 1.01, 1.07, 0.02, verdict, 20, 20, "hodges-lehmann", "paired").to_dict()
+        lines = timing_lines(report)
+        assert any("The A/A comparison itself came out slower (+4.0%)" in line for line in lines) is said

@@ -7,6 +7,7 @@ import textwrap
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.stats import Comparison
 
 
 def recommended_toml(report: ProtocolReport) -> str | None:
@@ -60,9 +61,10 @@ def timing_lines(report: ProtocolReport) -> list[str]:
     resolution = resolution_line(report)
     if resolution:
         lines.append(f"**Resolution**: {resolution}.")
-    aa = ((report.decision or {}).get("comparisons") or {}).get(NOISE_PROBE)
-    if aa and aa.get("design") == "paired" and aa.get("verdict") in ("faster", "slower"):
-        lines.append(f"The A/A comparison itself came out {aa['verdict']} ({100 * (aa['ratio'] - 1):+.1f}%): two "
+    probe = report.trial(NOISE_PROBE)
+    aa = Comparison.from_dict(probe.comparison) if probe is not None else None
+    if aa is not None and aa.design == "paired" and aa.verdict in ("faster", "slower"):
+        lines.append(f"The A/A comparison itself came out {aa.verdict} ({100 * (aa.ratio - 1):+.1f}%): two "
                      f"workers of one configuration differed beyond the floor, which is why the resolution is as "
                      f"wide as it is.")
     designs = t.get("designs") or {}
