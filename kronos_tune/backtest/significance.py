@@ -104,7 +104,7 @@ class MeanTest:
         """'t = 1.20, p = 0.23; about 70 origins would be needed', or why it is not available."""
         if self.reason is not None:
             return f"not available: {self.reason}"
-        text = f"t = {self.t:.2f}, p = {format_p(self.p)}"
+        text = f"t = {self.t:.2f}, {p_text(self.p)}"
         if self.origins_needed is not None:
             text += f"; {needed_text(self.origins_needed)}"
         return text
@@ -114,6 +114,12 @@ def format_p(p: float | None) -> str:
     if p is None:
         return "n/a"
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
+
+
+def p_text(p: float | None) -> str:
+    """'p = 0.23', 'p = 0.004' or 'p < 0.001'."""
+    shown = format_p(p)
+    return f"p {shown}" if shown.startswith("<") else f"p = {shown}"
 
 
 def needed_text(origins: int) -> str:

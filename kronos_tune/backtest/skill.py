@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality
-from kronos_tune.backtest.significance import MeanTest, format_p, hac_mean_test, needed_text
+from kronos_tune.backtest.significance import MeanTest, hac_mean_test, needed_text, p_text
 
 NO_SAMPLES = "needs sample paths: --sample-count 2 or more"
 
@@ -65,9 +65,9 @@ class SettingSkill:
         if dm.reason is not None:
             judged = f"DM test not available: {dm.reason}"
         elif dm.significant:
-            judged = f"DM p = {format_p(dm.p)}: {'better' if self.mae_ratio < 1 else 'worse'} than no change"
+            judged = f"DM {p_text(dm.p)}: {'better' if self.mae_ratio < 1 else 'worse'} than no change"
         else:
-            judged = f"DM p = {format_p(dm.p)}: not distinguishable from no change; {needed_text(dm.origins_needed)}"
+            judged = f"DM {p_text(dm.p)}: not distinguishable from no change; {needed_text(dm.origins_needed)}"
         return f"{head} ({judged}); IC {self.ic.mean:+.4f} ({self.ic.brief()}); hit rate {_interval(self.hit_rate)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def _shared_reason(*tests: MeanTest) -> str | None:
 def _interval(test: MeanTest) -> str:
     if test.low is None:
         return f"{test.mean:.3f} (interval not available: {test.reason})"
-    against = f"p = {format_p(test.p)} against {test.null:g}"
+    against = f"{p_text(test.p)} against {test.null:g}"
     return f"{test.mean:.3f} (95 % {test.low:.3f} to {test.high:.3f}, {against})"
 
 
@@ -137,7 +137,7 @@ class SettingComparison:
         if shared is not None:
             return (f"{pair}MAE {100 * self.mae_change:+.1f}%, IC {self.ic.mean:+.4f}, RankIC "
                     f"{self.rank_ic.mean:+.4f}; tests not available: {shared}")
-        mae = (f"MAE {100 * self.mae_change:+.1f}% (DM p = {format_p(self.mae.p)})" if self.mae.reason is None
+        mae = (f"MAE {100 * self.mae_change:+.1f}% (DM {p_text(self.mae.p)})" if self.mae.reason is None
                else f"MAE {100 * self.mae_change:+.1f}% (DM test not available: {self.mae.reason})")
         found = [name for name, test in (("MAE", self.mae), ("IC", self.ic), ("RankIC", self.rank_ic))
                  if test.significant]
