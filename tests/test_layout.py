@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,13 +207,32 @@ def torch_after(argvs: list[list[str]], cwd: Path) -> list[tuple[list[str], int,
     return [tuple(item) for item in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-# train and autobatch are not here yet: their modules import torch as they load (kronos_tune.train.job, the
-# kronos_tune.autobatch package), and so does `kronos-tune --help`, which loads every command.
-LIGHT_HELP = ("presets", "monitor", "predict", "profile", "dashboard", "benchmark", "config", "report", "plan",
-              "backtest")
-BAD_BENCHMARK_FLAGS = (["benchmark", "--preset", "cpu", "--task", "nope"],
-                       ["benchmark", "--preset", "cpu", "--skip", "nope"],
-                       ["benchmark", "--preset", "cpu", "--task", "predict", "--min-spearman", "2"])
+def every_command_path() -> list[list[str]]:
+    """Every command and subcommand of `kronos-tune`, as the words that run it (["config", "keys"], ...)."""
+    import typer
+
+    from kronos_tune.cli import build_app
+
+    def walk(command: Any, path: list[str]) -> list[list[str]]:
+        found = []
+        for name, sub in getattr(command, "commands", {}).items():
+            found += [path + [name]] + walk(sub, path + [name])
+        return found
+
+    return walk(typer.main.get_command(build_app()), [])
+
+
+# One-line errors that need no model: checked before anything loads torch.
+BAD_FLAGS = (["benchmark", "--preset", "cpu", "--task", "nope"],
+             ["benchmark", "--preset", "cpu", "--skip", "nope"],
+             ["benchmark", "--preset", "cpu", "--task", "predict", "--min-spearman", "2"],
+             ["train", "--what", "nope"],
+             ["train", "--resume", "no-such-run"],
+             ["autobatch", "--preset", "cpu", "--margin", "2"],
+             ["autobatch", "--preset", "nope"],
+             ["autobatch", "--preset", "cpu", "--lr-rule", "nope"],
+             ["plan", "--preset", "nope"],
+             ["profile", "--preset", "nope"])
 
 
 def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
@@ -225,9 +245,11 @@ def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
         main(["report", str(run)])
     assert done.value.code == 0 and json.loads((run / "report.json").read_text())["flops"]["flops_per_token"] > 0
     written = {name: (run / name).read_bytes() for name in ("report.json", "report.md", "report.csv")}
-    argvs = [[command, "--help"] for command in LIGHT_HELP] + [list(a) for a in BAD_BENCHMARK_FLAGS]
-    argvs.append(["report", str(run)])
-    expected = [(argv, 2 if argv[0] == "benchmark" and argv[1] != "--help" else 0, False) for argv in argvs]
+    commands = every_command_path()
+    assert {"train", "autobatch", "benchmark", "report"} <= {path[0] for path in commands} and ["config", "keys"] in commands
+    helps = [["--help"]] + [path + ["--help"] for path in commands]
+    argvs = helps + [list(a) for a in BAD_FLAGS] + [["report", str(run)]]
+    expected = [(argv, 0 if argv in helps or argv[0] == "report" else 2, False) for argv in argvs]
     assert torch_after(argvs, tmp_path) == expected
     assert {name: (run / name).read_bytes() for name in written} == written  # the same files, without torch
 

@@ -7,33 +7,28 @@
 * ``search``: the generic core (``autobatch``, ``AutobatchResult``, ``Probe``, ``ProbeStep``);
 * ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
 * ``predict_task``: the prediction chunk size (``max_batch_size``) for a preset's predict workload;
-* ``render``: Rich summary, terminal plot, TOML snippet.
+* ``text``: a probe's progress line and the TOML snippet (the Rich tables and plot are commands/autobatch_render.py).
 
 ``python -m benchmarks.autobatch`` (repository root) compares the pick with the true maximum.
 """
 
 from __future__ import annotations
 
-from kronos_tune.autobatch.search import (
-    AutobatchResult,
-    Probe,
-    ProbeStep,
-    autobatch,
-    is_out_of_memory,
-    split_effective_batch,
-    validate_margin,
-)
-from kronos_tune.memory.peak import PeakModel, SeriesFit
+import importlib
+from typing import Any
 
-__all__ = [
-    "AutobatchResult",
-    "PeakModel",
-    "Probe",
-    "ProbeStep",
-    "SeriesFit",
-    "autobatch",
-    "is_out_of_memory",
-    "split_effective_batch",
-    "validate_margin",
-]
+# Loaded on first use (as kronos_core.train's names): the search loads torch, and a command that only parses its
+# flags or checks a rule (kronos_tune.autobatch.maximize) must not.
+_EXPORTS = {
+    **{name: "kronos_tune.autobatch.search" for name in ("AutobatchResult", "Probe", "ProbeStep", "autobatch",
+                                                          "is_out_of_memory", "split_effective_batch")},
+    **{name: "kronos_tune.memory.peak" for name in ("PeakModel", "SeriesFit", "validate_margin")},
+}
 
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kronos_tune.autobatch' has no attribute {name!r}")

@@ -78,7 +78,7 @@ def _payload(result: AutobatchResult, device: str, simulated: bool, assumptions:
 def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: float | None, estimate: bool,
                   as_json: bool, preset_dirs: list[Path] | None, max_probes: int, maximize: bool = False,
                   lr_rule: str = "sqrt") -> None:
-    from kronos_tune.autobatch.search import validate_margin
+    from kronos_tune.memory.peak import validate_margin
 
     margin = None if margin is None else validate_margin(margin)
     if task not in TASKS:

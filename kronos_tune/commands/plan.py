@@ -58,10 +58,11 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     ) -> None:
         """What fits where: per-rank memory of DDP, FSDP, FSDP + checkpointing and FSDP + CPU offload."""
-        from kronos_tune.memory.planner import plan_preset
         from kronos_tune.presets import resolve_preset
 
-        chosen = resolve_preset(preset, preset_dir)
+        chosen = resolve_preset(preset, preset_dir)  # a bad name is one line before the planner loads torch
+        from kronos_tune.memory.planner import plan_preset
+
         console = make_console(stderr=as_json)
         # The spinner (a thread) starts at the first progress report, once the planner's workers exist: a
         # process running no other thread can fork them instead of spawning (kronos_tune.memory.planner).

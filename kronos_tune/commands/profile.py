@@ -28,10 +28,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Profile the preset's training step: top ops, memory by category, trace files, MFU."""
         from kronos_tune.presets import resolve_preset
+
+        chosen = resolve_preset(preset, preset_dir)  # a bad name is one line before the profiler loads torch
         from kronos_tune.profiling.profiler import check_output_paths, profile_training
         from kronos_tune.workloads import runnable_device, train_config_from_preset
 
-        chosen = resolve_preset(preset, preset_dir)
         check_output_paths(trace, tensorboard)
         overrides = {"batch_size": batch_size} if batch_size else {}
         config, config_notes = train_config_from_preset(chosen, **overrides)

@@ -37,7 +37,6 @@ from rich.text import Text
 from kronos_core.errors import KronosWarning
 from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
-from kronos_core.train.loading import load_training_data
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
@@ -306,6 +305,8 @@ def register(app: typer.Typer) -> None:
         base, source = build_config(preset, config, resume, overrides)
         base = base.replace(**checked_weights(base, what))
         if base.train_until is not None:  # reads the data: a cut outside it is one line before any folder is made
+            from kronos_core.train.loading import load_training_data  # torch: only when the data is read here
+
             with warnings.catch_warnings():  # what reading says, the trainer's own read says once
                 warnings.simplefilter("ignore", KronosWarning)
                 load_training_data(base)

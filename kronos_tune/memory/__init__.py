@@ -9,23 +9,26 @@ Answers "does batch B fit on device D" by measurement:
 * ``MemoryBudget`` / ``apply_cuda_budget`` make a smaller device out of this one.
 """
 
-from kronos_core.train.live_bytes import StorageTracker
-from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError, apply_cuda_budget
-from kronos_tune.memory.estimate import CudaEmulation, EstimateResult, FakeEstimate, estimate_step_peak
-from kronos_tune.memory.meters import CpuExactMeter, CudaMeter, CudaPhaseStats, LiveMeter, make_meter
+from __future__ import annotations
 
-__all__ = [
-    "CpuExactMeter",
-    "CudaEmulation",
-    "CudaMeter",
-    "CudaPhaseStats",
-    "EstimateResult",
-    "FakeEstimate",
-    "MemoryBudget",
-    "OutOfMemoryError",
-    "LiveMeter",
-    "StorageTracker",
-    "apply_cuda_budget",
-    "estimate_step_peak",
-    "make_meter",
-]
+import importlib
+from typing import Any
+
+# Loaded on first use (as kronos_core.train's names): the meters and estimates load torch, while the peak model
+# and the margin check (kronos_tune.memory.peak) that a command's bad-flag errors use need none.
+_EXPORTS = {
+    "StorageTracker": "kronos_core.train.live_bytes",
+    **{name: "kronos_tune.memory.budget" for name in ("MemoryBudget", "OutOfMemoryError", "apply_cuda_budget")},
+    **{name: "kronos_tune.memory.estimate" for name in ("CudaEmulation", "EstimateResult", "FakeEstimate",
+                                                         "estimate_step_peak")},
+    **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "CudaPhaseStats", "LiveMeter",
+                                                       "make_meter")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kronos_tune.memory' has no attribute {name!r}")

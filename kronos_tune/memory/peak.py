@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from kronos_tune.errors import KronosTuneError
+
+if TYPE_CHECKING:
+    import torch
 
 TOTAL_SERIES = "total"
 _CURVATURE_TOLERANCE = 0.01  # max |residual| of the line, as a fraction of the peak range
@@ -33,6 +35,8 @@ def default_margin(device: str | torch.device | None, estimate: bool = False, cu
     (real, or emulated by an estimate) the caching allocator's fragmentation and
     library workspaces are unseen, so 10%.
     """
+    import torch  # here only: checking a margin or fitting probes needs none (autobatch's bad-flag errors)
+
     on_cuda = (estimate and cuda_emulation is not None) or (device is not None and torch.device(device).type == "cuda")
     return CUDA_MARGIN if on_cuda else CPU_MARGIN
 

@@ -23,16 +23,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
-from kronos_core.train import StepRecord, TrainConfig, Trainer
-from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE, oom_message
-from kronos_core.train.config import WHAT
-from kronos_core.train.records import PhaseMeter
+from kronos_core.train.config import WHAT, TrainConfig
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log
 from kronos_tune.runs import RunDir
@@ -41,6 +36,11 @@ from kronos_tune.train.runs import (
     Start, TrainPlan, adopt_legacy_run, checkpoint_step, choose_folder, claim_train_dir, finish_status,
     plan_training, run_step, world_size,
 )
+
+if TYPE_CHECKING:  # torch, the Trainer and the worker's exit codes (kronos_core.train.__main__) load when a stage
+    # runs: a command's --help and its bad-flag errors start without torch
+    from kronos_core.train import StepRecord, Trainer
+    from kronos_core.train.records import PhaseMeter
 
 STAGES = (*WHAT, "both")
 STOP_GRACE_S = 60.0  # after Ctrl-C, the ranks' time to finish the step and save before they are killed
@@ -178,6 +178,8 @@ def _saved_step(config: TrainConfig) -> int:
 
 
 def _ended(config: TrainConfig, summary: dict[str, Any], run: RunDir | None) -> StageResult:
+    from kronos_core.train.__main__ import EXIT_INTERRUPTED
+
     status = finish_status(summary["interrupted"], summary["steps"], summary["total_steps"])
     _finish(run, status, step=summary["steps"], total_steps=summary["total_steps"])
     return StageResult(config, status, EXIT_INTERRUPTED if status == "cancelled" else 0, summary)
@@ -189,6 +191,11 @@ def train_here(config: TrainConfig, steps: int | None, resume: Path | None, list
     """One stage in this process. `run`: the claimed folder, whose run.json records how the stage ended.
     A second Ctrl-C interrupts at once (the last checkpoint stays as it was); any other error is recorded
     as the run's failure and raised."""
+    import torch
+
+    from kronos_core.train import Trainer
+    from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, oom_message
+
     if meter is None:
         from kronos_tune.memory.meters import make_meter
 
@@ -273,6 +280,8 @@ class _RankZero:
                                                  self.target if self.target is not None else total,
                                                  int(event.get("world_size", 1))))
         elif kind == "step":
+            from kronos_core.train.records import StepRecord
+
             self.listener.step(StepRecord.from_dict(event))
             self.log.step(event)
         elif kind == "eval":
@@ -291,6 +300,8 @@ def train_launched(config: TrainConfig, command: list[str], target: int | None, 
                    cancel: threading.Event | None = None) -> StageResult:
     """One stage under torchrun through the shared launcher: Ctrl-C or SIGTERM here (main thread) or `cancel`
     makes every rank stop after its step and save; they are killed after a grace period."""
+    from kronos_core.train.__main__ import EXIT_INTERRUPTED, EXIT_OOM, EXIT_USAGE
+
     listener.stage_launching(config, target)
     watcher = _RankZero(config, listener, tensorboard, target)
     try:
@@ -369,6 +380,8 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
                                  tensorboard=request.tensorboard, cancel=cancel)
         ended.append(outcome)
         if outcome.exit_code != 0:
+            from kronos_core.train.__main__ import EXIT_INTERRUPTED
+
             status = "cancelled" if outcome.exit_code == EXIT_INTERRUPTED else "failed"
             if request.both and run is not None:
                 run.mark(status, stage=stage.what)

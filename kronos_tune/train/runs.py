@@ -205,11 +205,11 @@ def run_step(folder: Path) -> int:
 
 def check_resume_folder(folder: Path) -> None:
     """A one-line error naming what is wrong with a --resume folder (before anything is built)."""
-    from kronos_core.train.train_state import CHECKPOINT_DIR, LAST_NAME, checkpoint_path
-
     if not folder.exists():
         raise KronosTuneError(f"--resume {folder}: no such folder; give the output folder a training run printed "
                               f"(e.g. runs/train/<name>-<time>)")
+    from kronos_core.train.train_state import CHECKPOINT_DIR, LAST_NAME, checkpoint_path  # torch: once it exists
+
     if not folder.is_dir():
         raise KronosTuneError(f"--resume {folder}: that is a file; give the run's folder (it holds config.toml and "
                               f"{CHECKPOINT_DIR}/{LAST_NAME})")
