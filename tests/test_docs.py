@@ -159,7 +159,9 @@ def cli_flags(words: list[str]) -> set[str] | None:
     """The options of `kronos-tune WORDS...`: the command's, and its subcommand's when one is named."""
     from kronos_tune.cli import COMMAND_MODULES
 
-    if not words or words[0] not in COMMAND_MODULES:
+    if not words or words[0].startswith("--"):
+        return {"--help", "--version"}  # `kronos-tune --help`: the root's own options
+    if words[0] not in COMMAND_MODULES:
         return None
     return _options(words[0], words[1] if len(words) > 1 else "")
 
