@@ -23,6 +23,15 @@ class BenchmarkTask(ABC):
     columns: tuple[str, ...]  # the report table's header
     config_command: str  # the command its recommended.toml is for: kronos-tune <config_command> --config FILE
     probes_in_process: bool = False  # it probes the device in the runner's process: a CUDA budget is capped there
+    # Its timing: the TrialResult field every view shows as one estimate (report/estimate.py), in this table column
+    time_key: str  # seconds per step, lower is faster; or, with time_is_rate, per second, higher is faster
+    time_is_rate: bool = False
+    time_column: str
+    time_text: str  # what the figure is, after the number ("per step", "series/s")
+    throughput_key: str  # its throughput field and unit, as a finished trial's log line says it
+    throughput_unit: str
+    dashboard_trains: bool = False  # the dashboard's `t` can train with its recommended.toml
+    no_recommendation: str  # the answer's line when the run recommends nothing
 
     def check(self, options: ProtocolOptions) -> None:
         """Refuse options the task cannot use (KronosTuneError, one line)."""

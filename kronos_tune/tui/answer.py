@@ -36,14 +36,14 @@ class Answer:
 
 def _figure(result: Any, trials: list[Any], task: str) -> str:
     """The fastest trial's figure, as its row shows it (the compared estimate)."""
-    from kronos_tune.benchmark.report.estimate import baseline_of, series_rate_estimate, step_time_estimate
+    from kronos_tune.benchmark.report.estimate import baseline_of, shown_time
+    from kronos_tune.benchmark.tasks import get
 
     if result is None:
         return ""
-    baseline = baseline_of(trials)
-    if task == "predict":
-        return f"{rate(series_rate_estimate(result, baseline))} series/s"
-    return f"{duration(step_time_estimate(result, baseline))} per step"
+    chosen = get(task)
+    shown = shown_time(result, baseline_of(trials), task)
+    return f"{(rate if chosen.time_is_rate else duration)(shown)} {chosen.time_text}"
 
 
 def answer_from(report: Any) -> Answer:

@@ -55,10 +55,12 @@ class ResultsView:
         self._fit_results()  # a new run's rows: back to the running share of the screen
         self._show_results()
         if result.status == "ok":
-            speed = result.tokens_per_s if result.task == "train" else result.series_per_s
-            unit = "tokens/s" if result.task == "train" else "series/s"
+            from kronos_tune.benchmark.tasks import get
+
+            task = get(result.task)
             step = f", step {duration(result.step_time_s)}" if result.step_time_s is not None else ""
-            self.log_line(f"{result.name}: ok{step}, {rate(speed)} {unit}", "ok")
+            speed = getattr(result, task.throughput_key)
+            self.log_line(f"{result.name}: ok{step}, {rate(speed)} {task.throughput_unit}", "ok")
         else:
             level = "error" if result.status in ("oom", "failed") else "warning"
             self.log_line(f"{result.name}: {result.status}: {result.reason or 'no reason given'}", level)
@@ -83,8 +85,10 @@ class ResultsView:
         else:
             answer = answer_from(report)
         self.answer = answer
+        from kronos_tune.benchmark.tasks import get
+
         recommended = Path(report.out_dir or ".") / "recommended.toml"
-        if report.task == "train" and report.out_dir and recommended.is_file():
+        if get(report.task).dashboard_trains and report.out_dir and recommended.is_file():
             self.recommended = recommended
         self.query_one(AnswerPanel).show(answer)
         self._fit_results()

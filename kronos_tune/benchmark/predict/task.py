@@ -31,6 +31,9 @@ class PredictBenchmark(BenchmarkTask):
                "Δ mem", "max Δ output vs ref", "quality", "status")
     config_command = "predict"  # the [predict] settings file
     probes_in_process = True  # the autobatch chunk is searched in the runner's process
+    time_key, time_is_rate, time_column, time_text = "series_per_s", True, "series/s [IQR] n", "series/s"
+    throughput_key, throughput_unit = "series_per_s", "series/s"
+    no_recommendation = "no prediction settings to recommend: the reference did not run"
 
     def check(self, options: ProtocolOptions) -> None:
         check_predict_options(options)

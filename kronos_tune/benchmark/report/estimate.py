@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.tasks import get
 
 ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
                    "alternating blocks, else the ratio of medians); the raw medians are in report.json")
@@ -56,9 +57,15 @@ def series_rate_estimate(result: TrialResult, baseline: TrialResult | None) -> f
     return None if result.series_per_s is None else float(result.series_per_s.median)
 
 
+def shown_time(result: TrialResult, baseline: TrialResult | None, task: str | None = None) -> float | None:
+    """The estimate of the trial's timing (its task's time_key): the step time, or the series/s."""
+    rated = get(task or result.task).time_is_rate
+    return (series_rate_estimate if rated else step_time_estimate)(result, baseline)
+
+
 def speed_key(result: TrialResult, baseline: TrialResult | None, task: str) -> float | None:
     """Lower is faster, for ranking: the step time, or minus the series/s."""
-    if task == "predict":
+    if get(task).time_is_rate:
         rate = series_rate_estimate(result, baseline)
         return None if rate is None else -rate
     return step_time_estimate(result, baseline)
@@ -80,11 +87,10 @@ def fastest(results: Sequence[TrialResult], task: str) -> TrialResult | None:
 
 def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[str, Any]:
     """What report.json keeps beside the raw spread: the figure shown and where it comes from."""
-    predict = result.task == "predict"
-    shown = series_rate_estimate(result, baseline) if predict else step_time_estimate(result, baseline)
-    raw = result.series_per_s if predict else result.step_time_s
+    key = get(result.task).time_key
+    raw = getattr(result, key)
     source = "compared ratio x baseline median" if _ratio(result, baseline) is not None else "own median"
-    return {"key": "series_per_s" if predict else "step_time_s", "shown": shown,
+    return {"key": key, "shown": shown_time(result, baseline),
             "raw_median": None if raw is None else raw.median, "source": source,
             "design": (result.comparison or {}).get("design") if source != "own median" else None}
 
@@ -99,19 +105,15 @@ def report_dict(report: Any) -> dict[str, Any]:
     return out
 
 
-# The table's time column of each task (benchmark.train.task / benchmark.predict.task `cells`): the figure
-# shown is the estimate, the raw median beside it.
-TIME_COLUMNS = {"train": "time/step [IQR] n", "predict": "series/s [IQR] n"}
-
-
 def shown_time_cell(trial: TrialResult, baseline: TrialResult | None, compact: bool) -> Any:
-    """The table's time cell: the estimate, with the raw spread in parentheses when they differ."""
+    """The table's time cell (its task's time_column): the estimate, with the raw spread in parentheses when
+    they differ."""
     from kronos_tune.benchmark.report.cells import Cell, fmt_rate, fmt_seconds, spread_text
 
-    predict = trial.task == "predict"
-    raw, fmt = (trial.series_per_s, fmt_rate) if predict else (trial.step_time_s, fmt_seconds)
+    task = get(trial.task)
+    raw, fmt = getattr(trial, task.time_key), fmt_rate if task.time_is_rate else fmt_seconds
     raw_text = spread_text(raw, fmt, compact)
-    shown = series_rate_estimate(trial, baseline) if predict else step_time_estimate(trial, baseline)
+    shown = shown_time(trial, baseline)
     if raw is None or shown is None or fmt(shown) == fmt(raw.median):
         return Cell(raw_text)
     return Cell(f"{fmt(shown)}{chr(10) if compact else ' '}(raw {raw_text.replace(chr(10), ' ')})")

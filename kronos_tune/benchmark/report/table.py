@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.report.cells import Cell, changes_text, delta_cell, status_cell
-from kronos_tune.benchmark.report.estimate import TIME_COLUMNS, baseline_of, shown_time_cell
+from kronos_tune.benchmark.report.estimate import baseline_of, shown_time_cell
 from kronos_tune.benchmark.results import ProtocolReport
 from kronos_tune.benchmark.tasks import get
 
@@ -25,7 +25,7 @@ def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...
                   "Δ mem": delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
                   "status": status_cell(t, compact)}
         own = task.cells(t, compact)
-        if TIME_COLUMNS.get(report.task) in own:  # one estimate in every view (report/estimate.py)
-            own[TIME_COLUMNS[report.task]] = shown_time_cell(t, baseline, compact)
+        if task.time_column in own:  # one estimate in every view (report/estimate.py)
+            own[task.time_column] = shown_time_cell(t, baseline, compact)
         rows.append([own[column] if column in own else shared[column] for column in task.columns])
     return task.columns, rows

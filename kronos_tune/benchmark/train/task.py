@@ -28,6 +28,10 @@ class TrainBenchmark(BenchmarkTask):
     columns = ("configuration", "hardware", "time/step [IQR] n", "Δ time [95% CI]", "projected total", "memory",
                "Δ mem", "val loss", "Δ loss", "losses vs baseline", "MFU", "status")
     config_command = "train"
+    time_key, time_column, time_text = "step_time_s", "time/step [IQR] n", "per step"
+    throughput_key, throughput_unit = "tokens_per_s", "tokens/s"
+    dashboard_trains = True
+    no_recommendation = "no training config to recommend for this task"
 
     def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
         from kronos_tune.benchmark.train.trial_list import plan_train

@@ -52,13 +52,15 @@ class AnswerPanel(Panel):
         answer = self._answer
         if answer is None:
             return []
+        from kronos_tune.benchmark.tasks import get
+
+        task = get(answer.task)
         lines: list[Line] = []
         if answer.recommended is not None:
             what = Text.assemble((f"{RECOMMENDED_MARK} run ", "bold"), (answer.recommended, "bold green"),
                                  f": {answer.changes_text()}")
         else:
-            what = Text("no training config to recommend for this task" if answer.task == "train" else
-                        "no prediction settings to recommend: the reference did not run", style="dim")
+            what = Text(task.no_recommendation, style="dim")
         if answer.best is not None:
             what.append(f"   {BEST_MARK} fastest: ", style="bold")
             what.append(answer.best, style="bold cyan")
@@ -68,7 +70,7 @@ class AnswerPanel(Panel):
             lines.append((1, Text.assemble(("why ", "bold"), answer.reason)))
         if answer.command:
             command = Text.assemble(("command ", "bold"), (answer.command, "cyan"))
-            if answer.task == "train" and command.cell_len + len(RUN_HERE) <= width:  # t trains; predict: shell
+            if task.dashboard_trains and command.cell_len + len(RUN_HERE) <= width:  # t trains; else: a shell
                 command.append(RUN_HERE, style="dim")
             lines.append((0, command))
         if answer.resolution:

@@ -105,9 +105,9 @@ def note(result: TrialResult) -> Text:
     if result.reason:
         return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
     if result.quality is not None and not result.quality.get("passed", True):
-        if result.task == "predict":  # the exactness class's verdict (benchmark/predict/decide.py)
-            return Text(str(result.quality.get("text") or "quality below what its class promises"), style="red")
-        return Text("quality guard: val loss worse than the noise allows", style="red")
+        # predict: the exactness class's verdict (benchmark/predict/decide.py); train's guard has no text
+        return Text(str(result.quality.get("text") or "quality guard: val loss worse than the noise allows"),
+                    style="red")
     return Text("")
 
 
