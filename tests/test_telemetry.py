@@ -464,7 +464,7 @@ def test_read_only_folder_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_bench_sampler_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    from kronos_tune.telemetry import bench as bench_sampler
+    from benchmarks import telemetry as bench_sampler
 
     assert bench_sampler.main(["--repeats", "1", "--steps", "2", "--interval", "0.05"]) == 0
     out = capsys.readouterr().out
