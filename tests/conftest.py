@@ -15,6 +15,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402 - after the thread count is set
 
+# pytest-xdist's workers (execnet) set COLUMNS=80 and LINES=24 in their environment; a command's output
+# redirected by a user carries no COLUMNS, so the tests see what that user sees (full-width lines). A test of
+# COLUMNS itself sets it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 if os.environ["OMP_NUM_THREADS"].isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case a plugin imported torch first
 
