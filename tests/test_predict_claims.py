@@ -56,10 +56,10 @@ def test_a_killed_job_keeps_its_chunks_and_resumes_to_the_same_output(tmp_path: 
     out = tmp_path / "cut.csv"
     done = tmp_path / "cut.csv.work" / "done"
     process = start("--data", tmp_path / "panel.parquet", "--out", out)
-    wait_for(lambda: done.is_dir() and len(list(done.glob("*.json"))) >= 2, process, "two finished chunks")
+    wait_for(lambda: done.is_dir() and len(list(done.glob("chunk-*.json"))) >= 2, process, "two finished chunks")
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate()
-    kept = len(list(done.glob("*.json")))
+    kept = len(list(done.glob("chunk-*.json")))  # a record being written is a hidden temp (.chunk-...tmp.json)
     assert not out.exists() and 2 <= kept < 6
     report = run_here(capsys, "--data", tmp_path / "panel.parquet", "--out", out, "--resume")
     assert report["job"]["resumed_chunks"] >= kept and report["series"] == 12
