@@ -23,7 +23,8 @@ from kronos_tune.benchmark.run.runner import ProtocolRun
 
 from test_protocol_run import FAST, Events, write_preset  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# Signals, a watchdog and cancels over whole benchmark runs (15-60 s each): the slow pass runs them.
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def test_cancel_mid_trial_leaves_a_valid_report_and_resume_runs_only_the_rest(tmp_path: Path) -> None:
