@@ -8,6 +8,7 @@ through matplotlib's Agg renderer, SVG through its SVG one).
 from __future__ import annotations
 
 import importlib.util
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +34,45 @@ def new_figure(**kwargs: Any) -> Figure | None:
     return Figure(**kwargs)
 
 
-def save_figure(figure: Figure, path: Path, dpi: int = 110) -> Path:
+def save_figure(figure: Figure, path: Path, dpi: int = 110, key: str | None = None) -> Path:
     """Write `figure` to `path` (format from its suffix) through kronos_core.files.atomic_path. SVG keeps its
-    text as text (searchable, small) and carries no date, so the same figure gives the same file."""
+    text as text (searchable, small) and carries no date, so the same figure gives the same file. `key` (PNG
+    only): a text chunk that `png_key` reads back, so a caller can skip redrawing what has not changed."""
     import matplotlib
 
     kind = path.suffix.lstrip(".").lower()
     settings = {"svg.fonttype": "none", "svg.hashsalt": "kronos-tune"} if kind == "svg" else {}
-    metadata = {"Date": None} if kind == "svg" else None
+    metadata: dict[str, Any] | None = {"Date": None} if kind == "svg" else None
+    if key is not None and kind == "png":
+        metadata = {PNG_KEY: key}
     with matplotlib.rc_context(settings), atomic_path(path) as temp:
         figure.savefig(temp, format=kind, dpi=dpi, metadata=metadata)
     return path
+
+
+PNG_KEY = "kronos-tune key"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_key(path: Path) -> str | None:
+    """The key `save_figure` wrote into a PNG (its tEXt chunks come before the image data), or None: no file,
+    not a PNG, or no key. Reads a few hundred bytes and needs no matplotlib."""
+    try:
+        with open(path, "rb") as file:
+            if file.read(8) != PNG_SIGNATURE:
+                return None
+            while True:
+                head = file.read(8)
+                if len(head) < 8:
+                    return None
+                length, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):
+                    return None
+                body = file.read(length)
+                file.read(4)  # CRC
+                if kind == b"tEXt":
+                    name, _, text = body.partition(b"\0")
+                    if name.decode("latin-1") == PNG_KEY:
+                        return text.decode("latin-1")
+    except OSError:
+        return None

@@ -105,6 +105,32 @@ def test_report_writes_the_picture_and_embeds_it(tmp_path: Path, capsys: pytest.
     assert f"picture (time vs peak memory, Pareto front): {run / 'pareto.png'} and pareto.svg" in out
 
 
+def test_an_unchanged_run_keeps_its_picture_and_a_changed_one_is_redrawn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from kronos_tune.figures import png_key
+
+    trials = h200_like_results(8)
+    run = write_gpu_run(tmp_path / "run", trials)
+    assert run_cli(["report", str(run)], capsys)[0] == 0
+    drawn = {name: (run / name).stat().st_ino for name in ("pareto.png", "pareto.svg")}
+    first_key = png_key(run / "pareto.png")
+    assert first_key is not None and len(first_key) == 32
+    assert run_cli(["report", str(run)], capsys)[0] == 0
+    assert {name: (run / name).stat().st_ino for name in drawn} == drawn  # not rewritten
+    assert "![step time vs peak memory](pareto.png)" in (run / "report.md").read_text()
+
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    (run / "results.jsonl").write_text("".join(lines[:-1]))  # one trial fewer: another picture
+    assert run_cli(["report", str(run)], capsys)[0] == 0
+    assert (run / "pareto.png").stat().st_ino != drawn["pareto.png"]
+    assert png_key(run / "pareto.png") not in (None, first_key)
+
+    (run / "pareto.png").write_bytes(PNG_SIGNATURE + b"\0\0\0\0IEND")  # a picture without a key: redrawn
+    assert run_cli(["report", str(run)], capsys)[0] == 0
+    assert png_key(run / "pareto.png") is not None
+
+
 def test_without_matplotlib_the_report_says_how_to_get_the_picture(tmp_path: Path) -> None:
     run = write_gpu_run(tmp_path / "run")
     script = ("import sys; sys.modules['matplotlib'] = None\n"  # what an environment without the extra looks like

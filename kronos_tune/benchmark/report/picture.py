@@ -4,9 +4,12 @@ memory budget, written as pareto.png and pareto.svg into the run folder and embe
 
 from __future__ import annotations
 
+import hashlib
+from importlib import metadata
 from pathlib import Path
 
-from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, save_figure
+from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, png_key, save_figure
+from kronos_tune.benchmark.report import pareto as pareto_module
 from kronos_tune.benchmark.report.pareto import (
     PICTURE_STEM, Scatter, budget_in_view, front_staircase, memory_scale, scatter_of, time_scale,
 )
@@ -27,18 +30,39 @@ def missing_hint(folder: str | Path | None, markdown: bool = False) -> str:
     return f"{lead}: matplotlib is not installed; {mark}{PLOT_EXTRA}{mark}, then {mark}{again}{mark}{end}"
 
 
+def picture_key(scatter: Scatter, title: str) -> str:
+    """What the picture shows and what draws it: the points, the title, this code and matplotlib's version. The
+    same key means the same picture, so `kronos-tune report` on an unchanged run skips matplotlib (about 2 s)."""
+    digest = hashlib.blake2b(repr((scatter, title)).encode(), digest_size=16)
+    for module in (__file__, pareto_module.__file__):
+        digest.update(Path(module).read_bytes())
+    try:
+        digest.update(metadata.version("matplotlib").encode())
+    except metadata.PackageNotFoundError:
+        pass
+    return digest.hexdigest()
+
+
 def write_picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
-    """Draw the picture into `folder`; return the files written and the line report.md shows for it (the
-    embedded picture, or why there is none and how to get it)."""
+    """Draw the picture into `folder`; return the files written (none when the pictures there already show
+    this report) and the line report.md shows for it (the embedded picture, or why there is none and how to
+    get it)."""
     scatter = report_scatter(report)
     if not scatter.points:
         return [], "No picture: no trial finished with both a time and a peak memory."
+    if not have_matplotlib():
+        return [], missing_hint(folder, markdown=True)
+    title = f"kronos-tune benchmark: preset {report.preset}, task {report.task}"
+    key = picture_key(scatter, title)
+    line = f"![{PICTURE_ALT}]({FILES[0]})"
+    if png_key(folder / FILES[0]) == key and (folder / FILES[1]).is_file():
+        return [], line
     figure = new_figure(figsize=(9, 6), layout="constrained")
     if figure is None:
         return [], missing_hint(folder, markdown=True)
-    draw(figure, scatter, f"kronos-tune benchmark: preset {report.preset}, task {report.task}")
-    written = [save_figure(figure, folder / name) for name in FILES]
-    return written, f"![{PICTURE_ALT}]({FILES[0]})"
+    draw(figure, scatter, title)
+    written = [save_figure(figure, folder / name, key=key) for name in FILES]
+    return written, line
 
 
 def picture_line(report: ProtocolReport) -> str | None:
