@@ -15,7 +15,7 @@ from kronos_core.train import StepRecord, TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR
 from kronos_tune.train.job import StageResult, StageStart, TrainListener, TrainRequest, run_training
-from kronos_tune.train.runs import TrainPlan
+from kronos_tune.train.schedule import TrainSchedule
 from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,8 +31,8 @@ class Recorder(TrainListener):
         self.calls: list[tuple[str, Any]] = []
         self.cancel, self.stop_at = cancel, stop_at
 
-    def announce(self, why: str, plan: TrainPlan) -> None:
-        self.calls.append(("announce", (why, plan)))
+    def announce(self, why: str, schedule: TrainSchedule) -> None:
+        self.calls.append(("announce", (why, schedule)))
 
     def stage_ready(self, start: StageStart) -> None:
         self.calls.append(("ready", start))
@@ -72,7 +72,7 @@ def test_the_job_plans_claims_trains_logs_and_marks_without_printing(tmp_path: P
     assert capsys.readouterr() == ("", "")  # notes and progress went to the listener only
 
     assert (result.folder, result.status, result.exit_code, result.why) == (out, "partial", 0, f"output: {out}")
-    assert (result.plan.total_steps, result.plan.end_step, result.plan.start_step) == (8, 3, 0)
+    assert (result.schedule.total_steps, result.schedule.end_step, result.schedule.start_step) == (8, 3, 0)
     (stage,) = result.stages
     assert (stage.status, stage.exit_code, stage.error) == ("partial", 0, None)
     assert stage.summary["steps"] == 3 and stage.summary["total_steps"] == 8 and not stage.summary["interrupted"]
@@ -110,7 +110,7 @@ def test_cancel_stops_at_a_step_boundary_and_the_next_start_continues_the_run(tm
     listener = Recorder()
     continued = run_training(request, listener)
     assert continued.folder == folder and continued.why.startswith(f"continuing the cancelled run in {folder}")
-    assert (continued.status, continued.exit_code, continued.plan.start_step) == ("complete", 0, 2)
+    assert (continued.status, continued.exit_code, continued.schedule.start_step) == ("complete", 0, 2)
     assert [value for kind, value in listener.calls if kind == "step"] == [3, 4, 5, 6, 7, 8]
     assert load_checkpoint(folder)["step"] == 8 and run_json(folder)["status"] == "complete"
     lines = metrics(folder)

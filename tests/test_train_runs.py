@@ -1,5 +1,5 @@
-"""`kronos-tune train` run folders and plans: a new folder per run, resume that continues, errors that name the
-problem, the announced plan (steps, epochs, effective batch). Real runs of the tiny model."""
+"""`kronos-tune train` run folders and schedules: a new folder per run, resume that continues, errors that name the
+problem, the announced schedule (steps, epochs, effective batch). Real runs of the tiny model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.train.runs import keep_effective_batch, plan_training
+from kronos_tune.train.schedule import keep_effective_batch, schedule_training
 from machine import interrupt_when
 from tiny_preset import tiny_train_toml
 
@@ -143,14 +143,14 @@ def test_partial_recommended_config_warns_or_refuses_with_strict(tmp_path: Path,
 def test_plan_for_several_processes_and_keeping_the_effective_batch() -> None:
     config = TrainConfig(model_size="tiny", lookback_window=16, predict_window=4, batch_size=8,
                          accumulation_steps=2, samples_per_epoch=64, epochs=1)
-    _, doubled = plan_training(config, 2, None)
+    _, doubled = schedule_training(config, 2, None)
     assert doubled.global_batch == 32 and doubled.total_steps == 2
     text = "\n".join(doubled.lines())
     assert "effective batch 32 windows per optimizer step = 16 per process" in text and "x 2 processes" in text
     assert "--keep-effective-batch" in text
-    kept, plan = plan_training(config, 2, None, keep_batch=True)
-    assert kept.accumulation_steps == 1 and kept.batch_size == 8 and plan.global_batch == 16
-    assert plan.total_steps == 4 and "accumulation_steps 2 -> 1" in "\n".join(plan.lines())
+    kept, schedule = schedule_training(config, 2, None, keep_batch=True)
+    assert kept.accumulation_steps == 1 and kept.batch_size == 8 and schedule.global_batch == 16
+    assert schedule.total_steps == 4 and "accumulation_steps 2 -> 1" in "\n".join(schedule.lines())
     split, _ = keep_effective_batch(config.replace(accumulation_steps=1), 4)
     assert split.batch_size == 2
     with pytest.raises(KronosTuneError, match="does not split evenly over 3 processes"):

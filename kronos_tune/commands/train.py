@@ -13,9 +13,10 @@ Either way the progress bar shows step/total, loss, lr, tokens/s, the last
 validation loss and the ETA, and every stage's folder gets metrics.jsonl and
 (with the `[tensorboard]` extra) TensorBoard event files (kronos_tune.run_logs).
 
-Before the first step it prints the run's folder and plan (optimizer steps,
-epochs, effective batch); every run gets its own folder (kronos_tune.runs), and
-the next start of a cancelled run with the same config continues it.
+Before the first step it prints the run's folder and schedule (the "plan:"
+lines: optimizer steps, epochs, effective batch); every run gets its own folder
+(kronos_tune.runs), and the next start of a cancelled run with the same config
+continues it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train.job import STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
 from kronos_tune.train.moved import Movement
-from kronos_tune.train.runs import TrainPlan, check_resume_folder, partial_config_note, run_label
+from kronos_tune.train.run_folder import check_resume_folder, partial_config_note, run_label
+from kronos_tune.train.schedule import TrainSchedule
 
 if TYPE_CHECKING:
     from kronos_core.train import StepRecord
@@ -146,7 +148,7 @@ def print_summary(console: Console, summary: dict[str, Any], step_rates: list[fl
 
 
 class ConsoleListener(TrainListener):
-    """The job drawn on a terminal: the folder and plan, a progress bar per stage (torchrun's own lines above
+    """The job drawn on a terminal: the folder and schedule, a progress bar per stage (torchrun's own lines above
     it), then the stage's summary table and the lines that say where the results are or what went wrong."""
 
     def __init__(self, console: Console) -> None:
@@ -163,8 +165,8 @@ class ConsoleListener(TrainListener):
         self._shown.close()
         self.view = None
 
-    def announce(self, why: str, plan: TrainPlan) -> None:
-        for line in (why, *plan.lines()):
+    def announce(self, why: str, schedule: TrainSchedule) -> None:
+        for line in (why, *schedule.lines()):
             self.console.print(line, highlight=False, soft_wrap=True)
 
     def stage_launching(self, config: TrainConfig, target: int | None) -> None:
@@ -304,6 +306,10 @@ def register(app: typer.Typer) -> None:
                      "device": device, "symbol_column": symbol_column, "train_until": train_until}
         base, source = build_config(preset, config, resume, overrides)
         base = base.replace(**checked_weights(base, what))
+        if not base.is_synthetic:  # a missing path: one line before torch loads and before any folder is made
+            from kronos_core.data.kline import find_data_files
+
+            find_data_files(base.data)
         if base.train_until is not None:  # reads the data: a cut outside it is one line before any folder is made
             from kronos_core.train.loading import load_training_data  # torch: only when the data is read here
 

@@ -1,9 +1,9 @@
-"""The one training job behind `kronos-tune train` and the dashboard's `t`: plan, claim, train, log, mark.
+"""The one training job behind `kronos-tune train` and the dashboard's `t`: schedule, claim, train, log, mark.
 
     result = run_training(TrainRequest(config, source="preset cpu", steps=3), listener, cancel)
 
-`run_training` plans the start (kronos_tune.train.runs), claims the run's
-folder, then runs each stage (the tokenizer and/or the predictor) in this
+`run_training` schedules the start (kronos_tune.train.schedule), claims the run's
+folder (kronos_tune.train.run_folder), then runs each stage (the tokenizer and/or the predictor) in this
 process or under torchrun (`TrainRequest.launch`, through kronos_core.launch).
 Every stage's folder gets metrics.jsonl and, with `tensorboard`, TensorBoard
 event files (kronos_tune.run_logs); run.json records how the run ended. A stage
@@ -32,10 +32,10 @@ from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log
 from kronos_tune.runs import RunDir
 from kronos_tune.train.moved import measure, record_start
-from kronos_tune.train.runs import (
-    Start, TrainPlan, adopt_legacy_run, checkpoint_step, choose_folder, claim_train_dir, finish_status,
-    plan_training, run_step, world_size,
+from kronos_tune.train.run_folder import (
+    Start, adopt_legacy_run, checkpoint_step, choose_folder, claim_train_dir, finish_status, run_step,
 )
+from kronos_tune.train.schedule import TrainSchedule, schedule_training, world_size
 
 if TYPE_CHECKING:  # torch, the Trainer and the worker's exit codes (kronos_core.train.__main__) load when a stage
     # runs: a command's --help and its bad-flag errors start without torch
@@ -100,11 +100,11 @@ class StageResult:
 
 @dataclass
 class TrainResult:
-    """What a training job did: its folder, the plan it announced, each stage's end, the run's status."""
+    """What a training job did: its folder, the schedule it announced, each stage's end, the run's status."""
 
     folder: Path
     why: str  # the line announcing the folder (new, continued, resumed, replaced)
-    plan: TrainPlan
+    schedule: TrainSchedule
     stages: list[StageResult]
     status: str | None  # run.json's status at the end (None: another node reports)
     exit_code: int
@@ -114,8 +114,8 @@ class TrainListener:
     """What a training job reports while it runs. Each method does nothing here; a view overrides what it
     shows. Called from the job's thread."""
 
-    def announce(self, why: str, plan: TrainPlan) -> None:
-        """The folder and the plan, once the folder is claimed and before the first step."""
+    def announce(self, why: str, schedule: TrainSchedule) -> None:
+        """The folder and the schedule, once the folder is claimed and before the first step."""
 
     def stage_launching(self, config: TrainConfig, target: int | None) -> None:
         """torchrun is about to start a stage's ranks (their output lines may follow)."""
@@ -331,7 +331,7 @@ def train_launched(config: TrainConfig, command: list[str], target: int | None, 
 
 def run_training(request: TrainRequest, listener: TrainListener | None = None,
                  cancel: threading.Event | None = None) -> TrainResult:
-    """Plan, claim the folder, train every stage, record the end; see the module doc. Bad input raises a
+    """Schedule, claim the folder, train every stage, record the end; see the module doc. Bad input raises a
     KronosTuneError / KronosError (one line) before anything is written."""
     listener = listener or TrainListener()
     spec, steps, resume = request.launch, request.steps, request.resume
@@ -339,16 +339,16 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
         torchrun_command(spec, WORKER_MODULE, [])  # a missing rendezvous flag: one line, before any folder
     processes = world_size(spec.nproc, spec.nnodes) if spec.launched else 1
     start_step = run_step(resume) if resume is not None else 0
-    base, plan = plan_training(request.config, processes, steps, start_step, resume, request.keep_batch)
+    base, schedule = schedule_training(request.config, processes, steps, start_step, resume, request.keep_batch)
     if spec.multi_node:  # every node must write to the same shared folder: no per-node fresh names
         folder = request.out or Path(base.output_dir)
         begin = Start(folder, resume, "--out", request.overwrite, f"output: {folder} (shared by all nodes)")
     else:
         begin = choose_folder(request.label, base, processes, steps, resume, request.out, request.overwrite,
                               request.new_run)
-        if begin.resume is not None and resume is None:  # a cancelled run found: plan from its step
+        if begin.resume is not None and resume is None:  # a cancelled run found: schedule from its step
             start_step = run_step(begin.resume)
-            base, plan = plan_training(base, processes, steps, start_step, begin.resume, False)
+            base, schedule = schedule_training(base, processes, steps, start_step, begin.resume, False)
     base = base.replace(output_dir=str(begin.folder))
     configs = stages(base, request.both)
     if begin.resume is not None:  # the only folder kept as it is: its logs must take more lines
@@ -363,8 +363,8 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
         if request.weights:
             run.mark("running", weights=request.weights)
     if request.both:
-        plan.what = "tokenizer, then predictor,"
-    listener.announce(begin.why, plan)
+        schedule.what = "tokenizer, then predictor,"
+    listener.announce(begin.why, schedule)
     ended: list[StageResult] = []
     for stage in configs:
         stage_run = run if not request.both else claim_train_dir(
@@ -373,7 +373,7 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
             config_file = Path(stage.output_dir) / "config.toml"
             stage.to_toml(config_file)
             command = torchrun_command(spec, WORKER_MODULE, worker_args(config_file, steps, begin.resume))
-            outcome = train_launched(stage, command, plan.end_step, listener, run=stage_run,
+            outcome = train_launched(stage, command, schedule.end_step, listener, run=stage_run,
                                      tensorboard=request.tensorboard, cancel=cancel)
         else:
             outcome = train_here(stage, steps, begin.resume, listener, run=stage_run,
@@ -385,14 +385,14 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
             status = "cancelled" if outcome.exit_code == EXIT_INTERRUPTED else "failed"
             if request.both and run is not None:
                 run.mark(status, stage=stage.what)
-            return TrainResult(begin.folder, begin.why, plan, ended, status if request.both else outcome.status,
+            return TrainResult(begin.folder, begin.why, schedule, ended, status if request.both else outcome.status,
                                outcome.exit_code)
     status = ended[-1].status
     if request.both:
         status = "complete" if steps is None else "partial"
         if run is not None:
             run.mark(status, stages=["tokenizer", "predictor"])
-    return TrainResult(begin.folder, begin.why, plan, ended, status, 0)
+    return TrainResult(begin.folder, begin.why, schedule, ended, status, 0)
 
 
 __all__ = ["STAGES", "STOP_GRACE_S", "StageResult", "StageStart", "TrainListener", "TrainRequest", "TrainResult",

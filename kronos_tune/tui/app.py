@@ -297,7 +297,7 @@ class DashboardApp(ResultsView, App[int]):
     def _training_folder(self, preset: Preset, config_path: Path) -> tuple[Path, bool]:
         """The newest cancelled run of this config (resumed), else a new folder under OUT/train/."""
         from kronos_core.train import TrainConfig
-        from kronos_tune.train.runs import find_resumable
+        from kronos_tune.train.run_folder import find_resumable
 
         try:
             config = TrainConfig.from_toml(config_path)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_tune.autobatch import Probe
     from kronos_tune.benchmark import ProtocolOptions
     from kronos_tune.train.job import StageStart, TrainListener
-    from kronos_tune.train.runs import TrainPlan
+    from kronos_tune.train.schedule import TrainSchedule
 
 Post = Callable[[Message], object]
 
@@ -110,9 +110,9 @@ def _training_messages(post: Post, folder: Path, resume: bool) -> TrainListener:
     class TrainingMessages(TrainListener):
         target: int | None = None
 
-        def announce(self, why: str, plan: TrainPlan) -> None:
-            post(LogLine(f"training: {plan.model_size} {plan.what}, batch {plan.batch_size} x "
-                         f"{plan.accumulation_steps}, " + (f"resuming {folder}" if resume else f"output {folder}")))
+        def announce(self, why: str, schedule: TrainSchedule) -> None:
+            post(LogLine(f"training: {schedule.model_size} {schedule.what}, batch {schedule.batch_size} x "
+                         f"{schedule.accumulation_steps}, " + (f"resuming {folder}" if resume else f"output {folder}")))
 
         def stage_ready(self, start: StageStart) -> None:
             self.target = start.target
@@ -134,7 +134,7 @@ def train(post: Post, config_path: Path, folder: Path, resume: bool, cancel: thr
         from kronos_core.train import TrainConfig
         from kronos_tune.run_logs import tensorboard_available
         from kronos_tune.train.job import TrainRequest, run_training
-        from kronos_tune.train.runs import partial_config_note
+        from kronos_tune.train.run_folder import partial_config_note
 
         partial = partial_config_note(config_path)
         if partial:
