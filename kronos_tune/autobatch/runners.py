@@ -17,7 +17,7 @@ from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
 from kronos_tune.memory.estimate import CudaEmulation, estimate_step_peak
 from kronos_tune.memory.meters import make_meter
 
-from kronos_tune.autobatch.records import Probe, ProbeKind, ProbeStep, StepFactory, _call
+from kronos_tune.autobatch.probes import Probe, ProbeKind, ProbeStep, StepFactory, _call
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -62,7 +62,7 @@ from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 
-from kronos_tune.autobatch.records import (  # noqa: F401 - ProbeStep re-exported
+from kronos_tune.autobatch.probes import (  # noqa: F401 - ProbeStep re-exported
     _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, ProbeStep, StepFactory,
     largest_within, within,
 )

@@ -62,7 +62,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         import torch
 
         from kronos_core.units import format_bytes
-        from kronos_tune.autobatch.records import SearchCancelled
+        from kronos_tune.autobatch.probes import SearchCancelled
         from kronos_tune.autobatch.text import probe_line
         from kronos_tune.autobatch.train_task import TrainTask
         from kronos_tune.workloads import train_config_from_preset

@@ -92,7 +92,7 @@ def quick_memory_reason(run: RunContext, spec: TrialSpec) -> str | None:
 def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
     """autobatch over the baseline's config within the run's budget (cancellable between probes); `limits` go to
     TrainTask.run (effective_batch, max_batch). Returns the result and how it was measured."""
-    from kronos_tune.autobatch.records import SearchCancelled
+    from kronos_tune.autobatch.probes import SearchCancelled
     from kronos_tune.autobatch.train_task import TrainTask
 
     estimate = run.options.autobatch_estimate
