@@ -232,7 +232,12 @@ BAD_FLAGS = (["benchmark", "--preset", "cpu", "--task", "nope"],
              ["autobatch", "--preset", "nope"],
              ["autobatch", "--preset", "cpu", "--lr-rule", "nope"],
              ["plan", "--preset", "nope"],
-             ["profile", "--preset", "nope"])
+             ["profile", "--preset", "nope"],
+             ["train", "--preset", "cpu", "--data", "no-such.csv"],
+             ["predict", "--size", "mini", "--lookback", "64"],
+             ["predict", "--size", "mini", "--lookback", "64", "--pred-len", "4", "--data", "no-such.csv"],
+             ["predict", "--size", "mini", "--synthetic", "2", "--lookback", "64", "--pred-len", "4", "--top-p", "3"],
+             ["backtest", "--size", "mini", "--lookback", "64", "--pred-len", "4", "--data", "no-such.csv"])
 
 
 def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
@@ -252,4 +257,5 @@ def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
     expected = [(argv, 0 if argv in helps or argv[0] == "report" else 2, False) for argv in argvs]
     assert torch_after(argvs, tmp_path) == expected
     assert {name: (run / name).read_bytes() for name in written} == written  # the same files, without torch
+    assert not (tmp_path / "runs").exists()  # no run folder for a run refused up front
 

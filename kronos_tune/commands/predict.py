@@ -209,7 +209,7 @@ def predict_command(
     bar grid."""
     from kronos_tune.checkpoints import resolve_pair
     from kronos_tune.predict.config_file import merge_predict_file, read_predict_file
-    from kronos_tune.predict.job import PredictConfig, run_predict
+    from kronos_tune.predict.config import PredictConfig, check_config
     from kronos_tune.predict.quantiles import parse_quantiles
 
     console = make_console()
@@ -239,6 +239,9 @@ def predict_command(
             raise MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == name))
     values["checkpoint"], values["tokenizer"] = resolve_pair(values["checkpoint"], values["tokenizer"])
     config = PredictConfig(**values)
+    check_config(config)
+    from kronos_tune.predict.job import run_predict  # torch: after the checks above, which need none
+
     bar = None if as_json else _JobBar(console)
     try:
         result = run_predict(config, on_note=on_note, on_progress=bar, on_job_progress=bar and bar.job)

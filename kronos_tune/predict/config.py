@@ -10,11 +10,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from kronos_core.data.kline import find_data_files
 from kronos_core.errors import KronosError
 from kronos_core.launch import LaunchSpec
-from kronos_core.predict.predictor import default_device
 from kronos_core.sizes import size_spec
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.output import check_output_path
@@ -124,7 +122,7 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
     if config.amp not in AMP_CHOICES:
         raise KronosTuneError(f"--amp {config.amp}: choose one of {', '.join(AMP_CHOICES)}")
-    if config.device == "cuda" and not torch.cuda.is_available():
+    if config.device == "cuda" and not _cuda_visible():
         raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
     if config.amp == "fp16" and resolve_device(config.device) == "cpu":
         raise KronosTuneError("--amp fp16 needs a CUDA device; use --amp bf16 or none on CPU")
@@ -148,6 +146,13 @@ def check_config(config: PredictConfig) -> None:
         exchange_calendar(config.calendar)  # a missing package or an unknown name fails before any data is read
     if config.quantiles:
         check_quantiles(config)
+    check_data_paths(config)
+
+
+def check_data_paths(config: InputSpec) -> None:
+    """A missing --data path or a file of another kind: one line before torch loads (the flags come first)."""
+    if config.data:
+        find_data_files(config.data)
 
 
 def check_quantiles(config: PredictConfig) -> None:
@@ -183,7 +188,15 @@ def resolve_max_context(config: PredictConfig) -> int:
     return size_spec(config.size).context if config.size is not None else DEFAULT_MAX_CONTEXT
 
 
+def _cuda_visible() -> bool:
+    import torch  # only here: the other checks answer bad input without loading torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
+        from kronos_core.predict.predictor import default_device
+
         return default_device()
     return "cuda:0" if device == "cuda" else device
