@@ -1,5 +1,5 @@
 """Backtest scoring without a model: IC/RankIC against pandas, the portfolio and its costs, ranking agreement,
-origin planning, universes from files, and the synthetic universe generator."""
+origin schedules, universes from files, and the synthetic universe generator."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kronos_core.data.synthetic import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_k
 from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
-from kronos_tune.backtest.origins import EVERY_DAY, plan_origins
+from kronos_tune.backtest.origins import EVERY_DAY, schedule_origins
 from kronos_tune.backtest.portfolio import curve_stats, run_portfolio, target_weights
 from kronos_tune.backtest.universe import load_universe, universe_from_panel
 from kronos_tune.errors import KronosTuneError
@@ -178,26 +178,27 @@ def test_folder_and_panel_files_give_the_same_universe(tmp_path: Path):
         universe_from_panel(frames["aaa"], "x.csv")
 
 
-def test_plan_origins_every_bars_and_days():
+def test_schedule_origins_every_bars_and_days():
     panel = synthetic_universe(5, n_rows=48 * 6, seed=0)
     universe = universe_from_panel(panel, "synthetic", validate=False)
     # A short symbol with no room for any origin is skipped, and said so.
     universe.symbols.append(universe_from_panel(panel.iloc[:30].assign(symbol="SHORT"), "short",
                                                 validate=False).symbols[0])
-    plan = plan_origins(universe, lookback=60, pred_len=6, every=12, count=5)
-    assert [o.index for o in plan.origins] == list(range(5))
-    positions = [int(np.searchsorted(universe.symbols[0].stamps, o.timestamp.to_datetime64())) for o in plan.origins]
+    schedule = schedule_origins(universe, lookback=60, pred_len=6, every=12, count=5)
+    assert [o.index for o in schedule.origins] == list(range(5))
+    positions = [int(np.searchsorted(universe.symbols[0].stamps, o.timestamp.to_datetime64()))
+                 for o in schedule.origins]
     assert np.diff(positions).tolist() == [12] * 4
     assert positions[-1] == 48 * 6 - 1 - 6  # the latest possible origin
-    assert all(len(o.members) == 5 for o in plan.origins)
-    assert plan.skipped_symbols == ["SHORT"]
-    assert plan.bars_per_day == 48 and plan.periods_per_year == pytest.approx(252 * 48 / 12)
+    assert all(len(o.members) == 5 for o in schedule.origins)
+    assert schedule.skipped_symbols == ["SHORT"]
+    assert schedule.bars_per_day == 48 and schedule.periods_per_year == pytest.approx(252 * 48 / 12)
 
-    daily = plan_origins(universe, lookback=60, pred_len=6, every=EVERY_DAY, count=None)
+    daily = schedule_origins(universe, lookback=60, pred_len=6, every=EVERY_DAY, count=None)
     assert [o.timestamp.date() for o in daily.origins] == sorted({o.timestamp.date() for o in daily.origins})
     assert daily.origins[0].timestamp.strftime("%H:%M") == "15:00" and daily.periods_per_year == 252
 
     with pytest.raises(KronosTuneError, match="--origins 500: the data holds only"):
-        plan_origins(universe, lookback=60, pred_len=6, every=12, count=500)
+        schedule_origins(universe, lookback=60, pred_len=6, every=12, count=500)
     with pytest.raises(KronosTuneError, match="no origin has 2 symbols"):
-        plan_origins(universe, lookback=400, pred_len=6, every=12, count=None)
+        schedule_origins(universe, lookback=400, pred_len=6, every=12, count=None)

@@ -47,7 +47,7 @@ def test_oracle_rank_ic_one_and_portfolio_is_realized_top_k_minus_costs(tmp_path
     close = panel.pivot(index="timestamps", columns="symbol", values="close")
     previous: pd.Series | None = None
     table = pd.read_csv(tmp_path / "run" / "origins.csv")
-    for origin in result.plan.origins:
+    for origin in result.schedule.origins:
         row = close.index.get_loc(origin.timestamp)
         realized = (close.iloc[row + 4] / close.iloc[row] - 1).sort_values(ascending=False)
         weights = pd.Series(0.0, index=realized.index)

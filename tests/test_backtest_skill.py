@@ -170,7 +170,7 @@ def test_compare_verdict_and_its_tests(compared):
                                                                   "overlap")
     # the picture's pieces: from 0 at the first origin, dates only for daily origins, the models by name
     assert _from_zero(result.scores[0].net_equity)[0] == 0.0
-    assert len(_from_zero(result.scores[0].net_equity)) == len(result.plan.origins) + 1
+    assert len(_from_zero(result.scores[0].net_equity)) == len(result.schedule.origins) + 1
     assert picture_title(result) == "backtest: 12 symbols x 14 origins; random tiny"
     table = pd.read_csv(run / "origins.csv")
     for column in ("persistence_mae_return", "drift_ic", "drift_mae_return", "random_walk_crps"):
@@ -181,10 +181,10 @@ def test_picture_labels_are_dates_for_daily_origins(compared):
     result = compared[0]
     intraday = _stamp_labels(result, [0, 1])
     assert all(":" in label for label in intraday[:2])  # synthetic five-minute bars keep their times
-    daily_plan = replace(result.plan, origins=[replace(o, timestamp=o.timestamp.normalize())
-                                               for o in result.plan.origins])
-    daily = _stamp_labels(replace(result, plan=daily_plan), [0, 1])
-    assert daily[:2] == [str(o.timestamp.date()) for o in daily_plan.origins[:2]]
+    daily_schedule = replace(result.schedule, origins=[replace(o, timestamp=o.timestamp.normalize())
+                                                       for o in result.schedule.origins])
+    daily = _stamp_labels(replace(result, schedule=daily_schedule), [0, 1])
+    assert daily[:2] == [str(o.timestamp.date()) for o in daily_schedule.origins[:2]]
     assert daily[-1].endswith("(end)") and "00:00" not in daily[0]
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from kronos_core.train.data_span import SPAN_FILE, read_data_span
 from kronos_tune.backtest.config import BacktestConfig, short_model_name
-from kronos_tune.backtest.origins import OriginPlan
+from kronos_tune.backtest.origins import OriginSchedule
 from kronos_tune.checkpoints import resolve_pair
 from kronos_tune.errors import KronosTuneError
 
@@ -136,21 +136,21 @@ def check_spans(config: BacktestConfig, synthetic_universe: bool, note: Callable
     return check
 
 
-def plan_out_of_sample(plan: Callable[[int | None], OriginPlan], count: int | None, check: OverlapCheck,
-                       note: Callable[[str, str], None]) -> OriginPlan:
-    """The origin plan (`plan(count)`: plan_origins' latest `count` origins, all with None) restricted to
-    origins at or after the cut; `count` reaching into the span is refused unless the check allows it."""
+def schedule_out_of_sample(schedule: Callable[[int | None], OriginSchedule], count: int | None,
+                           check: OverlapCheck, note: Callable[[str, str], None]) -> OriginSchedule:
+    """The origin schedule (`schedule(count)`: schedule_origins' latest `count` origins, all with None)
+    restricted to origins at or after the cut; `count` reaching into the span is refused unless the check allows it."""
     cut = check.cut
     if cut is None:
-        return plan(count)
+        return schedule(count)
     span = max(check.spans, key=lambda s: s.last_bar)
     where = (f"the span {short_model_name(span.checkpoint)} was trained on ({span.first_bar} to {span.last_bar}, "
              f"{span.file})")
     if check.allowed:
-        chosen = plan(count)
+        chosen = schedule(count)
         _count_inside(chosen, check)
         return chosen
-    every = plan(None)
+    every = schedule(None)
     after = [o for o in every.origins if o.timestamp >= cut]
     if count is None:
         if not after:
@@ -160,8 +160,8 @@ def plan_out_of_sample(plan: Callable[[int | None], OriginPlan], count: int | No
         if len(after) < len(every.origins):
             note("note", f"out of sample: the {len(after)} origins from {after[0].timestamp} on, after {where}; "
                          f"{len(every.origins) - len(after)} earlier ones left out")
-        return plan(len(after))
-    chosen = plan(count)
+        return schedule(len(after))
+    chosen = schedule(count)
     inside = [o for o in chosen.origins if o.timestamp < cut]
     if inside:
         raise KronosTuneError(
@@ -171,8 +171,8 @@ def plan_out_of_sample(plan: Callable[[int | None], OriginPlan], count: int | No
     return chosen
 
 
-def _count_inside(plan: OriginPlan, check: OverlapCheck) -> None:
-    inside = [o for o in plan.origins if check.cut is not None and o.timestamp < check.cut]
+def _count_inside(schedule: OriginSchedule, check: OverlapCheck) -> None:
+    inside = [o for o in schedule.origins if check.cut is not None and o.timestamp < check.cut]
     check.origins_in_span = len(inside)
     if inside:
         check.first_in_span, check.last_in_span = inside[0].timestamp, inside[-1].timestamp

@@ -24,7 +24,7 @@ EVERY_DAY = "day"
 
 @dataclass
 class Origin:
-    """One origin: its position in the plan, time, and (symbol index, row of t in that symbol) pairs."""
+    """One origin: its position in the schedule, time, and (symbol index, row of t in that symbol) pairs."""
 
     index: int
     timestamp: pd.Timestamp
@@ -32,7 +32,7 @@ class Origin:
 
 
 @dataclass
-class OriginPlan:
+class OriginSchedule:
     origins: list[Origin]
     used_symbols: list[int]     # symbols taking part in at least one origin
     skipped_symbols: list[str]  # symbols too short for every chosen origin
@@ -65,8 +65,8 @@ def _eligible_rows(length: int, lookback: int, pred_len: int) -> tuple[int, int]
     return lookback - 1, length - 1 - pred_len
 
 
-def plan_origins(universe: Universe, lookback: int, pred_len: int, every: int | str, count: int | None,
-                 min_cross_section: int = 2) -> OriginPlan:
+def schedule_origins(universe: Universe, lookback: int, pred_len: int, every: int | str, count: int | None,
+                     min_cross_section: int = 2) -> OriginSchedule:
     """Choose the origins and their members, or raise a one-line error saying what the data lacks."""
     if not universe.symbols:
         raise KronosTuneError(f"{universe.source}: the universe is empty (no symbols); give data with at least "
@@ -116,5 +116,5 @@ def plan_origins(universe: Universe, lookback: int, pred_len: int, every: int | 
 
     bars_per_day = float(pd.Series(pd.DatetimeIndex(timeline).normalize()).value_counts().median())
     periods = TRADING_DAYS_PER_YEAR if every == EVERY_DAY else TRADING_DAYS_PER_YEAR * bars_per_day / int(every)
-    return OriginPlan(origins, list(np.flatnonzero(taking_part)),
-                      [universe.symbols[s].name for s in np.flatnonzero(~taking_part)], bars_per_day, periods)
+    return OriginSchedule(origins, list(np.flatnonzero(taking_part)),
+                          [universe.symbols[s].name for s in np.flatnonzero(~taking_part)], bars_per_day, periods)

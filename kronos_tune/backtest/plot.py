@@ -25,7 +25,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
         note("note", MISSING_NOTE)
         return None
     # Origins evenly spaced (nights and weekends would otherwise squeeze the intraday ones together).
-    times = list(range(len(result.plan.origins)))
+    times = list(range(len(result.schedule.origins)))
     steps = times + [len(times)]  # the curves' points: each origin, then the end of the last holding period
     panels = figure.subplots(len(heights), 1, sharex=True, height_ratios=heights)
     curves, ics, errors = panels[0], panels[1], panels[2]
@@ -46,7 +46,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     title = picture_title(result)
     if result.overlap.origins_in_span:
         title += f"; {result.overlap.origins_in_span} origins IN-SAMPLE (--allow-overlap)"
-        cut = sum(o.timestamp < result.overlap.cut for o in result.plan.origins) - 0.5
+        cut = sum(o.timestamp < result.overlap.cut for o in result.schedule.origins) - 0.5
         for axis in panels:
             axis.axvspan(-0.5, cut, color="red", alpha=0.08, label=None)
     curves.set_title(title)
@@ -75,7 +75,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
 def picture_title(result: BacktestResult) -> str:
     """Universe, origins and the models compared ('random mini vs mini-2026/best')."""
     models = dict.fromkeys(result.config.model_name(s.setting) for s in result.scores)
-    return f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins; " \
+    return f"backtest: {len(result.schedule.used_symbols)} symbols x {len(result.schedule.origins)} origins; " \
            + " vs ".join(models)
 
 
@@ -86,7 +86,7 @@ def _from_zero(equity) -> list[float]:
 
 def _stamp_labels(result: BacktestResult, ticks: list[int]) -> list[str]:
     """The origins' times at `ticks`, then the end of the last horizon: dates only, unless some has a time of day."""
-    stamps = [o.timestamp for o in result.plan.origins]
+    stamps = [o.timestamp for o in result.schedule.origins]
     daily = all(t == t.normalize() for t in stamps)
     shown = "%Y-%m-%d" if daily else "%Y-%m-%d %H:%M"
     end = "end" if result.horizon_end is None else f"{result.horizon_end.strftime(shown)} (end)"

@@ -1,4 +1,4 @@
-"""The work behind `kronos-tune backtest`: plan origins, predict each (resumably), score, write the run folder.
+"""The work behind `kronos-tune backtest`: schedule origins, predict each (resumably), score, write the run folder.
 
 No terminal output: notes go to `on_note(level, message)`, progress to
 `on_progress(Progress)`; `kronos_tune.commands.backtest` renders them.
@@ -26,9 +26,9 @@ from kronos_core.predict.predictor import default_device
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
                                          raise_top_k, short_model_name)
 from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_windows
-from kronos_tune.backtest.leakage import check_spans, plan_out_of_sample, resolve_models
-from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginPlan, parse_every, plan_origins
-from kronos_tune.backtest.report import write_outputs
+from kronos_tune.backtest.leakage import check_spans, resolve_models, schedule_out_of_sample
+from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginSchedule, parse_every, schedule_origins
+from kronos_tune.backtest.outputs import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
 from kronos_tune.backtest.significance import STATS_WARNING, hac_lag, min_origins, missing_stats
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
@@ -84,7 +84,7 @@ def resolve_device(device: str) -> str:
 
 
 def synthetic_rows(config: BacktestConfig, origins: int) -> int:
-    """Bars per synthetic symbol so the plan holds exactly `origins` origins (48 five-minute bars a day)."""
+    """Bars per synthetic symbol so the schedule holds exactly `origins` origins (48 five-minute bars a day)."""
     every = config.every_bars
     if every == EVERY_DAY:
         return config.lookback + config.pred_len + (origins + 1) * 48
@@ -150,14 +150,14 @@ def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
                          f"max_context): exact and shift predict the same; set max-context lower to compare them")
 
 
-def _significance_notes(config: BacktestConfig, plan: OriginPlan, note: NoteCallback) -> None:
+def _significance_notes(config: BacktestConfig, schedule: OriginSchedule, note: NoteCallback) -> None:
     """Before any prediction: whether the significance tests will be available at all."""
     if missing_stats() is not None:
         note("warning", STATS_WARNING)
         return
-    lag = hac_lag(config.pred_len, every_in_bars(config, plan))
-    if len(plan.origins) < min_origins(lag):
-        note("warning", f"{len(plan.origins)} origins: the significance tests at HAC lag {lag} (--pred-len "
+    lag = hac_lag(config.pred_len, every_in_bars(config, schedule))
+    if len(schedule.origins) < min_origins(lag):
+        note("warning", f"{len(schedule.origins)} origins: the significance tests at HAC lag {lag} (--pred-len "
                         f"{config.pred_len}, --every {config.every_bars}) need at least {min_origins(lag)}; they "
                         f"are reported as not available (more --origins, or a larger --every)")
 
@@ -192,29 +192,29 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     rows = synthetic_rows(config, origins_wanted or 1)
     universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column)
     overlap = check_spans(config, universe.synthetic, note)
-    plan = plan_out_of_sample(lambda count: _plan(config, universe, count), origins_wanted, overlap, note)
+    schedule = schedule_out_of_sample(lambda count: _schedule(config, universe, count), origins_wanted, overlap, note)
     if overlap.marking() is not None:
         note("warning", overlap.marking())
-    if plan.skipped_symbols:
-        shown = ", ".join(plan.skipped_symbols[:5]) + (" ..." if len(plan.skipped_symbols) > 5 else "")
-        note("note", f"skipped {len(plan.skipped_symbols)} of {len(universe.symbols)} symbols with too little "
+    if schedule.skipped_symbols:
+        shown = ", ".join(schedule.skipped_symbols[:5]) + (" ..." if len(schedule.skipped_symbols) > 5 else "")
+        note("note", f"skipped {len(schedule.skipped_symbols)} of {len(universe.symbols)} symbols with too little "
                      f"history for any origin (need --lookback {config.lookback} bars before and --pred-len "
                      f"{config.pred_len} after): {shown}")
     _setting_notes(config, note)
-    _significance_notes(config, plan, note)
-    futures = calendar_futures(config, universe, plan)
+    _significance_notes(config, schedule, note)
+    futures = calendar_futures(config, universe, schedule)
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
     note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
-    run.mark("running", origins=len(plan.origins), symbols=len(plan.used_symbols),
+    run.mark("running", origins=len(schedule.origins), symbols=len(schedule.used_symbols),
              **({"weights": {label: source.to_dict() for label, source in weights.items()}} if weights else {}))
     factory = forecaster_factory or kronos_factory(config, device, note, weights)
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     try:
         for slot, setting in zip(SLOTS, settings):
-            _predict_slot(config, universe, plan, run, slot, setting, factory, session, on_progress, futures)
-        result = score_run(config, universe, plan, run.path, settings)
+            _predict_slot(config, universe, schedule, run, slot, setting, factory, session, on_progress, futures)
+        result = score_run(config, universe, schedule, run.path, settings)
         result.overlap = overlap
         result.notes = session.notes
         result.session_predicted = session.predicted
@@ -240,23 +240,24 @@ def _with_every(config: BacktestConfig) -> BacktestConfig:
     return replace(config, every=parse_every(config.every))
 
 
-def _plan(config: BacktestConfig, universe: Universe, origins: int | None) -> OriginPlan:
+def _schedule(config: BacktestConfig, universe: Universe, origins: int | None) -> OriginSchedule:
     needed = config.top_k if config.long_only else 2 * config.top_k
-    if universe.symbols and len(universe.symbols) < needed:  # an empty universe is plan_origins' message
+    if universe.symbols and len(universe.symbols) < needed:  # an empty universe is schedule_origins' message
         raise_top_k(config, len(universe.symbols))
-    return plan_origins(universe, config.lookback, config.pred_len, config.every_bars, origins,
-                        min_cross_section=max(2, needed))
+    return schedule_origins(universe, config.lookback, config.pred_len, config.every_bars, origins,
+                            min_cross_section=max(2, needed))
 
 
-def calendar_futures(config: BacktestConfig, universe: Universe, plan: OriginPlan) -> dict[int, np.ndarray] | None:
+def calendar_futures(config: BacktestConfig, universe: Universe,
+                     schedule: OriginSchedule) -> dict[int, np.ndarray] | None:
     """With --calendar: each origin's next pred_len bar stamps on the exchange calendar (what a live forecast
     would be told), after checking every bar of the universe against that calendar."""
-    if config.calendar is None or not plan.origins:
+    if config.calendar is None or not schedule.origins:
         return None
     timeline = pd.DatetimeIndex(np.unique(np.concatenate([s.stamps for s in universe.symbols])))
     grid = calendar_grid(config.calendar, timeline, universe.source)
     return {o.index: grid.after(o.timestamp, config.pred_len, universe.source).as_unit("ns").to_numpy()
-            for o in plan.origins}
+            for o in schedule.origins}
 
 
 def _timing(session: Session) -> dict[str, object]:
@@ -264,16 +265,16 @@ def _timing(session: Session) -> dict[str, object]:
             "symbol_origins_per_s": session.symbol_origins_per_s}
 
 
-def _predict_slot(config: BacktestConfig, universe: Universe, plan: OriginPlan, run: RunDir, slot: str,
+def _predict_slot(config: BacktestConfig, universe: Universe, schedule: OriginSchedule, run: RunDir, slot: str,
                   setting: PredictionSetting, factory: ForecasterFactory, session: Session,
                   on_progress: ProgressCallback | None, futures: dict[int, np.ndarray] | None = None) -> None:
     """Predict every origin of one setting that has no complete file yet (`futures`: see calendar_futures)."""
-    done = {o.index for o in plan.origins
+    done = {o.index for o in schedule.origins
             if read_origin(origin_path(run.path, slot, o.index), len(o.members)) is not None}
-    total = plan.predictions
-    state = Progress(setting.label(), len(done), len(plan.origins),
-                     sum(len(o.members) for o in plan.origins if o.index in done), total, 0.0)
-    pending = [u for u in work_units(plan.origins, config.batch_size) if any(o.index not in done for o in u)]
+    total = schedule.predictions
+    state = Progress(setting.label(), len(done), len(schedule.origins),
+                     sum(len(o.members) for o in schedule.origins if o.index in done), total, 0.0)
+    pending = [u for u in work_units(schedule.origins, config.batch_size) if any(o.index not in done for o in u)]
     if not pending:
         return
     started = time.perf_counter()

@@ -16,7 +16,7 @@ from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.leakage import OverlapCheck
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, SeriesSummary, origin_quality, summarize
 from kronos_tune.backtest.naive import DRIFT, PERSISTENCE, RANDOM_WALK, band_unavailable, naive_frames
-from kronos_tune.backtest.origins import EVERY_DAY, OriginPlan
+from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
 from kronos_tune.backtest.significance import hac_lag
 from kronos_tune.backtest.skill import SettingComparison, SettingSkill, absolute_errors, compare, setting_skill
@@ -95,7 +95,7 @@ class BacktestResult:
     universe_source: str
     synthetic: bool
     universe_symbols: int
-    plan: OriginPlan
+    schedule: OriginSchedule
     scores: list[SettingScores]
     agreement: RankingAgreement | None = None
     naive: NaiveScores | None = None
@@ -134,17 +134,17 @@ def score_setting(slot: str, setting: PredictionSetting, predictions: list[pd.Da
                          calibration=band_calibration(predictions, setting.sample_count))
 
 
-def every_in_bars(config: BacktestConfig, plan: OriginPlan) -> float:
+def every_in_bars(config: BacktestConfig, schedule: OriginSchedule) -> float:
     """--every in bars; 'day' is the timeline's median bars per day."""
-    return plan.bars_per_day if config.every_bars == EVERY_DAY else float(config.every_bars)
+    return schedule.bars_per_day if config.every_bars == EVERY_DAY else float(config.every_bars)
 
 
-def score_naive(config: BacktestConfig, universe: Universe, plan: OriginPlan, predictions: list[pd.DataFrame],
-                periods_per_year: float) -> NaiveScores:
+def score_naive(config: BacktestConfig, universe: Universe, schedule: OriginSchedule,
+                predictions: list[pd.DataFrame], periods_per_year: float) -> NaiveScores:
     """Persistence, drift and the random-walk band on the pairs of `predictions` (one frame per origin)."""
-    lag = hac_lag(config.pred_len, every_in_bars(config, plan))
+    lag = hac_lag(config.pred_len, every_in_bars(config, schedule))
     made = [naive_frames(universe, origin, frame, config.lookback, config.pred_len)
-            for origin, frame in zip(plan.origins, predictions)]
+            for origin, frame in zip(schedule.origins, predictions)]
     persistence = [m[PERSISTENCE] for m in made]
     drift = ForecastScores(**_forecast_fields([m[DRIFT] for m in made], config, periods_per_year))
     reason = band_unavailable(config.lookback, config.pred_len)
@@ -166,21 +166,21 @@ def _pivot(predictions: list[pd.DataFrame], column: str) -> pd.DataFrame:
     return pd.concat(predictions, ignore_index=True).pivot(index="origin", columns="symbol", values=column)
 
 
-def score_run(config: BacktestConfig, universe: Universe, plan: OriginPlan, run_path: Path,
+def score_run(config: BacktestConfig, universe: Universe, schedule: OriginSchedule, run_path: Path,
               settings: list[PredictionSetting]) -> BacktestResult:
     """Read every saved origin of every setting back and score them (and their agreement with --compare)."""
-    periods_per_year = config.periods_per_year or plan.periods_per_year
+    periods_per_year = config.periods_per_year or schedule.periods_per_year
     scores = []
     for slot, setting in zip(("a", "b"), settings):
         frames = []
-        for origin in plan.origins:
+        for origin in schedule.origins:
             frame = read_origin(origin_path(run_path, slot, origin.index), len(origin.members))
             if frame is None:
                 raise KronosTuneError(f"{run_path}: origin {origin.index} of setting '{setting.label()}' is missing "
                                       f"or damaged; run again with --resume {run_path}")
             frames.append(frame)
         scores.append(score_setting(slot, setting, frames, config, periods_per_year))
-    naive = score_naive(config, universe, plan, scores[0].predictions, periods_per_year)
+    naive = score_naive(config, universe, schedule, scores[0].predictions, periods_per_year)
     for setting_scores in scores:
         attach_skill(setting_scores, naive)
     agreement = comparison = None
@@ -190,9 +190,9 @@ def score_run(config: BacktestConfig, universe: Universe, plan: OriginPlan, run_
                                       _pivot(a.predictions, REALIZED))
         title_a, title_b = config.titles(settings)
         comparison = compare(title_a, a.predictions, a.quality, title_b, b.predictions, b.quality, naive.lag)
-    last = plan.origins[-1]
+    last = schedule.origins[-1]
     end = max(universe.symbols[s].stamps[row + config.pred_len] for s, row in last.members)
-    return BacktestResult(config, run_path, universe.source, universe.synthetic, len(universe.symbols), plan,
+    return BacktestResult(config, run_path, universe.source, universe.synthetic, len(universe.symbols), schedule,
                           scores, agreement, naive, comparison, pd.Timestamp(end))
 
 

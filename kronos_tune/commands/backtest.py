@@ -70,7 +70,7 @@ def _ratio_cell(skill) -> str:
 
 def _columns(result: BacktestResult) -> tuple[list[str], list[dict]]:
     """Column titles and one dict of figures per column: each setting, then persistence and drift."""
-    from kronos_tune.backtest.report import headline
+    from kronos_tune.backtest.outputs import headline
 
     titles = result.config.titles([scores.setting for scores in result.scores])
     columns = [{**headline(s), "skill": s.skill, "band": None if s.calibration is None else s.calibration.overall}
@@ -95,7 +95,7 @@ def _cell(render):
 
 
 def results_table(result: BacktestResult) -> Table:
-    title = f"backtest: {len(result.plan.used_symbols)} symbols x {len(result.plan.origins)} origins"
+    title = f"backtest: {len(result.schedule.used_symbols)} symbols x {len(result.schedule.origins)} origins"
     if result.overlap.origins_in_span:
         title += f" ({result.overlap.origins_in_span} IN-SAMPLE, --allow-overlap)"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -242,7 +242,7 @@ def backtest_command(
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
     from kronos_tune.backtest.config import BacktestConfig, PredictionSetting, parse_setting
-    from kronos_tune.backtest.report import JSON_NAME
+    from kronos_tune.backtest.outputs import JSON_NAME
     from kronos_tune.backtest.runner import run_backtest
 
     console = make_console(stderr=as_json)

@@ -98,7 +98,7 @@ def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str,
     if band is None:
         return None
     per_origin = [{"origin": o.index, "timestamp": str(o.timestamp), **values}
-                  for o, values in zip(result.plan.origins, band.per_origin)]
+                  for o, values in zip(result.schedule.origins, band.per_origin)]
     return {"samples": band.samples, **band.overall, "per_origin": per_origin, "conventions": conventions()}
 
 
@@ -112,20 +112,20 @@ def row(scores: SettingScores, result: BacktestResult, title: str) -> dict[str, 
 
 
 def to_json_dict(result: BacktestResult) -> dict[str, Any]:
-    config, plan, main = result.config, result.plan, result.scores[0]
+    config, schedule, main = result.config, result.schedule, result.scores[0]
     titles = config.titles([s.setting for s in result.scores])
     report: dict[str, Any] = {
         **headline(main),
-        "origins": len(plan.origins),
-        "symbols": len(plan.used_symbols),
-        "symbols_skipped": len(plan.skipped_symbols),
-        "predictions": plan.predictions,
-        "first_origin": str(plan.origins[0].timestamp),
-        "last_origin": str(plan.origins[-1].timestamp),
+        "origins": len(schedule.origins),
+        "symbols": len(schedule.used_symbols),
+        "symbols_skipped": len(schedule.skipped_symbols),
+        "predictions": schedule.predictions,
+        "first_origin": str(schedule.origins[0].timestamp),
+        "last_origin": str(schedule.origins[-1].timestamp),
         "setting": {"label": main.setting.label(), **main.setting.to_dict()},
         "portfolio": {
             "mode": LONG_ONLY if config.long_only else LONG_SHORT, "top_k": config.top_k,
-            "cost_bps": config.cost_bps, "periods_per_year": config.periods_per_year or plan.periods_per_year,
+            "cost_bps": config.cost_bps, "periods_per_year": config.periods_per_year or schedule.periods_per_year,
             "holding": f"{config.pred_len} bars from each origin",
         },
         "universe": result.universe_source,
@@ -170,7 +170,7 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
 def conventions_dict(result: BacktestResult) -> dict[str, Any]:
     if result.naive is None:
         return CONVENTIONS
-    every = every_in_bars(result.config, result.plan)
+    every = every_in_bars(result.config, result.schedule)
     return {**CONVENTIONS, **SKILL_CONVENTIONS,
             "significance": significance_conventions(result.naive.lag, result.config.pred_len, every)}
 
@@ -178,7 +178,7 @@ def conventions_dict(result: BacktestResult) -> dict[str, Any]:
 def origins_table(result: BacktestResult) -> pd.DataFrame:
     """One row per origin: cross-section size, IC, RankIC, hit rate, MAE, the portfolio period, the curve."""
     rows = []
-    for origin in result.plan.origins:
+    for origin in result.schedule.origins:
         rows.append({"origin": origin.index, "timestamp": origin.timestamp, "symbols": len(origin.members)})
     table = pd.DataFrame(rows)
     for scores, prefix in zip(result.scores, ("", "compare_")):
@@ -201,7 +201,7 @@ def origins_table(result: BacktestResult) -> pd.DataFrame:
     if result.agreement is not None:
         table["agreement_spearman"] = result.agreement.per_origin
     if result.overlap.cut is not None:
-        table["in_sample"] = [o.timestamp < result.overlap.cut for o in result.plan.origins]
+        table["in_sample"] = [o.timestamp < result.overlap.cut for o in result.schedule.origins]
     return table
 
 
