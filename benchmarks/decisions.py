@@ -96,9 +96,9 @@ def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> 
                          predict_window=4, batch_size=8, samples_per_epoch=1_000_000, epochs=1, eval_samples=8,
                          synthetic_series=2, synthetic_rows=200, seed=seed, device="cpu", num_workers=0,
                          output_dir=str(work / "run"))
-    plan = TrialSteps(min_warmup=3, max_warmup=10, eval_step=eval_step)
+    trial_steps = TrialSteps(min_warmup=3, max_warmup=10, eval_step=eval_step)
     return (TrialSpec(name, "single", {}, config),
-            {"config": config.to_dict(), "steps": plan.to_dict(), "budget_bytes": None,
+            {"config": config.to_dict(), "steps": trial_steps.to_dict(), "budget_bytes": None,
              "result_file": str(work / "result.json")})
 
 

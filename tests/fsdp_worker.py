@@ -97,9 +97,9 @@ def main(out: Path) -> None:
     # a tight interval at once, rank 1 never): agreed, both leave warm-up and measurement at the same step;
     # each on its own, rank 0 would leave while rank 1 waits in a collective for good.
     eager = rank == 0
-    plan = TrialSteps(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2, max_steps=5,
-                    target_ci=1e9 if eager else 0.0, budget_s=1e9)
-    measured = measure_training(config(out, "measured"), None, plan, agree_across_ranks=True)
+    trial_steps = TrialSteps(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2,
+                             max_steps=5, target_ci=1e9 if eager else 0.0, budget_s=1e9)
+    measured = measure_training(config(out, "measured"), None, trial_steps, agree_across_ranks=True)
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, [len(measured.warmup_times_s), len(measured.timed), measured.timing["stop"]])
     results["measured"] = counts
