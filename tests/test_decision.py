@@ -163,7 +163,7 @@ def test_quality_failures_and_defects_are_left_out() -> None:
     defect = _trial("checkpointing", _times(0.7, seed=3), losses=[7.0, 6.95, 6.85, 6.75],
                     changes={"activation_checkpointing": "all"})
     decision = decide([base, fast, defect], DecisionContext(objective="memory"))
-    assert decision.trajectories["checkpointing"]["defect"]
+    assert decision.trajectories["checkpointing"].defect
     assert decision.source == "baseline" and decision.eligible == []
 
 
@@ -171,11 +171,11 @@ def test_trajectory_classes() -> None:
     base = _trial("baseline", [1.0], "baseline", losses=[7.0, 6.5, 6.0])
     same = _trial("accumulation", [1.0], losses=[7.0, 6.5 * (1 + 1e-6), 6.0])
     check = trajectory_check(same, base, None, model_has_dropout=False)
-    assert check["measured"] == "equivalent" and not check["defect"] and check["steps"] == 3
+    assert check.measured == "equivalent" and not check.defect and check.steps == 3
     drifted = _trial("accumulation", [1.0], losses=[7.0, 6.52, 6.03])
-    assert trajectory_check(drifted, base, None, model_has_dropout=False)["defect"]
+    assert trajectory_check(drifted, base, None, model_has_dropout=False).defect
     # with dropout, splitting the batch draws other masks: compared with the noise-probe's deviation
-    assert not trajectory_check(drifted, base, 0.004, model_has_dropout=True)["defect"]
+    assert not trajectory_check(drifted, base, 0.004, model_has_dropout=True).defect
     approx = _trial("bf16", [1.0], losses=[7.0, 6.8, 6.3])
-    assert trajectory_check(approx, base, None, False)["measured"] == "approximate"
-    assert not trajectory_check(approx, base, None, False)["defect"]
+    assert trajectory_check(approx, base, None, False).measured == "approximate"
+    assert not trajectory_check(approx, base, None, False).defect

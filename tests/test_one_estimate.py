@@ -11,6 +11,7 @@ import pytest
 from kronos_tune.benchmark.report.estimate import fastest, raw_and_estimate, step_time_estimate
 from kronos_tune.benchmark.report.pareto import scatter_of
 from kronos_tune.benchmark.results import Spread, TrialResult
+from kronos_tune.benchmark.stats import Comparison
 from kronos_tune.tui.model import ResultsModel, best_trial
 from kronos_tune.tui.widgets.results import columns, row_cells
 
@@ -21,8 +22,7 @@ def _trial(name: str, stage: str, raw_s: float, ratio: float | None) -> TrialRes
     trial = TrialResult(name=name, stage=stage, status="ok", step_time_s=Spread(raw_s, raw_s * 0.98, raw_s * 1.02, 9),
                         tokens_per_step=800, peak_memory_bytes=int((2.0 if stage == "baseline" else 2.1) * GIB))
     if ratio is not None:
-        trial.comparison = {"ratio": ratio, "low": ratio - 0.02, "high": ratio + 0.02, "design": "paired",
-                            "verdict": "same"}
+        trial.comparison = Comparison(ratio, ratio - 0.02, ratio + 0.02, 0.05, "same", 12, 12, "test", "paired")
         trial.design = "paired"
     return trial
 

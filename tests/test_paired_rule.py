@@ -153,14 +153,14 @@ def test_a_one_time_cost_above_the_saving_is_not_recommended_and_the_reason_has_
     results[0].warmup_times_s = [1.0, STEP_S]
     decision = decide(results, CONTEXT)
     costs = decision.costs["compile"]
-    assert decision.comparisons["compile"].verdict == "faster" and not costs["worth"]
+    assert decision.comparisons["compile"].verdict == "faster" and not costs.worth
     # 2 x 4096 samples at 16 per 0.5 s step = 256 s of workload; 10% of it saved, ~99 s paid once
-    assert costs["workload_s"] == pytest.approx(256, rel=0.05) and costs["saving_s"] == pytest.approx(25.6, rel=0.2)
-    assert costs["one_time_s"] == pytest.approx(98.0, abs=1.0)
+    assert costs.workload_s == pytest.approx(256, rel=0.05) and costs.saving_s == pytest.approx(25.6, rel=0.2)
+    assert costs.one_time_s == pytest.approx(98.0, abs=1.0)
     assert decision.source == "baseline" and "compile" not in decision.eligible
     assert decision.reason.startswith("no change earns its cost: compile is faster (-10.")
-    assert (f"its one-time cost ({costs['one_time_s']:.1f} s of warm-up and setup) exceeds what it saves over the "
-            f"workload ({costs['saving_s']:.1f} s of 4.3 min)") in decision.reason
+    assert (f"its one-time cost ({costs.one_time_s:.1f} s of warm-up and setup) exceeds what it saves over the "
+            f"workload ({costs.saving_s:.1f} s of 4.3 min)") in decision.reason
     longer = [r for r in results]
     for r in longer:
         r.config = {**r.config, "epochs": 100}  # a workload long enough earns the compilation back
@@ -239,7 +239,7 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     panel = AnswerPanel()
     panel._answer = answer_from(report)
     assert line in "\n".join(text.plain for _, text in panel.lines(160))
-    assert report.recommended["source"] == "fused-adamw"
+    assert report.recommended.source == "fused-adamw"
 
 
 def test_the_order_is_counterbalanced_so_a_slow_second_block_is_charged_to_neither_side() -> None:
@@ -280,11 +280,14 @@ def test_an_a_a_comparison_past_the_floor_is_said_in_the_timing_section() -> Non
     from kronos_tune.benchmark.results import NOISE_PROBE
     from kronos_tune.benchmark.stats import Comparison
     from kronos_tune.benchmark.train.text import timing_lines
+    from kronos_tune.benchmark.train.verdicts import Decision
 
     probe = TrialResult(NOISE_PROBE, "baseline", "ok", {}, None, "", task="train")
+    decision = Decision(threshold=0.03, drift=None, drift_sources=[], noisy=False, memory_binds=False,
+                        memory_reason="", resolution=0.04)
     report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated", trials=[probe],
-                            timing={"resolution_pct": 4.0})
+                            timing={"rule": "paired"}, decision=decision)
     for verdict, said in (("slower", True), ("same", False)):
-        probe.comparison = Comparison(1.04, 1.01, 1.07, 0.02, verdict, 20, 20, "hodges-lehmann", "paired").to_dict()
+        probe.comparison = Comparison(1.04, 1.01, 1.07, 0.02, verdict, 20, 20, "hodges-lehmann", "paired")
         lines = timing_lines(report)
         assert any("The A/A comparison itself came out slower (+4.0%)" in line for line in lines) is said

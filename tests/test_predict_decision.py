@@ -51,7 +51,7 @@ def test_the_fastest_setting_that_keeps_its_class_is_recommended() -> None:
     assert kv.vs_reference.verdict == "faster" and kv.vs_reference.ratio == pytest.approx(0.1, rel=0.03)
     bf16 = decision.verdicts["bf16"]
     assert bf16.reference == "kv-cache" and bf16.exactness == "approximate" and bf16.eligible
-    assert bf16.quality["passed"] and "Spearman 0.990 >= 0.95 over 100 series" in bf16.quality["text"]
+    assert bf16.quality.passed and "Spearman 0.990 >= 0.95 over 100 series" in bf16.quality.text
     same = decision.verdicts["autobatch"]  # as fast as kv-cache: exact, but not faster than its reference
     assert not same.eligible and same.vs_reference.verdict == "same" and same.why.startswith("as fast as kv-cache (")
     assert decision.reason.startswith("13.3") and "the series/s of recompute, 1.34x (95% interval" in decision.reason
@@ -109,8 +109,8 @@ def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: P
                             options={"min_spearman": 0.995})
     summarize_predict(report)
     rec = report.recommended
-    assert rec["source"] == "kv-cache"  # bf16's 0.99 is below the user's 0.995
-    assert rec["command"] == f"kronos-tune predict --config {tmp_path / 'recommended.toml'}"
+    assert rec.source == "kv-cache"  # bf16's 0.99 is below the user's 0.995
+    assert rec.command == f"kronos-tune predict --config {tmp_path / 'recommended.toml'}"
     path = tmp_path / "recommended.toml"
     path.write_text(recommended_predict_toml(report), encoding="utf-8")
     assert read_predict_file(path) == {"size": "mini", "lookback": 400, "pred_len": 30, "sample_count": 1,
@@ -121,7 +121,7 @@ def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: P
     assert "max_batch_size not set" in text
     kv = report.trial("kv-cache")
     assert kv.quality["passed"] and kv.quality["spearman"] == 1.0  # the measured agreement is kept
-    assert kv.deltas["series_per_s"].noise is False and kv.comparison["verdict"] == "faster"
+    assert kv.deltas["series_per_s"].noise is False and kv.comparison.verdict == "faster"
     assert "peak_memory_bytes" not in kv.deltas  # the reference's peak is for its 10 series, not the 100
 
 

@@ -26,7 +26,7 @@ def test_tf32_and_cuda_graph_compile_trials_run_and_stay_close_to_the_baseline(t
     for name in ("tf32", "compile-cudagraphs"):
         trial = report.trial(name)
         assert trial.status == "ok", trial.reason
-        assert trial.trajectory["expected"] == "close" and not trial.trajectory["defect"], trial.trajectory
+        assert trial.trajectory.expected == "close" and not trial.trajectory.defect, trial.trajectory
         assert trial.val_loss_step == report.trial("baseline").val_loss_step
     assert report.trial("tf32").config["matmul_precision"] == "high"
     assert report.trial("compile-cudagraphs").config["compile"] == "reduce-overhead"

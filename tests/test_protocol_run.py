@@ -109,7 +109,7 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     assert (out / "report.csv").read_text().startswith("name,stage,status,")
     config = TrainConfig.from_toml(out / "recommended.toml")
     assert config.model_size == "tiny" and config.eval_samples == 8
-    assert report.recommended["command"].startswith(f"kronos-tune train --config {out}/recommended.toml")
+    assert report.recommended.command.startswith(f"kronos-tune train --config {out}/recommended.toml")
     assert data["partial"] is False and data["missing"] == [] and data["decision"]["threshold"] >= 0.03
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     assert not (out / "stacks").exists() or not any((out / "stacks").iterdir())  # nothing hung
@@ -171,12 +171,12 @@ def test_equivalent_changes_reproduce_the_baseline_losses(full_run) -> None:
     for name in ("checkpointing", "accumulation", "dataloader", "fused-adamw"):
         trial = report.trial(name)
         check = trial.trajectory
-        assert check["expected"] in ("equivalent", "close") and not check["defect"], (name, check)
-        steps = check["steps"]
+        assert check.expected in ("equivalent", "close") and not check.defect, (name, check)
+        steps = check.steps
         assert trial.train_losses[:steps] == pytest.approx(base.train_losses[:steps], rel=1e-4)
-    assert report.trial("checkpointing").trajectory["measured"] == "equivalent"
-    assert report.trial("accumulation").trajectory["measured"] == "equivalent"
-    assert report.trial("bf16").trajectory["expected"] == "approximate"
+    assert report.trial("checkpointing").trajectory.measured == "equivalent"
+    assert report.trial("accumulation").trajectory.measured == "equivalent"
+    assert report.trial("bf16").trajectory.expected == "approximate"
     assert report.quality["defects"] == []
 
 
@@ -221,7 +221,7 @@ def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> No
     assert oom.status == "oom" and "out of memory" in oom.reason
     assert 0 < oom.peak_memory_bytes <= budget
     assert report.trial("accumulation").status == "ok"
-    assert report.recommended["source"] == "accumulation"  # with no baseline, fitting is what helps
+    assert report.recommended.source == "accumulation"  # with no baseline, fitting is what helps
     assert f"{budget / 2**30:.1f} GiB simulated" in report.device_line
 
 
@@ -238,7 +238,7 @@ def test_where_two_workers_do_not_fit_side_by_side_the_comparison_is_sequential_
     assert trial.status == "ok" and trial.design == "sequential" and trial.blocks == []
     assert "cannot live side by side" in trial.design_reason and "the simulated device" in trial.design_reason
     assert report.trial("baseline-repeat").status == "ok"  # the drift check is back, for the sequential comparison
-    assert report.decision["comparisons"]["fused-adamw"]["design"] == "sequential"
+    assert report.decision.comparisons["fused-adamw"].design == "sequential"
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Sequential design (the trial alone against the baseline's own measurement" in markdown
     assert "fused-adamw: the trial's worker and a live baseline worker would need about" in markdown

@@ -59,17 +59,17 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
         assert [b["first"] for b in paired.blocks] == paired.timing["order"]
         assert abs(paired.timing["order"].count("trial") - paired.timing["order"].count("baseline")) <= 1
         assert all(len(b["trial_s"]) == len(b["baseline_s"]) == 1 and b["baseline_s"][0] > 0 for b in paired.blocks)
-        assert report.decision["verdicts"][name]["vs_reference"]["design"] == "paired"
-        assert report.decision["verdicts"][name]["vs_reference"]["n"] == len(paired.blocks)
+        assert report.decision.verdicts[name].vs_reference.design == "paired"
+        assert report.decision.verdicts[name].vs_reference.n == len(paired.blocks)
     assert "paired over 6 rounds" in "\n".join(predict_decision_lines(report))
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
     assert set(data["decision"]["verdicts"]) == {"kv-cache", "bf16", "autobatch"}
-    assert data["recommended"]["source"] == report.recommended["source"] in ("recompute", "kv-cache", "bf16",
+    assert data["recommended"]["source"] == report.recommended.source in ("recompute", "kv-cache", "bf16",
                                                                               "autobatch")
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "| kv-cache (use_cache=True) |" in markdown
-    assert f"Recommended: **{report.recommended['source']}**" in markdown and "kv-cache (exact): " in markdown
+    assert f"Recommended: **{report.recommended.source}**" in markdown and "kv-cache (exact): " in markdown
     # Progress counts what the trial announced: the metered warm-up run, the timed runs, the quality run.
     started = next(e.spec for e in events.events if isinstance(e, TrialStarted) and e.spec.name == "kv-cache")
     steps = [e.record for e in events.events if isinstance(e, TrialStep) and e.trial_name == "kv-cache"]
@@ -80,7 +80,7 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
     recommended = tmp_path / "out" / "recommended.toml"
     settings = read_predict_file(recommended)
     assert settings["size"] == "tiny" and settings["lookback"] == 32 and settings["pred_len"] == 4
-    assert settings["kv_cache"] is (report.recommended["source"] != "recompute") and settings["nproc"] == 1
+    assert settings["kv_cache"] is (report.recommended.source != "recompute") and settings["nproc"] == 1
     with pytest.raises(SystemExit) as exit_info:
         main(["predict", "--config", str(recommended), "--synthetic", "2", "--json"])
     assert exit_info.value.code in (0, None)
@@ -129,4 +129,4 @@ def test_cpu_ddp_trial_runs_two_gloo_processes_through_torchrun(tmp_path: Path) 
     # rank 0's step records came back through torchrun's stdout as events, one per optimizer step
     assert sum(1 for e in events.events if isinstance(e, TrialStep) and e.trial_name == "ddp") == \
         len(ddp.train_losses) >= ddp.val_loss_step
-    assert ddp.trajectory["expected"] == "equivalent" and not ddp.trajectory["defect"]
+    assert ddp.trajectory.expected == "equivalent" and not ddp.trajectory.defect

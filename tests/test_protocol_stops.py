@@ -147,7 +147,7 @@ def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_pr
     stacks = (tmp_path / "out" / "stacks" / "checkpointing.txt").read_text()
     assert "watchdog" in stacks and "trial_worker" in stacks  # the process tree
     assert 'File "' in stacks and frame in stacks  # faulthandler's frames of the blocked thread
-    assert kept["checkpointing"].status == "timeout" and "checkpointing" not in report.decision["eligible"]
+    assert kept["checkpointing"].status == "timeout" and "checkpointing" not in report.decision.eligible
     if fault == "hang-block":  # the rounds measured before the hang are kept
         # block 3 is a round's or, where the evaluation ran in an earlier block, an untimed one after it
         assert rounds_before_block_3(hung.reason) == len(kept["checkpointing"].blocks)

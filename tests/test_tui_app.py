@@ -255,7 +255,7 @@ async def test_whole_protocol_and_recommendation_fit_at_160x50() -> None:
         text = panel.render().plain
         assert "▶ run combined: num_workers = 2, optimizer_impl = fused" in text
         assert "why fastest of the trials that kept the validation loss within the noise" in text
-        assert report.recommended["command"] in " ".join(text.split())
+        assert report.recommended.command in " ".join(text.split())
         assert "★ fastest: combined" in text
         assert row_marks(app) == {"combined": "▶★"}  # recommended and fastest: the same row here
 

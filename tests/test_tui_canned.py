@@ -162,6 +162,7 @@ def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
     the cpu preset's protocol plans today)."""
     from kronos_tune.presets import resolve_preset
     from kronos_tune.benchmark import ProtocolOptions, plan_trials
+    from kronos_tune.benchmark.recommendation import Recommendation
     from kronos_tune.benchmark.results import Delta, ProtocolReport, Spread, TrialResult
 
     if names is None:
@@ -189,11 +190,10 @@ def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
     report = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
                             budget_bytes=8 * GIB, budget_mode="simulated", trials=results, planned=names,
                             out_dir="runs/benchmark/cpu-train-20261130-120000", cancelled=partial)
-    report.recommended = {
-        "source": "baseline" if partial else "combined",
-        "reason": "fastest of the trials that kept the validation loss within the noise",
-        "changes": {} if partial else {"num_workers": 2, "optimizer_impl": "fused"},
-        "command": "kronos-tune train --config runs/benchmark/cpu-train-20261130-120000/recommended.toml",
-        "partial": partial, "missing": names[3:] if partial else []}
+    report.recommended = Recommendation(
+        "baseline" if partial else "combined", "fastest of the trials that kept the validation loss within the noise",
+        {} if partial else {"num_workers": 2, "optimizer_impl": "fused"},
+        "kronos-tune train --config runs/benchmark/cpu-train-20261130-120000/recommended.toml",
+        partial, names[3:] if partial else [])
     report.partial, report.missing = partial, (names[3:] if partial else [])
     return results, report

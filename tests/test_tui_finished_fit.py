@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kronos_tune.presets import resolve_preset
@@ -86,7 +88,7 @@ async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50
     names = tuple(s.name for s in plan_trials(resolve_preset("cpu"), "train",
                                             ProtocolOptions(drift_every=drift_every, full=True)))  # every trial
     results, report = full_protocol(names=names)
-    report.recommended["reason"] = LONG_REASON
+    report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
     report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16, "fits_batch": 240,
                        "text": "2.40 of 8.0 GiB used (30%): batch 16 -> about 240 would fit"}
     app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
@@ -96,14 +98,14 @@ async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50
         assert len(results) >= (23 if drift_every == 1 else 19)
         assert "▶ run combined: num_workers = 2, optimizer_impl = fused" in text
         assert "changes under 3.8% could not be told from noise in this run" in text
-        assert report.recommended["command"] + " (t runs it here)" in text
+        assert report.recommended.command + " (t runs it here)" in text
         assert row_marks(app)["combined"].startswith("▶")
 
 
 @pytest.mark.asyncio
 async def test_a_finished_predict_run_shows_every_row_and_its_recommended_settings_at_160x50() -> None:
     report = _predict_report()
-    assert report.recommended["source"] == "kv-cache"
+    assert report.recommended.source == "kv-cache"
     app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
         await _finish(pilot, app, report.trials, report, gpus=False)

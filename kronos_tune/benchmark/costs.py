@@ -10,10 +10,9 @@ compared ratio). Pure functions of the results, like the decision rule.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import Comparison
+from kronos_tune.benchmark.train.verdicts import OneTimeCost
 
 
 def one_time_s(result: TrialResult) -> float:
@@ -34,7 +33,7 @@ def workload_time_s(result: TrialResult) -> float | None:
 
 
 def one_time_costs(result: TrialResult, base: TrialResult | None, comparison: Comparison | None
-                   ) -> dict[str, Any] | None:
+                   ) -> OneTimeCost | None:
     """A change's one-time cost beyond the baseline's against what it saves over the workload (the
     baseline's workload time x (1 - the compared ratio)); ``worth`` when the saving is larger."""
     workload = workload_time_s(base) if base is not None else None
@@ -42,9 +41,8 @@ def one_time_costs(result: TrialResult, base: TrialResult | None, comparison: Co
         return None
     extra = max(0.0, one_time_s(result) - one_time_s(base))
     saving = workload * (1 - comparison.ratio)
-    return {"one_time_s": extra, "saving_s": saving, "workload_s": workload, "worth": saving > extra,
-            "ratio": comparison.ratio,
-            "projected_s": workload * comparison.ratio + one_time_s(result)}
+    return OneTimeCost(extra, saving, workload, saving > extra, comparison.ratio,
+                       workload * comparison.ratio + one_time_s(result))
 
 
 def duration(seconds: float) -> str:

@@ -11,10 +11,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from kronos_tune.benchmark.kinds import TrialKind, legacy_kind
-from kronos_tune.benchmark.stats import quantiles
+from kronos_tune.benchmark.recommendation import Recommendation
+from kronos_tune.benchmark.stats import Comparison, quantiles
+from kronos_tune.benchmark.train.verdicts import Trajectory
 from kronos_tune.errors import KronosTuneError
 
 STAGES = ("baseline", "single", "combined", "drift")
@@ -194,8 +196,8 @@ class TrialResult:
     step_times_s: list[float] = field(default_factory=list)  # every timed step (train) or run (predict), raw
     warmup_times_s: list[float] = field(default_factory=list)  # the warm-up steps' times, in order
     timing: dict[str, Any] = field(default_factory=dict)  # how measuring stopped: steps, interval, budget
-    comparison: dict[str, Any] | None = None  # stats.Comparison vs the baseline (ratio of medians, interval)
-    trajectory: dict[str, Any] | None = None  # decision.trajectory_check: losses vs the baseline's
+    comparison: Comparison | None = None  # vs the baseline, as the decision rule compared it (summarize sets it)
+    trajectory: Trajectory | None = None  # train/decide.trajectory_check: losses vs the baseline's
     deltas: dict[str, Delta] = field(default_factory=dict)
     quality: dict[str, Any] | None = None  # the guard's verdict (train singles and combined)
     notes: list[str] = field(default_factory=list)
@@ -233,6 +235,8 @@ class TrialResult:
                 value = None if value is None else value.to_dict()
             elif spec.name == "deltas":
                 value = {key: delta.to_dict() for key, delta in value.items()}
+            elif spec.name in ("comparison", "trajectory"):
+                value = None if value is None else value.to_dict()
             out[spec.name] = value
         return out
 
@@ -248,6 +252,8 @@ class TrialResult:
         for key in _SPREAD_FIELDS:
             values[key] = Spread.from_dict(values.get(key))
         values["deltas"] = {key: Delta(**delta) for key, delta in (values.get("deltas") or {}).items()}
+        values["comparison"] = _derived(Comparison.from_dict, values.get("comparison"))
+        values["trajectory"] = _derived(Trajectory.from_dict, values.get("trajectory"))
         result = cls(**values)
         if "kind" not in data:  # written before kinds were kept: inferred from the name, in one place
             result.set_kind(legacy_kind(result.name, result.stage, result.task))
@@ -257,9 +263,37 @@ class TrialResult:
         return result
 
     @property
+    def quality_passed(self) -> bool:
+        """Kept its quality: the train guard's verdict or the predict class's (True when none was checked)."""
+        return self.quality is None or bool(self.quality.get("passed", True))
+
+    @property
     def finished(self) -> bool:
         """Done for good (a resumed run keeps it); a cancelled trial is run again."""
         return self.status != "cancelled"
+
+
+def _derived(read: Callable[[dict[str, Any]], Any], data: dict[str, Any] | None) -> Any:
+    """A section summarize derives from the results, read back; one an older version wrote in another shape is
+    left out (summarize computes it again), so the trial's measurements still load."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return read(data)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class TaskDecision(Protocol):
+    """A task's decision (train/verdicts.Decision, predict/verdicts.PredictDecision)."""
+
+    @property
+    def source(self) -> str | None: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -282,8 +316,8 @@ class ProtocolReport:
     quality: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
     flops: dict[str, Any] | None = None
-    recommended: dict[str, Any] | None = None
-    decision: dict[str, Any] | None = None  # decision.Decision.to_dict(): verdicts, drift, combination, why
+    recommended: Recommendation | None = None
+    decision: TaskDecision | None = None  # the task's decision: verdicts, drift, combination, why
     headroom: dict[str, Any] | None = None  # the baseline's peak against the budget, and the batch that would fit
     partial: bool = False  # cancelled, or some planned trial has no result
     missing: list[str] = field(default_factory=list)  # planned trials without a result
@@ -305,13 +339,21 @@ class ProtocolReport:
     def to_dict(self) -> dict[str, Any]:
         out = {spec.name: getattr(self, spec.name) for spec in fields(self)}
         out["trials"] = [trial.to_dict() for trial in self.trials]
+        for key in ("recommended", "decision"):
+            out[key] = None if out[key] is None else out[key].to_dict()
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProtocolReport:
+    def from_dict(cls, data: dict[str, Any],
+                  read_decision: Callable[[dict[str, Any]], TaskDecision] | None = None) -> ProtocolReport:
+        """The report of a report.json; `read_decision` reads its task's decision (tasks.report_from_dict
+        passes it), without it the decision is left out (summarize derives it again from the trials)."""
         known = {spec.name for spec in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         values["trials"] = [TrialResult.from_dict(t) for t in values.get("trials", [])]
+        values["recommended"] = Recommendation.from_dict(values.get("recommended"))
+        decision = values.get("decision")
+        values["decision"] = None if decision is None or read_decision is None else read_decision(decision)
         return cls(**values)
 
 

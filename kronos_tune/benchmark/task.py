@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.benchmark.report.cells import Cell
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import ProtocolReport, TaskDecision, TrialResult, TrialSpec
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
@@ -56,6 +56,10 @@ class BenchmarkTask(ABC):
     def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
         """Fill the derived sections of `report` (a copy `summarize` owns) from its trials: comparisons,
         deltas, quality, timing, the decision and the recommendation."""
+
+    @abstractmethod
+    def read_decision(self, data: dict[str, Any]) -> TaskDecision:
+        """The task's decision as report.json keeps it, read back."""
 
     @abstractmethod
     def cells(self, trial: TrialResult, compact: bool) -> dict[str, Cell]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.benchmark.predict.task import PredictBenchmark
-from kronos_tune.benchmark.results import TrialSpec
+from kronos_tune.benchmark.results import ProtocolReport, TrialSpec
 from kronos_tune.benchmark.selection import check_names, resolve
 from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.benchmark.train.task import TrainBenchmark
@@ -20,6 +22,11 @@ def get(name: str) -> BenchmarkTask:
     if task is None:
         raise KronosTuneError(f"unknown task '{name}'; use one of {', '.join(TASKS)}")
     return task
+
+
+def report_from_dict(data: dict[str, Any]) -> ProtocolReport:
+    """A report.json read back, its decision typed by its task."""
+    return ProtocolReport.from_dict(data, get(data["task"]).read_decision)
 
 
 def check_options(task: str, options: ProtocolOptions) -> BenchmarkTask:

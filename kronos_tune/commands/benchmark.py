@@ -127,12 +127,12 @@ def render(console: Console, report: ProtocolReport) -> None:
     resolution = resolution_line(report)
     if resolution:
         console.print(f"[bold]resolution[/]: {escape(resolution)}", highlight=False, soft_wrap=True)
-    if report.recommended:
+    if report.recommended is not None:
         rec = report.recommended
         partial = " [yellow](partial run)[/]" if report.partial else ""
-        console.print(f"recommended{partial}: [bold]{escape(rec['source'])}[/]: {escape(rec['reason'])}",
+        console.print(f"recommended{partial}: [bold]{escape(rec.source)}[/]: {escape(rec.reason)}",
                       highlight=False, soft_wrap=True)
-        console.print(f"next: {escape(rec['command'])}", highlight=False, soft_wrap=True)
+        console.print(f"next: {escape(rec.command)}", highlight=False, soft_wrap=True)
     if report.out_dir:
         console.print(f"reports in {report.out_dir}", highlight=False, soft_wrap=True)
         picture = picture_line(report)

@@ -51,8 +51,8 @@ def side_by_side(runs: list[LoadedRun]) -> Table:
             spread = trial.step_time_s
             cells.append(f"{fmt_seconds(spread.median)} n={spread.n}")
             comparison = trial.comparison
-            if comparison:
-                cells.append(f"{100 * (comparison['ratio'] - 1):+.1f}% {comparison['verdict']}")
+            if comparison is not None:
+                cells.append(f"{comparison.pct:+.1f}% {comparison.verdict}")
             else:
                 cells.append("reference" if name == "baseline" else "")
         table.add_row(*(escape(c) for c in cells))
@@ -87,16 +87,17 @@ def register(app: typer.Typer) -> None:
                 return
             console.print(side_by_side(loaded))
             for index, run in enumerate(loaded, start=1):
-                rec = run.report.recommended or {}
+                rec = run.report.recommended
+                source, reason = (rec.source, rec.reason) if rec is not None else (None, None)
                 console.print(f"[{index}] {escape(str(run.source))}: {escape(run.report.device_line)}; "
-                              f"recommended [bold]{escape(str(rec.get('source')))}[/]: {escape(str(rec.get('reason')))}",
+                              f"recommended [bold]{escape(str(source))}[/]: {escape(str(reason))}",
                               highlight=False, soft_wrap=True)
             return
         run = loaded[0]
-        if target is None and run.report.recommended:  # nothing written here: say how to get the config
+        if target is None and run.report.recommended is not None:  # nothing written here: say how to get it
             verb = get(run.report.task).config_command
-            run.report.recommended["command"] = (f"kronos-tune report {runs[0]} --out DIR, then kronos-tune {verb} "
-                                                 f"--config DIR/recommended.toml")
+            run.report.recommended = run.report.recommended.with_command(
+                f"kronos-tune report {runs[0]} --out DIR, then kronos-tune {verb} --config DIR/recommended.toml")
         if target is not None:
             try:
                 write_reports(run.report, target, results=out is not None)

@@ -1,7 +1,7 @@
 """The benchmark's answer as the dashboard shows it: what to run, why, the command, and the fastest trial.
 
-Plain Python (no Textual): built from a ProtocolReport's `recommended` entry
-({source, reason, command, changes, partial, missing}) and the finished trials.
+Plain Python (no Textual): built from a ProtocolReport's `recommended` (a Recommendation: source, reason,
+command, changes, partial, missing) and the finished trials.
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ def answer_from(report: Any) -> Answer:
     """The answer of a finished (or cancelled) protocol run."""
     from kronos_tune.benchmark.report.files import resolution_line
 
-    rec = report.recommended or {}
+    rec = report.recommended
     best = best_trial(report.trials, report.task)
-    missing = list(rec.get("missing") or getattr(report, "missing", []) or [])
-    partial = bool(rec.get("partial", getattr(report, "partial", False) or report.cancelled))
+    missing = list((rec.missing if rec is not None else None) or getattr(report, "missing", []) or [])
+    partial = rec.partial if rec is not None else bool(getattr(report, "partial", False) or report.cancelled)
     return Answer(preset=report.preset, task=report.task, folder=report.out_dir,
-                  recommended=rec.get("source"), changes=dict(rec.get("changes") or {}),
-                  reason=str(rec.get("reason") or ""), command=rec.get("command"),
+                  recommended=rec.source if rec is not None else None,
+                  changes=dict(rec.changes) if rec is not None else {},
+                  reason=rec.reason if rec is not None else "", command=rec.command if rec is not None else None,
                   best=best.name if best is not None else None, best_figure=_figure(best, report.trials, report.task),
                   partial=partial, missing=missing, headroom=getattr(report, "headroom", None),
                   resolution=resolution_line(report) if getattr(report, "timing", None) else None)

@@ -181,10 +181,6 @@ class ResultsModel:
         return known + unknown
 
 
-def passed_quality(result: Any) -> bool:
-    return result.quality is None or bool(result.quality.get("passed", True))
-
-
 def best_trial(results: Sequence[Any], task: str) -> Any | None:
     """The fastest trial that ran ok and kept the quality guard, by the one estimate every view shows
     (kronos_tune.benchmark.report.estimate: the compared ratio x the baseline's median where there is one);

@@ -38,9 +38,8 @@ The rule:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from kronos_tune.benchmark.predict.verdicts import PredictDecision, PredictVerdict, QualityCheck
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
@@ -54,42 +53,6 @@ MIN_AGREEMENT_SERIES = 3  # a Spearman correlation of fewer series means nothing
 # (per-repeat times of a trial, of its reference) -> (time ratio trial / reference, low, high of its interval)
 Estimator = Callable[[Sequence[float], Sequence[float]], tuple[float, float, float]]
 BOOTSTRAP = f"ratio of median run times, {100 * CONFIDENCE:g}% bootstrap interval over the repeats"
-
-
-@dataclass
-class PredictVerdict:
-    """One trial against its reference: speed, quality, and whether it may be recommended (``why`` if not)."""
-
-    name: str
-    reference: str
-    exactness: str
-    vs_reference: Comparison | None
-    vs_baseline: Comparison | None
-    quality: dict[str, Any]
-    eligible: bool
-    why: str
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in ("vs_reference", "vs_baseline"):
-            value = getattr(self, key)
-            out[key] = None if value is None else value.to_dict()
-        return out
-
-
-@dataclass
-class PredictDecision:
-    source: str | None  # the recommended trial; None when the reference itself did not run
-    reason: str
-    threshold: float
-    min_spearman: float
-    estimator: str
-    verdicts: dict[str, PredictVerdict] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "reason": self.reason, "threshold": self.threshold,
-                "min_spearman": self.min_spearman, "estimator": self.estimator,
-                "verdicts": {name: v.to_dict() for name, v in self.verdicts.items()}}
 
 
 def speedup_text(comparison: Comparison | None) -> str:
@@ -123,8 +86,8 @@ def per_series_times(result: TrialResult) -> list[float]:
     return [seconds / series for seconds in result.step_times_s]
 
 
-def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
-    """{"class", "passed", "text"} plus what was measured: the exactness class's promise against the outputs."""
+def quality_check(trial: TrialResult, min_spearman: float) -> QualityCheck:
+    """The exactness class's promise against the trial's outputs (what the trial measured: trial.quality)."""
     exactness = EXACTNESS.get(trial.name, "approximate")
     agreement = trial.quality if isinstance(trial.quality, dict) else {}
     series = agreement.get("series")
@@ -132,29 +95,27 @@ def quality_check(trial: TrialResult, min_spearman: float) -> dict[str, Any]:
     if exactness == "exact":
         diff = trial.output_max_abs_diff
         if diff is None:
-            return {"class": exactness, "passed": False, "text": "no reference output to compare with"}
+            return QualityCheck(exactness, False, "no reference output to compare with")
         over = f" over {series} series" if series else ""
         sampled = agreement.get("sampled_max_abs_diff")  # None: no sampled run (results of earlier versions)
-        measured = {"max_abs_diff": diff, **({} if sampled is None else {"sampled_max_abs_diff": sampled})}
         if diff > EXACT_TOLERANCE:
-            return {"class": exactness, "passed": False, **measured,
-                    "text": f"not identical to {whose} output (max difference {diff:.3g} σ{over}), "
-                            f"though it promises to be: a defect"}
+            return QualityCheck(exactness, False, f"not identical to {whose} output (max difference {diff:.3g} "
+                                f"σ{over}), though it promises to be: a defect", diff, sampled)
         if sampled is not None and sampled > EXACT_TOLERANCE:
-            return {"class": exactness, "passed": False, **measured,
-                    "text": f"identical greedy output, but its sampled output (per-series streams) differs from "
-                            f"{whose} (max difference {sampled:.3g} σ{over}), though it promises to be: a defect"}
+            return QualityCheck(exactness, False, f"identical greedy output, but its sampled output (per-series "
+                                f"streams) differs from {whose} (max difference {sampled:.3g} σ{over}), though it "
+                                f"promises to be: a defect", diff, sampled)
         what = "greedy" if sampled is None else "greedy and sampled"
-        return {"class": exactness, "passed": True, **measured, "text": f"identical {what} output to {whose}{over}"}
+        return QualityCheck(exactness, True, f"identical {what} output to {whose}{over}", diff, sampled)
     spearman = agreement.get("spearman")
     if spearman is None or not series or series < MIN_AGREEMENT_SERIES:
-        return {"class": exactness, "passed": False, "threshold": min_spearman,
-                "text": f"ranking agreement not measured (needs {MIN_AGREEMENT_SERIES}+ series)"}
+        return QualityCheck(exactness, False, f"ranking agreement not measured (needs {MIN_AGREEMENT_SERIES}+ "
+                            f"series)", threshold=min_spearman)
     passed = spearman >= min_spearman
     relation = ">=" if passed else "<"
-    return {"class": exactness, "passed": passed, "spearman": spearman, "series": series,
-            "threshold": min_spearman,
-            "text": f"ranking agreement Spearman {spearman:.3f} {relation} {min_spearman:g} over {series} series"}
+    return QualityCheck(exactness, passed, f"ranking agreement Spearman {spearman:.3f} {relation} "
+                        f"{min_spearman:g} over {series} series", spearman=spearman, series=series,
+                        threshold=min_spearman)
 
 
 def _rate(result: TrialResult) -> float:
@@ -171,15 +132,15 @@ def _verdict(trial: TrialResult, by_name: dict[str, TrialResult], threshold: flo
     vs_reference = compare_times(trial, parent, threshold, estimator, method)
     vs_baseline = vs_reference if parent_name == BASELINE else compare_times(trial, base, threshold, estimator,
                                                                              method)
-    quality = quality_check(trial, min_spearman) if trial.status == "ok" else {
-        "class": EXACTNESS.get(trial.name, "approximate"), "passed": False, "text": "not measured"}
+    quality = (quality_check(trial, min_spearman) if trial.status == "ok" else
+               QualityCheck(EXACTNESS.get(trial.name, "approximate"), False, "not measured"))
     why = ""
     if trial.status != "ok":
         why = f"{trial.status}" + (f": {trial.reason}" if trial.reason else "")
     elif vs_reference is None:
         why = f"no timed runs to compare with {parent_name}'s"
-    elif not quality["passed"]:
-        why = quality["text"]
+    elif not quality.passed:
+        why = quality.text
     elif vs_reference.verdict != "faster":
         relation = {"same": "as fast as", "slower": "slower than"}.get(vs_reference.verdict, "not resolved against")
         why = f"{relation} {parent_name} ({speedup_text(vs_reference)})"
@@ -193,33 +154,31 @@ def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: fl
                    estimator: Estimator = ratio_ci, method: str = BOOTSTRAP) -> PredictDecision:
     """The rule of the module docstring on the predict trials' results."""
     by_name = {t.name: t for t in trials}
-    decision = PredictDecision(None, "", threshold, min_spearman, method)
     base = by_name.get(BASELINE)
     if base is None or base.status != "ok" or not base.step_times_s:
         status = ("did not run" if base is None else "has no timed runs" if base.status == "ok" else
                   f"{base.status}" + (f": {base.reason}" if base.reason else ""))
-        decision.reason = f"the reference ({BASELINE}) {status}: nothing to compare the settings with"
-        return decision
-    for trial in trials:
-        if trial.name != BASELINE and trial.status != "skipped":
-            decision.verdicts[trial.name] = _verdict(trial, by_name, threshold, min_spearman, estimator, method)
-    eligible = [by_name[name] for name, v in decision.verdicts.items() if v.eligible]
-    left_out = [f"{name}: {v.why}" for name, v in decision.verdicts.items() if not v.eligible]
+        return PredictDecision(None, f"the reference ({BASELINE}) {status}: nothing to compare the settings with",
+                               threshold, min_spearman, method)
+    verdicts = {trial.name: _verdict(trial, by_name, threshold, min_spearman, estimator, method)
+                for trial in trials if trial.name != BASELINE and trial.status != "skipped"}
+    eligible = [by_name[name] for name, v in verdicts.items() if v.eligible]
+    left_out = [f"{name}: {v.why}" for name, v in verdicts.items() if not v.eligible]
     if not eligible:
-        decision.source = BASELINE
-        decision.reason = (f"no setting was faster than its reference beyond the noise (threshold "
-                           f"{100 * threshold:.1f}%) with the quality its class promises; kept the reference")
+        source = BASELINE
+        reason = (f"no setting was faster than its reference beyond the noise (threshold "
+                  f"{100 * threshold:.1f}%) with the quality its class promises; kept the reference")
     else:
         best = max(eligible, key=_rate)
-        chosen = decision.verdicts[best.name]
-        decision.source = best.name
-        decision.reason = (f"{speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
-                           + (f", {speedup_text(chosen.vs_reference)} that of {chosen.reference}"
-                              if chosen.reference != BASELINE else "")
-                           + f"; {chosen.quality['text']}")
+        chosen = verdicts[best.name]
+        source = best.name
+        reason = (f"{speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
+                  + (f", {speedup_text(chosen.vs_reference)} that of {chosen.reference}"
+                     if chosen.reference != BASELINE else "")
+                  + f"; {chosen.quality.text}")
         others = [t.name for t in eligible if t is not best]
         if others:
-            decision.reason += f"; also eligible but slower: {', '.join(others)}"
+            reason += f"; also eligible but slower: {', '.join(others)}"
     if left_out:
-        decision.reason += "; left out: " + "; ".join(left_out)
-    return decision
+        reason += "; left out: " + "; ".join(left_out)
+    return PredictDecision(source, reason, threshold, min_spearman, method, verdicts)

@@ -19,7 +19,9 @@ from kronos_tune.benchmark.train.decide import FLOOR, drift_estimate
 from kronos_tune.benchmark.predict.decide import (
     BASELINE, BOOTSTRAP, DEFAULT_MIN_SPEARMAN, EXACT_TOLERANCE, decide_predict, speedup_text,
 )
+from kronos_tune.benchmark.predict.verdicts import PredictDecision
 from kronos_tune.benchmark.quality import compute_deltas
+from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.results import ProtocolReport, TrialResult
 from kronos_tune.benchmark.stats import Comparison
 
@@ -59,42 +61,40 @@ def summarize_predict(report: ProtocolReport) -> None:
     for t in trials:
         verdict = decision.verdicts.get(t.name)
         comparison: Comparison | None = verdict.vs_baseline if verdict is not None else None
-        t.comparison = comparison.to_dict() if comparison is not None else None
+        t.comparison = comparison
         t.deltas = compute_deltas(t, base, None, comparison)
         if base is not None and (t.config or {}).get("measured_series") != (base.config or {}).get("measured_series"):
             t.deltas.pop("peak_memory_bytes", None)  # the reference's peak is for fewer series: not comparable
         if verdict is not None and t.status == "ok":
-            t.quality = {**(t.quality or {}), **verdict.quality}  # the measured agreement and the class's verdict
+            t.quality = {**(t.quality or {}), **verdict.quality.to_dict()}  # what was measured, and the verdict
     report.timing = {"rule": PREDICT_RULE, "threshold_pct": 100 * threshold,
                      "drift_pct": None if drift is None else 100 * drift, "estimator": BOOTSTRAP}
-    report.decision = decision.to_dict()
+    report.decision = decision
     report.recommended = None
     chosen = _find(trials, decision.source) if decision.source else None
     if chosen is None or not chosen.config:
         return
     settings = recommended_settings(chosen.config, report.device)
     toml = str(Path(report.out_dir) / "recommended.toml") if report.out_dir else "recommended.toml"
-    report.recommended = {
-        "source": chosen.name, "reason": decision.reason, "settings": settings,
-        "changes": {key: settings[key] for key in SETTINGS_KEYS if settings.get(key) is not None},
-        "command": f"kronos-tune predict --config {toml}",
-        "partial": report.partial, "missing": list(report.missing)}
+    report.recommended = Recommendation(
+        chosen.name, decision.reason, {key: settings[key] for key in SETTINGS_KEYS if settings.get(key) is not None},
+        f"kronos-tune predict --config {toml}", report.partial, list(report.missing), settings=settings)
 
 
 def recommended_predict_toml(report: ProtocolReport) -> str | None:
     """RUN/recommended.toml of a predict run: its recommended settings as a [predict] table."""
     rec = report.recommended
-    if not rec or not rec.get("settings"):
+    if rec is None or not rec.settings:
         return None
     header = []
     if report.partial:
         header.append(f"partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
                       f"{'; cancelled' if report.cancelled else ''}); the recommendation is from the trials that ran")
-    header += [f"kronos-tune benchmark --task predict, preset {report.preset}: {rec['source']}",
-               *textwrap.wrap(f"why: {rec['reason']}", 110, subsequent_indent="  "),
-               f"run: {rec['command']} --data FILE (and --checkpoint DIR --tokenizer DIR for trained weights; "
+    header += [f"kronos-tune benchmark --task predict, preset {report.preset}: {rec.source}",
+               *textwrap.wrap(f"why: {rec.reason}", 110, subsequent_indent="  "),
+               f"run: {rec.command} --data FILE (and --checkpoint DIR --tokenizer DIR for trained weights; "
                f"flags given on the command line win over this file)"]
-    settings = dict(rec["settings"])
+    settings = dict(rec.settings)
     if settings.get("max_batch_size") is None:
         header.append("max_batch_size not set: the predictor's default (from free memory), as measured")
     return predict_file_toml(settings, header)
@@ -117,20 +117,20 @@ def predict_setup_line(report: ProtocolReport) -> str:
 def predict_decision_lines(report: ProtocolReport) -> list[str]:
     """Plain sentences on the predict run and its decision: what was predicted, the rule, then each trial's
     verdict against its reference."""
-    decision = report.decision or {}
+    decision = report.decision
     lines = [predict_setup_line(report)]
-    if not decision:
+    if not isinstance(decision, PredictDecision):
         return lines
-    lines.append(f"Decision: {report.timing.get('rule', PREDICT_RULE)}. Threshold ±{100 * decision['threshold']:.1f}%, "
-                 f"minimum Spearman {decision['min_spearman']:g}; {decision['estimator']}.")
-    for name, verdict in decision.get("verdicts", {}).items():
-        vs_ref = Comparison.from_dict(verdict.get("vs_reference"))
+    lines.append(f"Decision: {report.timing.get('rule', PREDICT_RULE)}. Threshold ±{100 * decision.threshold:.1f}%, "
+                 f"minimum Spearman {decision.min_spearman:g}; {decision.estimator}.")
+    for name, verdict in decision.verdicts.items():
+        vs_ref = verdict.vs_reference
         paired = vs_ref is not None and vs_ref.design == "paired"
         how = f"paired over {vs_ref.n} rounds" if paired else "sequential"
-        speed = (f"{speedup_text(vs_ref)} the series/s of {verdict['reference']} ({vs_ref.verdict}, {how})"
+        speed = (f"{speedup_text(vs_ref)} the series/s of {verdict.reference} ({vs_ref.verdict}, {how})"
                  if vs_ref is not None else "not timed")
-        state = "eligible" if verdict["eligible"] else f"left out: {verdict['why']}"
-        lines.append(f"{name} ({verdict['exactness']}): {speed}; {verdict['quality'].get('text', '')}; {state}.")
+        state = "eligible" if verdict.eligible else f"left out: {verdict.why}"
+        lines.append(f"{name} ({verdict.exactness}): {speed}; {verdict.quality.text}; {state}.")
     return lines
 
 

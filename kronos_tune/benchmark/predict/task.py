@@ -13,6 +13,7 @@ from kronos_tune.benchmark.predict.summary import (
     predict_decision_lines, predict_markdown_lines, recommended_predict_toml, summarize_predict,
 )
 from kronos_tune.benchmark.predict.trial_list import PREDICT_TRIALS, check_predict_options
+from kronos_tune.benchmark.predict.verdicts import PredictDecision
 from kronos_tune.benchmark.report.cells import (
     Cell, fmt_rate, fmt_seconds, predict_quality_cell, speedup_cell, spread_text,
 )
@@ -66,6 +67,9 @@ class PredictBenchmark(BenchmarkTask):
 
     def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
         summarize_predict(report)
+
+    def read_decision(self, data: dict[str, Any]) -> PredictDecision:
+        return PredictDecision.from_dict(data)
 
     def cells(self, trial: TrialResult, compact: bool) -> dict[str, Cell]:
         diff = trial.output_max_abs_diff

@@ -63,20 +63,19 @@ def time_delta_cell(result: TrialResult, compact: bool = False) -> Cell:
     """The step-time change vs the baseline with its 95% interval; ~ when the rule does not call it."""
     cell = delta_cell(result.deltas.get("step_time_s"), "step_time_s")
     comparison = result.comparison
-    if not cell.text or not comparison or comparison.get("low") is None:
+    if not cell.text or comparison is None or comparison.low is None or comparison.high is None:
         return cell
-    low, high = 100 * (comparison["low"] - 1), 100 * (comparison["high"] - 1)
+    low, high = 100 * (comparison.low - 1), 100 * (comparison.high - 1)
     sep = "\n" if compact else " "
-    tone = "warn" if comparison.get("verdict") == "unresolved" else cell.tone
+    tone = "warn" if comparison.verdict == "unresolved" else cell.tone
     return Cell(f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]", tone)
 
 
 def trajectory_cell(result: TrialResult) -> Cell:
     check = result.trajectory
-    if not check:
+    if check is None:
         return Cell("")
-    text = f"{check['measured']} ({check['max_rel_deviation']:.1g})"
-    return Cell(text, "bad" if check.get("defect") else "")
+    return Cell(f"{check.measured} ({check.max_rel_deviation:.1g})", "bad" if check.defect else "")
 
 
 def changes_text(result: TrialResult) -> str:
@@ -87,12 +86,12 @@ def status_cell(result: TrialResult, compact: bool = False) -> Cell:
     tone = {"ok": "", "oom": "bad", "failed": "bad", "skipped": "noise", "cancelled": "warn",
             "timeout": "bad"}[result.status]
     text = result.status if not result.reason or compact else f"{result.status}: {result.reason}"
-    if result.quality is not None and not result.quality.get("passed", True):
+    if not result.quality_passed:
         guard = result.quality.get("text")  # predict: its exactness class's verdict; train: the guard's
         text, tone = f"{text}; {guard or 'quality guard: worse than the noise allows'}", "bad"
-    if result.trajectory and result.trajectory.get("defect"):
-        text, tone = (f"{text}; defect: losses deviate {result.trajectory['max_rel_deviation']:.2g} from the "
-                      f"baseline's, promised {result.trajectory['expected']}"), "bad"
+    if result.trajectory is not None and result.trajectory.defect:
+        text, tone = (f"{text}; defect: losses deviate {result.trajectory.max_rel_deviation:.2g} from the "
+                      f"baseline's, promised {result.trajectory.expected}"), "bad"
     return Cell(text, tone)
 
 
@@ -100,14 +99,15 @@ def speedup_cell(result: TrialResult, compact: bool = False) -> Cell:
     """Predict: series/s over the reference method's, with the 95% interval; ~ when the rule does not call it."""
     if not result.speedup:
         return Cell("")
-    comparison = result.comparison or {}
+    comparison = result.comparison
     text = f"{result.speedup:.2f}x"
-    if comparison.get("low") is not None and comparison.get("high") is not None:
-        text += ("\n" if compact else " ") + f"[{1 / comparison['high']:.2f}, {1 / comparison['low']:.2f}]"
-    called = comparison.get("verdict")
-    if called in ("faster", "slower"):
-        return Cell(text, "good" if called == "faster" else "bad")
-    return Cell(f"~{text}" if comparison else text, "noise" if comparison else "")
+    if comparison is None:
+        return Cell(text)
+    if comparison.low is not None and comparison.high is not None:
+        text += ("\n" if compact else " ") + f"[{1 / comparison.high:.2f}, {1 / comparison.low:.2f}]"
+    if comparison.verdict in ("faster", "slower"):
+        return Cell(text, "good" if comparison.verdict == "faster" else "bad")
+    return Cell(f"~{text}", "noise")
 
 
 def predict_quality_cell(result: TrialResult) -> Cell:

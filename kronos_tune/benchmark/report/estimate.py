@@ -27,8 +27,7 @@ ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (p
 
 
 def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
-    comparison = result.comparison or {}
-    ratio = comparison.get("ratio")
+    ratio = None if result.comparison is None else result.comparison.ratio
     if baseline is None or result.name == baseline.name or not ratio or ratio <= 0:
         return None
     return float(ratio)
@@ -79,8 +78,7 @@ def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
 def fastest(results: Sequence[TrialResult], task: str) -> TrialResult | None:
     """The fastest trial that ran ok and kept its quality guard, by the estimate; None before any."""
     baseline = baseline_of(results)
-    ranked = [(speed_key(r, baseline, task), r) for r in results if r.status == "ok"
-              and (r.quality is None or r.quality.get("passed", True))]
+    ranked = [(speed_key(r, baseline, task), r) for r in results if r.status == "ok" and r.quality_passed]
     ranked = [(key, r) for key, r in ranked if key is not None]
     return min(ranked, key=lambda item: item[0])[1] if ranked else None
 
@@ -92,7 +90,8 @@ def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[
     source = "compared ratio x baseline median" if _ratio(result, baseline) is not None else "own median"
     return {"key": key, "shown": shown_time(result, baseline),
             "raw_median": None if raw is None else raw.median, "source": source,
-            "design": (result.comparison or {}).get("design") if source != "own median" else None}
+            "design": result.comparison.design if result.comparison is not None and source != "own median"
+            else None}
 
 
 def report_dict(report: Any) -> dict[str, Any]:

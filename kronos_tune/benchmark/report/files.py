@@ -55,9 +55,9 @@ def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
         extra = ([t.description] if t.description else []) + t.notes
         if extra:
             lines.append(f"- **{t.name}**: " + "; ".join(extra))
-    if report.recommended:
+    if report.recommended is not None:
         rec = report.recommended
-        lines += ["", f"Recommended: **{rec['source']}**. Why: {rec['reason']}. Run `{rec['command']}`."]
+        lines += ["", f"Recommended: **{rec.source}**. Why: {rec.reason}. Run `{rec.command}`."]
     if report.cancelled:
         lines += ["", f"Cancelled: not run: {', '.join(report.not_run) or 'none'}."]
     return "\n".join(lines) + "\n"

@@ -20,7 +20,8 @@ FILES = (f"{PICTURE_STEM}.png", f"{PICTURE_STEM}.svg")
 
 
 def report_scatter(report: ProtocolReport) -> Scatter:
-    return scatter_of(report.trials, report.task, report.budget_bytes, (report.recommended or {}).get("source"))
+    chosen = report.recommended.source if report.recommended is not None else None
+    return scatter_of(report.trials, report.task, report.budget_bytes, chosen)
 
 
 def missing_hint(folder: str | Path | None, markdown: bool = False) -> str:

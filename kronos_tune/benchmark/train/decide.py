@@ -42,19 +42,18 @@ The rule, in order:
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
 
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.costs import duration as _duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
 from kronos_tune.benchmark.stats import Comparison, block_ratios, compare, paired_compare
+from kronos_tune.benchmark.train.verdicts import PAIRED_FLOOR, Decision, OneTimeCost, Trajectory
 
 DRIFT_STAGE = "drift"
 OBJECTIVES = ("speed", "memory")
 FLOOR = 0.03  # sequential design: relative step-time change below which nothing is called faster or slower
-PAIRED_FLOOR = 0.02  # paired design: the same, for block ratios (the run's own resolution may raise it)
 NOISY_LIMIT = 0.25  # a resolution (or drift threshold) above this: the machine is too noisy to decide
 DEFAULT_MARGIN = 0.10
 EQUIVALENT_TOLERANCE = 1e-4  # largest relative loss deviation that is float error
@@ -71,37 +70,6 @@ class DecisionContext:
     floor: float = FLOOR
     model_has_dropout: bool = False
     paired_floor: float = PAIRED_FLOOR
-
-
-@dataclass
-class Decision:
-    """The rule's answer. ``comparisons``: every timed trial against the baseline; ``threshold`` the sequential
-    design's (max(floor, drift)), ``paired_threshold`` the paired design's (max(paired floor, resolution));
-    ``resolution``: how far the A/A comparison's interval reaches from 1 (None without a paired A/A);
-    ``costs``: per faster trial, its one-time cost against what it saves over the workload."""
-
-    threshold: float
-    drift: float | None
-    drift_sources: list[str]
-    noisy: bool
-    memory_binds: bool
-    memory_reason: str
-    resolution: float | None = None
-    paired_threshold: float = PAIRED_FLOOR
-    comparisons: dict[str, Comparison] = field(default_factory=dict)
-    trajectories: dict[str, dict[str, Any]] = field(default_factory=dict)
-    costs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    eligible: list[str] = field(default_factory=list)
-    combination: list[str] = field(default_factory=list)
-    source: str = "baseline"
-    reason: str = ""
-
-    smallest_change: float | None = None  # the resolution, or in a run that paired nothing the sequential threshold
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["comparisons"] = {name: c.to_dict() for name, c in self.comparisons.items()}
-        return out
 
 
 def _kind(result: TrialResult) -> str:
@@ -187,7 +155,7 @@ def memory_binding(results: list[TrialResult], context: DecisionContext) -> tupl
 
 
 def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_deviation: float | None,
-                     model_has_dropout: bool) -> dict[str, Any] | None:
+                     model_has_dropout: bool) -> Trajectory | None:
     """Classify a change by its training losses against the baseline's over the same steps, against the class
     its kind promises (``TrialResult.losses``)."""
     expected = result.trial_kind.losses
@@ -206,15 +174,14 @@ def trajectory_check(result: TrialResult, baseline: TrialResult | None, noise_de
         tolerance = max(tolerance, CLOSE_TOLERANCE if noise_deviation is None else 2 * noise_deviation)
         note = "the model uses dropout, whose masks this change draws differently: compared with the noise-probe"
     defect = tolerance is not None and deviation > tolerance
-    return {"expected": expected, "measured": measured, "max_rel_deviation": deviation, "steps": steps,
-            "tolerance": tolerance, "defect": defect, "note": note}
+    return Trajectory(expected, measured, deviation, steps, tolerance, defect, note)
 
 
-def _quality_ok(result: TrialResult, trajectories: dict[str, dict[str, Any]]) -> bool:
-    if result.quality is not None and not result.quality.get("passed", True):
+def _quality_ok(result: TrialResult, trajectories: dict[str, Trajectory]) -> bool:
+    if not result.quality_passed:
         return False
     check = trajectories.get(result.name)
-    return not (check and check["defect"])
+    return not (check is not None and check.defect)
 
 
 def _describe(result: TrialResult, comparison: Comparison | None, base_median: float | None,
@@ -258,34 +225,34 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
                         memory_reason=why_memory, resolution=resolution,
                         paired_threshold=max(context.paired_floor, resolution or 0.0), smallest_change=smallest)
     base_ok = base is not None and base.status == "ok"
-    if aa is not None:
-        decision.comparisons[NOISE_PROBE] = aa
+    comparisons: dict[str, Comparison] = {} if aa is None else {NOISE_PROBE: aa}
+    costs: dict[str, OneTimeCost] = {}
     for result in results:
         if result.stage not in ("single", "combined") or result.status != "ok" or not base_ok:
             continue
         comparison = compare_to_baseline(result, base, decision)
         if comparison is not None:
-            decision.comparisons[result.name] = comparison
-            costs = one_time_costs(result, base, comparison)
-            if costs is not None:
-                decision.costs[result.name] = costs
+            comparisons[result.name] = comparison
+            cost = one_time_costs(result, base, comparison)
+            if cost is not None:
+                costs[result.name] = cost
     probe = next((r for r in results if r.name == NOISE_PROBE), None)
     noise_dev = None
     if probe is not None and base is not None and probe.train_losses and base.train_losses:
         noise_dev = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(probe.train_losses, base.train_losses))
-    for result in results:
-        check = trajectory_check(result, base, noise_dev, context.model_has_dropout)
-        if check is not None:
-            decision.trajectories[result.name] = check
-    decision.eligible = [r.name for r in results if r.stage == "single" and _eligible(r, decision, base_ok)]
-    decision.combination = _combination(results, decision)
-    _recommend(results, decision, context)
-    return decision
+    checks = {r.name: trajectory_check(r, base, noise_dev, context.model_has_dropout) for r in results}
+    decision = replace(decision, comparisons=comparisons, costs=costs,
+                       trajectories={name: check for name, check in checks.items() if check is not None})
+    decision = replace(decision, eligible=[r.name for r in results
+                                           if r.stage == "single" and _eligible(r, decision, base_ok)])
+    decision = replace(decision, combination=_combination(results, decision))
+    source, reason = _recommend(results, decision, context)
+    return replace(decision, source=source, reason=reason)
 
 
 def _worth_it(result: TrialResult, decision: Decision) -> bool:
-    costs = decision.costs.get(result.name)
-    return costs is None or costs["worth"]
+    cost = decision.costs.get(result.name)
+    return cost is None or cost.worth
 
 
 def _eligible(result: TrialResult, decision: Decision, base_ok: bool) -> bool:
@@ -344,83 +311,95 @@ def _noise_text(decision: Decision, context: DecisionContext) -> str:
             f"floor and the measured drift)")
 
 
-def _cost_text(name: str, costs: dict[str, Any]) -> str:
-    return (f"{name} is faster ({100 * (costs['ratio'] - 1):+.1f}% per step) but its one-time cost "
-            f"({_duration(costs['one_time_s'])} of warm-up and setup) "
-            f"exceeds what it saves over the workload ({_duration(max(0.0, costs['saving_s']))} of "
-            f"{_duration(costs['workload_s'])})")
+def _cost_text(name: str, cost: OneTimeCost) -> str:
+    return (f"{name} is faster ({100 * (cost.ratio - 1):+.1f}% per step) but its one-time cost "
+            f"({_duration(cost.one_time_s)} of warm-up and setup) "
+            f"exceeds what it saves over the workload ({_duration(max(0.0, cost.saving_s))} of "
+            f"{_duration(cost.workload_s)})")
 
 
-def _recommend(results: list[TrialResult], decision: Decision, context: DecisionContext) -> None:
-    by_name = {r.name: r for r in results}
+def _noisy_reason(decision: Decision) -> str:
+    if decision.resolution is not None:
+        return (f"the timings are too noisy to decide: changes under {100 * decision.resolution:.1f}% "
+                f"could not be told from noise in this run (the A/A comparison; limit "
+                f"{100 * NOISY_LIMIT:.0f}%), so no change can be called faster; kept the baseline "
+                f"(rerun on a quieter machine)")
+    return (f"the timings are too noisy to decide: the baseline's own re-measurements drifted by "
+            f"{100 * (decision.drift or 0):.1f}% (limit {100 * NOISY_LIMIT:.0f}%), so no change "
+            f"can be called faster; kept the baseline (rerun on a quiet machine)")
+
+
+def _combined_note(results: list[TrialResult], decision: Decision, candidates: list[TrialResult]
+                   ) -> tuple[str, TrialResult | None]:
+    """What the recommendation says of the combined trial, and the combined trial when it is a candidate."""
     base = reference(results)
-    base_median = _median(base)
     base_ok = base is not None and base.status == "ok"
-    decision.source = base.name if base is not None else "baseline"
-    if decision.noisy and base_ok:
-        if decision.resolution is not None:
-            decision.reason = (f"the timings are too noisy to decide: changes under {100 * decision.resolution:.1f}% "
-                               f"could not be told from noise in this run (the A/A comparison; limit "
-                               f"{100 * NOISY_LIMIT:.0f}%), so no change can be called faster; kept the baseline "
-                               f"(rerun on a quieter machine)")
-        else:
-            decision.reason = (f"the timings are too noisy to decide: the baseline's own re-measurements drifted by "
-                               f"{100 * (decision.drift or 0):.1f}% (limit {100 * NOISY_LIMIT:.0f}%), so no change "
-                               f"can be called faster; kept the baseline (rerun on a quiet machine)")
-        return
-    candidates = [by_name[name] for name in decision.eligible]
     combined = next((r for r in results if r.stage == "combined"), None)
-    combined_note = ""
     if combined is not None and combined.status == "ok" and _quality_ok(combined, decision.trajectories):
         singles = [r for r in candidates if _median(r, base) is not None]
         best_single = min(singles, key=lambda r: _speed(r, base, decision), default=None)
         slower = None if best_single is None else _slower_than(combined, best_single, base, decision)
         vs_base = decision.comparisons.get(combined.name)
         if slower is not None and best_single is not None:
-            combined_note = (f"; the combination ({_ms(_median(combined, base) or 0)}/step) was slower than "
-                             f"{best_single.name} alone ({slower:+.1f}%)")
-        elif base_ok and not decision.memory_binds and (vs_base is None or vs_base.verdict != "faster"):
-            combined_note = "; the combination was not faster than the baseline beyond the noise"
-        elif base_ok and not _worth_it(combined, decision):
-            combined_note = "; " + _cost_text("the combination", decision.costs[combined.name])
-        else:
-            candidates.append(combined)
-    elif combined is not None and combined.status not in ("ok", "skipped"):
-        combined_note = f"; the combination ended {combined.status}"
+            return (f"; the combination ({_ms(_median(combined, base) or 0)}/step) was slower than "
+                    f"{best_single.name} alone ({slower:+.1f}%)"), None
+        if base_ok and not decision.memory_binds and (vs_base is None or vs_base.verdict != "faster"):
+            return "; the combination was not faster than the baseline beyond the noise", None
+        if base_ok and not _worth_it(combined, decision):
+            return "; " + _cost_text("the combination", decision.costs[combined.name]), None
+        return "", combined
+    if combined is not None and combined.status not in ("ok", "skipped"):
+        return f"; the combination ended {combined.status}", None
+    return "", None
+
+
+def _nothing_faster(results: list[TrialResult], decision: Decision, context: DecisionContext,
+                    combined_note: str) -> str:
+    """Why the baseline stays when no candidate is left: the costs not earned back, or the noise."""
+    by_name = {r.name: r for r in results}
+    costly = [_cost_text(name, decision.costs[name]) for name, c in decision.comparisons.items()
+              if c.verdict == "faster" and name in decision.costs and not decision.costs[name].worth]
+    near = [(n, c) for n, c in decision.comparisons.items() if c.ratio < 1 and n in by_name
+            and by_name[n].stage == "single" and c.verdict != "faster"]
+    best = min(near, key=lambda item: item[1].ratio, default=None)
+    hint = ""
+    if best is not None:
+        name, comparison = best
+        hint = f"; the closest, {name}, is within the noise ({comparison.interval_text()})"
+    memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
+    if costly:
+        return f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"
+    return f"no change was faster {_noise_text(decision, context)}{hint}{memory}{combined_note}"
+
+
+def _recommend(results: list[TrialResult], decision: Decision, context: DecisionContext) -> tuple[str, str]:
+    """The recommended trial and why, in one sentence with the numbers."""
+    by_name = {r.name: r for r in results}
+    base = reference(results)
+    base_ok = base is not None and base.status == "ok"
+    kept = base.name if base is not None else "baseline"
+    if decision.noisy and base_ok:
+        return kept, _noisy_reason(decision)
+    candidates = [by_name[name] for name in decision.eligible]
+    combined_note, combined = _combined_note(results, decision, candidates)
+    if combined is not None:
+        candidates.append(combined)
     if not candidates:
         if base_ok:
-            costly = [_cost_text(name, decision.costs[name]) for name, c in decision.comparisons.items()
-                      if c.verdict == "faster" and name in decision.costs and not decision.costs[name]["worth"]]
-            near = [(n, c) for n, c in decision.comparisons.items() if c.ratio < 1 and n in by_name
-                    and by_name[n].stage == "single" and c.verdict != "faster"]
-            best = min(near, key=lambda item: item[1].ratio, default=None)
-            hint = ""
-            if best is not None:
-                name, comparison = best
-                hint = f"; the closest, {name}, is within the noise ({comparison.interval_text()})"
-            memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
-            if costly:
-                decision.reason = f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"
-            else:
-                decision.reason = (f"no change was faster {_noise_text(decision, context)}{hint}{memory}"
-                                   f"{combined_note}")
-        else:
-            decision.reason = "nothing ran within the budget: this is the reference config, which does not fit either"
-        return
+            return kept, _nothing_faster(results, decision, context, combined_note)
+        return kept, "nothing ran within the budget: this is the reference config, which does not fit either"
     winner = min(candidates, key=lambda r: _speed(r, base, decision))
-    decision.source = winner.name
-    comparison = decision.comparisons.get(winner.name)
+    median = _median(winner, base)
     if decision.memory_binds and not base_ok:
-        decision.reason = (f"{winner.name} is the fastest configuration that fits ({decision.memory_reason}): "
-                           f"{_ms(_median(winner, base)) if _median(winner, base) else 'n/a'}/step{combined_note}")
-        return
+        return winner.name, (f"{winner.name} is the fastest configuration that fits ({decision.memory_reason}): "
+                             f"{_ms(median) if median else 'n/a'}/step{combined_note}")
     what = "the combination " + "+".join(decision.combination) if winner.stage == "combined" else winner.name
-    costs = decision.costs.get(winner.name)
-    paid = "" if costs is None else (f"; over the workload it saves {_duration(max(0.0, costs['saving_s']))} of "
-                                     f"{_duration(costs['workload_s'])}, more than its one-time cost of "
-                                     f"{_duration(costs['one_time_s'])}")
-    decision.reason = (f"{what} is the fastest measured configuration: "
-                       f"{_describe(winner, comparison, base_median, _median(winner, base)).split(': ', 1)[-1]}, "
-                       f"{_noise_text(decision, context)}, quality guard passed{paid}"
-                       + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
-                       + combined_note)
+    cost = decision.costs.get(winner.name)
+    paid = "" if cost is None else (f"; over the workload it saves {_duration(max(0.0, cost.saving_s))} of "
+                                    f"{_duration(cost.workload_s)}, more than its one-time cost of "
+                                    f"{_duration(cost.one_time_s)}")
+    described = _describe(winner, decision.comparisons.get(winner.name), _median(base), median)
+    return winner.name, (f"{what} is the fastest measured configuration: {described.split(': ', 1)[-1]}, "
+                         f"{_noise_text(decision, context)}, quality guard passed{paid}"
+                         + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
+                         + combined_note)

@@ -20,7 +20,9 @@ from kronos_tune.benchmark.train.decide import (
 from kronos_tune.benchmark.selection import LEFT_OUT
 from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
     quality_threshold
+from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.train.verdicts import OneTimeCost
 
 FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
                  "predictor, L transformer layers, H heads, Q head dimension, T tokens per window; the frozen "
@@ -66,7 +68,7 @@ def _warmup_evidence(trials: list[TrialResult]) -> dict[str, Any]:
 
 
 def recommendation(report: ProtocolReport, decision_source: str, reason: str, preset: Preset | None
-                   ) -> dict[str, Any]:
+                   ) -> Recommendation:
     chosen = _find(report.trials, decision_source) or reference(report.trials)
     config = dict(chosen.config) if chosen is not None and chosen.config else {}
     if preset is not None:
@@ -76,9 +78,9 @@ def recommendation(report: ProtocolReport, decision_source: str, reason: str, pr
     nproc = chosen.nproc if chosen is not None else 1
     toml = str(Path(report.out_dir) / "recommended.toml") if report.out_dir else "recommended.toml"
     command = f"kronos-tune train --config {toml}" + (f" --nproc {nproc}" if nproc > 1 else "")
-    return {"source": chosen.name if chosen is not None else "baseline", "reason": reason,
-            "changes": dict(chosen.changes) if chosen is not None else {}, "config": config, "nproc": nproc,
-            "command": command, "partial": report.partial, "missing": list(report.missing)}
+    return Recommendation(chosen.name if chosen is not None else "baseline", reason,
+                          dict(chosen.changes) if chosen is not None else {}, command, report.partial,
+                          list(report.missing), config=config, nproc=nproc)
 
 
 def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, Any] | None:
@@ -151,7 +153,7 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
     decision = decide(trials, context)
     for t in trials:
         comparison = decision.comparisons.get(t.name)
-        t.comparison = comparison.to_dict() if comparison is not None else None
+        t.comparison = comparison
         t.trajectory = decision.trajectories.get(t.name)
         t.deltas = compute_deltas(t, base, threshold, comparison)
     report.quality = {
@@ -162,11 +164,11 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
         "noise_factor": factor, "floor": floor,
         "val_loss_step": max((t.val_loss_step or 0 for t in trials), default=0) or None,
         "eval_windows": (base.config or {}).get("eval_samples") if base is not None else None,
-        "flagged": [t.name for t in trials if t.quality and not t.quality.get("passed", True)],
+        "flagged": [t.name for t in trials if not t.quality_passed],
         "trajectory_rule": (f"training losses step by step against the baseline's: equivalent within "
                             f"{EQUIVALENT_TOLERANCE:g} relative (float error), close within 2%, else approximate; "
                             f"a change promised equivalent or close that is not is a defect"),
-        "defects": [name for name, check in decision.trajectories.items() if check["defect"]]}
+        "defects": [name for name, check in decision.trajectories.items() if check.defect]}
     for t in trials:
         _projected_total(t, base, decision.costs.get(t.name))
     report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * decision.threshold,
@@ -179,19 +181,19 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
                      "designs": {t.name: {"design": t.design, "why": t.design_reason} for t in trials if t.design},
                      "left_out": {t.name: t.reason for t in trials if t.status == "skipped" and t.reason
                                   and t.reason.startswith(LEFT_OUT)},
-                     "one_time": decision.costs,
+                     "one_time": {name: cost.to_dict() for name, cost in decision.costs.items()},
                      "warmup": _warmup_evidence(trials)}
-    report.decision = decision.to_dict()
+    report.decision = decision
     report.headroom = headroom(report)
     report.flops = flops_section(report, preset)
     report.recommended = recommendation(report, decision.source, decision.reason, preset)
 
 
-def _projected_total(trial: TrialResult, base: TrialResult | None, costs: dict[str, Any] | None) -> None:
+def _projected_total(trial: TrialResult, base: TrialResult | None, cost: OneTimeCost | None) -> None:
     """The workload's time plus the one-time costs measured in the run: for a compared trial, the baseline's
     workload time x the compared ratio (the figure the rule decides on), else the trial's own median."""
-    if costs is not None:
-        trial.projected_train_time_s = costs["projected_s"]
+    if cost is not None:
+        trial.projected_train_time_s = cost.projected_s
         return
     workload = workload_time_s(trial)
     if workload is not None and trial.status in ("ok", "cancelled"):

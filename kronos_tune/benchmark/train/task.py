@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kronos_tune.benchmark.report.cells import (
     Cell, delta_cell, fmt_seconds, spread_text, time_delta_cell, trajectory_cell,
@@ -15,6 +15,7 @@ from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.benchmark.train import text
 from kronos_tune.benchmark.train.summary import summarize_train
 from kronos_tune.benchmark.train.trial_list import TRAIN_TRIALS
+from kronos_tune.benchmark.train.verdicts import Decision
 from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.presets import Preset
 
@@ -50,6 +51,9 @@ class TrainBenchmark(BenchmarkTask):
 
     def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
         summarize_train(report, preset)
+
+    def read_decision(self, data: dict[str, Any]) -> Decision:
+        return Decision.from_dict(data)
 
     def cells(self, trial: TrialResult, compact: bool) -> dict[str, Cell]:
         return {"time/step [IQR] n": Cell(spread_text(trial.step_time_s, fmt_seconds, compact)),

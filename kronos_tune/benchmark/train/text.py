@@ -7,7 +7,8 @@ import textwrap
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
-from kronos_tune.benchmark.stats import Comparison
+from kronos_tune.benchmark.train.decide import NOISY_LIMIT
+from kronos_tune.benchmark.train.verdicts import Decision
 
 
 def recommended_toml(report: ProtocolReport) -> str | None:
@@ -15,16 +16,16 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     from kronos_core.train.config import TrainConfig  # torch: only when there is a config to write
 
     rec = report.recommended
-    if not rec or not rec.get("config"):
+    if rec is None or not rec.config:
         return None
-    text = TrainConfig.from_dict(rec["config"], source="recommended", portable=True).to_toml()
+    text = TrainConfig.from_dict(rec.config, source="recommended", portable=True).to_toml()
     header = []
     if report.partial:
         header.append(f"# partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
                       f"{'; cancelled' if report.cancelled else ''}); the recommendation is from the trials that ran")
-    header += [f"# kronos-tune benchmark, preset {report.preset}: {rec['source']}",
-               *textwrap.wrap(f"why: {rec['reason']}", 110, initial_indent="# ", subsequent_indent="#   "),
-               f"# run: {rec['command']}"]
+    header += [f"# kronos-tune benchmark, preset {report.preset}: {rec.source}",
+               *textwrap.wrap(f"why: {rec.reason}", 110, initial_indent="# ", subsequent_indent="#   "),
+               f"# run: {rec.command}"]
     return "\n".join(header) + "\n" + text
 
 
@@ -36,40 +37,58 @@ def _aa_rounds(report: ProtocolReport) -> str:
     return f"{timing['rounds']} rounds in {timing.get('measure_time_s', 0):.0f} s"
 
 
+def _decision(report: ProtocolReport) -> Decision | None:
+    return report.decision if isinstance(report.decision, Decision) else None
+
+
+def _designs(report: ProtocolReport, design: str) -> list[TrialResult]:
+    """The trials compared with the baseline in `design` (paired | sequential)."""
+    return [trial for trial in report.trials if trial.design == design]
+
+
 def resolution_line(report: ProtocolReport) -> str | None:
     """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train)."""
-    t = report.timing or {}
-    if t.get("resolution_pct") is not None:
-        return (f"changes under {t['resolution_pct']:.1f}% could not be told from noise in this run (the A/A "
+    decision = _decision(report)
+    if decision is None:
+        return None
+    if decision.resolution is not None:
+        return (f"changes under {100 * decision.resolution:.1f}% could not be told from noise in this run (the A/A "
                 f"comparison: the noise-probe against the baseline, interleaved the same way)")
-    if t.get("smallest_change_pct") is not None:
-        return (f"changes under {t['smallest_change_pct']:.1f}% could not be told from noise in this run (the "
-                f"sequential design's threshold: the larger of its floor and the drift of the baseline's "
+    if decision.smallest_change is not None:
+        return (f"changes under {100 * decision.smallest_change:.1f}% could not be told from noise in this run "
+                f"(the sequential design's threshold: the larger of its floor and the drift of the baseline's "
                 f"re-measurements)")
-    if any(d.get("design") == "paired" for d in (t.get("designs") or {}).values()):
+    if _designs(report, "paired"):
         return (f"this run did not measure its resolution: the noise-probe (the A/A comparison) did not run, so "
-                f"paired verdicts used the {t.get('paired_threshold_pct', 2):g}% floor alone")
+                f"paired verdicts used the {100 * decision.paired_threshold:g}% floor alone")
     return None
+
+
+def _too_noisy(decision: Decision) -> str:
+    return f"changes under {100 * (decision.smallest_change or 0):.1f}% could not be told from noise"
+
+
+def _drift_pct(decision: Decision) -> float | None:
+    return None if decision.drift is None else 100 * decision.drift
 
 
 def timing_lines(report: ProtocolReport) -> list[str]:
     """Plain sentences on how the timings were taken and how far they can be trusted (train)."""
-    t, opts = report.timing, report.options
-    if not t:
+    t, opts, decision = report.timing, report.options, _decision(report)
+    if not t or decision is None:
         return []
     lines = []
     resolution = resolution_line(report)
     if resolution:
         lines.append(f"**Resolution**: {resolution}.")
     probe = report.trial(NOISE_PROBE)
-    aa = Comparison.from_dict(probe.comparison) if probe is not None else None
+    aa = probe.comparison if probe is not None else None
     if aa is not None and aa.design == "paired" and aa.verdict in ("faster", "slower"):
         lines.append(f"The A/A comparison itself came out {aa.verdict} ({100 * (aa.ratio - 1):+.1f}%): two "
                      f"workers of one configuration differed beyond the floor, which is why the resolution is as "
                      f"wide as it is.")
-    designs = t.get("designs") or {}
-    paired = [name for name, d in designs.items() if d.get("design") == "paired"]
-    sequential = {name: d.get("why") for name, d in designs.items() if d.get("design") == "sequential"}
+    paired = [trial.name for trial in _designs(report, "paired")]
+    sequential = {trial.name: trial.design_reason for trial in _designs(report, "sequential")}
     if paired:
         steps = sorted({tr.timing["steps_per_block"] for tr in report.trials if tr.timing.get("steps_per_block")})
         size = f"{'/'.join(str(n) for n in steps)} step(s)" if steps else f"about {opts.get('block_s', 0.5):g} s"
@@ -79,27 +98,25 @@ def timing_lines(report: ProtocolReport) -> list[str]:
                      f"the trial's name), rounds added until the interval of "
                      f"the block ratios is within ±{100 * opts.get('target_ci', 0.02):.0f}% or the trial's budget is "
                      f"spent (the A/A comparison, whose reach is the resolution, runs its whole budget: "
-                     f"{_aa_rounds(report)}); decision threshold ±{t.get('paired_threshold_pct', 0):.1f}%.")
+                     f"{_aa_rounds(report)}); decision threshold ±{100 * decision.paired_threshold:.1f}%.")
     if sequential:
         lines.append("Sequential design (the trial alone against the baseline's own measurement, threshold "
-                     f"±{t.get('threshold_pct', 0):.1f}%): " + "; ".join(f"{name}: {why}"
-                                                                          for name, why in sequential.items()) + ".")
-    drift = t.get("drift_pct")
+                     f"±{100 * decision.threshold:.1f}%): " + "; ".join(f"{name}: {why}"
+                                                                      for name, why in sequential.items()) + ".")
+    drift = _drift_pct(decision)
     if not paired or sequential or drift is not None:
-        drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(t.get('drift_sources') or [])})"
+        drift_text = "not measured" if drift is None else f"{drift:.1f}% ({', '.join(decision.drift_sources)})"
         lines.append(f"Timing: each trial warms up until a step is within "
                      f"{100 * opts.get('settle_tolerance', 0.1):.0f}% of the one before (at least {opts.get('warmup')} "
                      f"steps); a sequential trial then measures at least {opts.get('steps')} steps, until the "
                      f"median's 95% interval is within ±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget "
                      f"is spent. Drift of the baseline's re-measurements: {drift_text}; sequential threshold "
-                     f"±{t.get('threshold_pct', 0):.1f}%.")
-    if t.get("noisy"):
-        lines.append(f"**Too noisy to decide**: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
-                     f"told from noise, past the {t.get('noisy_limit_pct', 25):g}% the rule accepts; the baseline "
-                     f"is kept. Rerun on a quieter machine.")
-    costs = t.get("one_time") or {}
-    paid = [f"{name}: {c['one_time_s']:.1f} s once vs {c['saving_s']:+.1f} s saved over the workload"
-            for name, c in costs.items() if c.get("one_time_s", 0) >= 0.5]
+                     f"±{100 * decision.threshold:.1f}%.")
+    if decision.noisy:
+        lines.append(f"**Too noisy to decide**: {_too_noisy(decision)}, past the {100 * NOISY_LIMIT:g}% the rule "
+                     f"accepts; the baseline is kept. Rerun on a quieter machine.")
+    paid = [f"{name}: {cost.one_time_s:.1f} s once vs {cost.saving_s:+.1f} s saved over the workload"
+            for name, cost in decision.costs.items() if cost.one_time_s >= 0.5]
     if paid:
         lines.append("One-time costs beyond the baseline's (warm-up, compilation, searches) against what each change "
                      "saves over the preset's workload: " + "; ".join(paid) + ".")
@@ -158,25 +175,25 @@ def console_notes(report: ProtocolReport) -> list[str]:
     threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
     lines = [f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
              f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows"]
-    designs = t.get("designs") or {}
-    paired = [name for name, d in designs.items() if d.get("design") == "paired"]
-    sequential = [f"{name} ({d.get('why')})" for name, d in designs.items() if d.get("design") == "sequential"]
-    if paired:
+    decision = _decision(report)
+    paired = [trial.name for trial in _designs(report, "paired")]
+    sequential = [f"{trial.name} ({trial.design_reason})" for trial in _designs(report, "sequential")]
+    if paired and decision is not None:
         lines.append(f"timing: paired with a live baseline in alternating blocks ({', '.join(paired)}), "
-                     f"threshold ±{t.get('paired_threshold_pct', 0):.1f}%; Δ shows the 95% interval of the "
+                     f"threshold ±{100 * decision.paired_threshold:.1f}%; Δ shows the 95% interval of the "
                      f"block ratios; ~ = the rule calls it neither faster nor slower")
-    if sequential or (not paired and t.get("threshold_pct") is not None):
-        drift = "not measured" if t.get("drift_pct") is None else f"{t['drift_pct']:.1f}%"
+    if decision is not None and (sequential or not paired):
+        drift = _drift_pct(decision)
         lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; threshold "
-                     f"±{t.get('threshold_pct', 0):.1f}% (drift of the baseline's re-measurements {drift})")
+                     f"±{100 * decision.threshold:.1f}% (drift of the baseline's re-measurements "
+                     f"{'not measured' if drift is None else f'{drift:.1f}%'})")
     left = t.get("left_out") or {}
     if left:
         lines.append(f"left out of this quick run: {', '.join(left)}; add them with --full (or one with --only "
                      f"NAME)")
-    if t.get("noisy"):
-        lines.append(f"too noisy to decide: changes under {t.get('smallest_change_pct', 0):.1f}% could not be "
-                     f"told from noise (limit {t.get('noisy_limit_pct', 25):g}%); the baseline is kept; rerun on "
-                     f"a quieter machine")
+    if decision is not None and decision.noisy:
+        lines.append(f"too noisy to decide: {_too_noisy(decision)} (limit {100 * NOISY_LIMIT:g}%); the baseline is "
+                     f"kept; rerun on a quieter machine")
     if report.headroom:
         lines.append(f"memory: {report.headroom['text']}")
     if report.flops:

@@ -104,7 +104,7 @@ def note(result: TrialResult) -> Text:
     """Why a trial did not run ok (its one-line reason), or that it failed the protocol's quality guard."""
     if result.reason:
         return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
-    if result.quality is not None and not result.quality.get("passed", True):
+    if not result.quality_passed:
         # predict: the exactness class's verdict (benchmark/predict/decide.py); train's guard has no text
         return Text(str(result.quality.get("text") or "quality guard: val loss worse than the noise allows"),
                     style="red")
