@@ -2,9 +2,10 @@
 
     result = run_training(TrainRequest(config, source="preset cpu", steps=3), listener, cancel)
 
-`run_training` schedules the start (kronos_tune.train.schedule), claims the run's
-folder (kronos_tune.train.run_folder), then runs each stage (the tokenizer and/or the predictor) in this
-process or under torchrun (`TrainRequest.launch`, through kronos_core.launch).
+`run_training` schedules the start (kronos_tune.train.schedule), claims the
+run's folder (kronos_tune.train.run_folder), then runs each stage (the
+tokenizer and/or the predictor) in this process or under torchrun
+(`TrainRequest.launch`, through kronos_core.launch).
 Every stage's folder gets metrics.jsonl and, with `tensorboard`, TensorBoard
 event files (kronos_tune.run_logs); run.json records how the run ended. A stage
 trained in this process ends by saying how far its model moved from its start
