@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kronos_core.predict.generation import WINDOW_MODES
-from kronos_core.predict.streams import DRAWS
 from kronos_core.sizes import size_spec
 from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.errors import KronosTuneError
@@ -104,6 +102,8 @@ def parse_setting(spec: str, base: PredictionSetting) -> PredictionSetting:
 
 
 def check_setting(setting: PredictionSetting, device: str, flag: str) -> None:
+    from kronos_core.predict.generation import WINDOW_MODES  # torch: the command's first checks need none
+
     if setting.window_mode not in WINDOW_MODES:
         raise KronosTuneError(f"{flag}: window mode '{setting.window_mode}'; choose one of {', '.join(WINDOW_MODES)}")
     if setting.amp not in AMP_CHOICES:
@@ -164,7 +164,7 @@ class BacktestConfig(InputSpec):
             "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
-            "draws": DRAWS,  # runs begun under torch's global generator have none: they do not resume
+            "draws": _draws(),  # runs begun under torch's global generator have none: they do not resume
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
             **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
@@ -185,6 +185,12 @@ class BacktestConfig(InputSpec):
         plain = [replace(s, checkpoint=None, tokenizer=None).label() for s in settings]
         names = [self.model_name(s) for s in settings]
         return names if len(set(plain)) == 1 else [f"{n} ({p})" for n, p in zip(names, plain)]
+
+
+def _draws() -> str:
+    from kronos_core.predict.streams import DRAWS  # torch: only where a run's identity is written or compared
+
+    return DRAWS
 
 
 def check_config(config: BacktestConfig, device: str) -> None:

@@ -242,8 +242,7 @@ def backtest_command(
 ) -> None:
     """Predict every symbol at rolling origins and score the ranking: IC, RankIC, hit rate, a top-k portfolio."""
     from kronos_tune.backtest.config import BacktestConfig, PredictionSetting, parse_setting
-    from kronos_tune.backtest.outputs import JSON_NAME
-    from kronos_tune.backtest.runner import run_backtest
+    from kronos_tune.predict.config import check_data_paths
 
     console = make_console(stderr=as_json)
 
@@ -260,6 +259,10 @@ def backtest_command(
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
         periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
         offline=offline, symbol_column=symbol_column, allow_overlap=allow_overlap)
+    check_data_paths(config)  # a missing --data path: one line before torch loads
+    from kronos_tune.backtest.outputs import JSON_NAME
+    from kronos_tune.backtest.runner import run_backtest
+
     try:
         if as_json:
             result = run_backtest(config, on_note=on_note)
