@@ -33,13 +33,17 @@ The rule:
 3. A trial is eligible when it ran, kept its quality and is faster than its
    reference and than the baseline. The recommendation is the eligible trial
    with the highest series/s; the baseline when none is eligible.
+4. Findings: two trials of identical work (predict/same_work.py) whose series/s
+   differ by more than the threshold are named, with why (drift between their
+   measurements, or this run's noise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kronos_tune.benchmark.predict.verdicts import PredictDecision, PredictVerdict, QualityCheck
+from kronos_tune.benchmark.predict.same_work import same_work_gaps
+from kronos_tune.benchmark.predict.verdicts import PredictDecision, PredictVerdict, QualityCheck, speedup_text
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
@@ -53,16 +57,6 @@ MIN_AGREEMENT_SERIES = 3  # a Spearman correlation of fewer series means nothing
 # (per-repeat times of a trial, of its reference) -> (time ratio trial / reference, low, high of its interval)
 Estimator = Callable[[Sequence[float], Sequence[float]], tuple[float, float, float]]
 BOOTSTRAP = f"ratio of median run times, {100 * CONFIDENCE:g}% bootstrap interval over the repeats"
-
-
-def speedup_text(comparison: Comparison | None) -> str:
-    """'9.81x (95% interval 9.12x-10.40x)': series/s over the reference's (the inverse of the time ratio)."""
-    if comparison is None:
-        return "not compared"
-    text = f"{1 / comparison.ratio:.2f}x"
-    if comparison.low is not None and comparison.high is not None:
-        text += f" (95% interval {1 / comparison.high:.2f}x-{1 / comparison.low:.2f}x)"
-    return text
 
 
 def compare_times(trial: TrialResult | None, reference: TrialResult | None, threshold: float,
@@ -181,4 +175,5 @@ def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: fl
             reason += f"; also eligible but slower: {', '.join(others)}"
     if left_out:
         reason += "; left out: " + "; ".join(left_out)
-    return PredictDecision(source, reason, threshold, min_spearman, method, verdicts)
+    return PredictDecision(source, reason, threshold, min_spearman, method, verdicts,
+                           same_work_gaps(trials, verdicts, base, threshold))

@@ -17,9 +17,9 @@ from typing import Any
 from kronos_tune.predict.config_file import SETTINGS_KEYS, predict_file_toml
 from kronos_tune.benchmark.train.decide import FLOOR, drift_estimate
 from kronos_tune.benchmark.predict.decide import (
-    BASELINE, BOOTSTRAP, DEFAULT_MIN_SPEARMAN, EXACT_TOLERANCE, decide_predict, speedup_text,
+    BASELINE, BOOTSTRAP, DEFAULT_MIN_SPEARMAN, EXACT_TOLERANCE, decide_predict,
 )
-from kronos_tune.benchmark.predict.verdicts import PredictDecision
+from kronos_tune.benchmark.predict.verdicts import PredictDecision, speedup_text
 from kronos_tune.benchmark.quality import compute_deltas
 from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.results import ProtocolReport, TrialResult
@@ -131,6 +131,7 @@ def predict_decision_lines(report: ProtocolReport) -> list[str]:
                  if vs_ref is not None else "not timed")
         state = "eligible" if verdict.eligible else f"left out: {verdict.why}"
         lines.append(f"{name} ({verdict.exactness}): {speed}; {verdict.quality.text}; {state}.")
+    lines += [f"Finding: {pair.text()}." for pair in decision.findings]
     return lines
 
 
