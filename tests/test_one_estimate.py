@@ -1,8 +1,8 @@
 """One estimate per trial in every view: a constructed run where the raw medians and the paired ratios
 disagree (fused-adamw's raw median is the lowest, but paired against the baseline it is 3.7% slower, while
 dataloader's raw median is the highest and its paired ratio the lowest). The fastest mark, the table's time
-cells and their order, the scatter's points (the picture's data) and the answer all follow the paired
-estimate."""
+cells and their order (report.md, the CLI, the dashboard), the scatter's points, the drawn picture and its
+star all follow the paired estimate."""
 
 from __future__ import annotations
 
@@ -68,3 +68,91 @@ def test_the_report_table_shows_the_estimate_with_the_raw_median(trials) -> None
     cells = {row[0].text.split(" (")[0]: row[header.index("time/step [IQR] n")].text for row in rows}
     assert cells["fused-adamw"].startswith("360 ms (raw 335 ms") and cells["dataloader"].startswith("330 ms (raw 360")
     assert cells["baseline"].startswith("347 ms [")  # its own median: nothing to add
+
+
+EXPECTED = ["dataloader", "baseline", "fused-adamw"]  # fastest first, by the paired estimate
+
+
+def _report(trials, tmp_path=None):
+    from kronos_tune.benchmark.recommendation import Recommendation
+    from kronos_tune.benchmark.results import ProtocolReport
+
+    rec = Recommendation("dataloader", "fastest by the paired estimate", {"num_workers": 2}, "kronos-tune train")
+    return ProtocolReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
+                          budget_mode="simulated", trials=trials, recommended=rec,
+                          out_dir=None if tmp_path is None else str(tmp_path))
+
+
+def _ms(text: str) -> float:
+    """The figure a time cell leads with ('330 ms (raw ...' or '347 ms [IQR ...'), in ms."""
+    number, unit = text.split()[:2]
+    assert unit == "ms", text
+    return float(number)
+
+
+def _by_time(cells: dict[str, str]) -> list[str]:
+    return sorted(cells, key=lambda name: _ms(cells[name]))
+
+
+def test_report_md_the_cli_and_the_dashboard_show_one_time_and_one_order(trials) -> None:
+    """report.md's rows and time column, the CLI table's and the dashboard's: the same figure per trial (the
+    estimate, not the raw median), so ordering by it gives one order everywhere."""
+    from rich.console import Console
+
+    from kronos_tune.benchmark.report.files import report_markdown
+    from kronos_tune.commands.benchmark import render
+
+    report = _report(trials)
+    rows = [line for line in report_markdown(report).splitlines() if line.startswith("| ") and " ms" in line]
+    header = next(line for line in report_markdown(report).splitlines() if line.startswith("| configuration"))
+    column = [cell.strip() for cell in header.strip("|").split("|")].index("time/step [IQR] n")
+    markdown = {row.strip("|").split("|")[0].strip().split(" (")[0]: row.strip("|").split("|")[column].strip()
+                for row in rows}
+    assert list(markdown) == [t.name for t in trials]  # rows in run order
+    assert _by_time(markdown) == EXPECTED and _ms(markdown["fused-adamw"]) == 360.0
+
+    console = Console(record=True, width=240, color_system=None)
+    render(console, report)
+    lines = console.export_text().splitlines()
+    at = next(line for line in lines if line.split()[:1] == ["trial"]).index("time/step")  # the time column
+    cli = {}
+    for name in markdown:  # each trial's row: its name, then the time cell's first line ("360 ms")
+        row = next(line for line in lines if line.split()[:1] == [name])
+        cli[name] = " ".join(row[at:].split()[:2])
+    assert [n for n in (line.split()[0] for line in lines if line.split()) if n in markdown][:3] == list(markdown)
+    assert {name: _ms(text) for name, text in cli.items()} == {name: _ms(text) for name, text in markdown.items()}
+
+    model = ResultsModel(columns("train"))
+    for trial in trials:
+        model.add(trial)
+    model.sort_by("step_time_s")
+    dashboard = {t.name: row_cells(t, "train", baseline=trials[0])[3].plain for t in model.rows()}
+    assert list(dashboard) == _by_time(markdown) == _by_time(cli)
+    assert {name: _ms(text) for name, text in dashboard.items()} == {n: _ms(t) for n, t in markdown.items()}
+
+
+def test_the_picture_stars_the_recommended_point_and_plots_the_estimate(trials, tmp_path) -> None:
+    """pareto.png: each point at its estimate (the order of the table), the star on the recommended trial's
+    point, and the file carries the key of what it shows."""
+    from kronos_tune.benchmark.report.picture import FILES, draw, picture_key, report_scatter, write_picture
+    from kronos_tune.figures import new_figure, png_key
+
+    report = _report(trials, tmp_path)
+    scatter = report_scatter(report)
+    assert scatter.recommended == "dataloader"
+    assert {p.name: p.seconds for p in scatter.points} == pytest.approx(
+        {t.name: step_time_estimate(t, trials[0]) for t in trials})
+    figure = new_figure(figsize=(9, 6), layout="constrained")
+    draw(figure, scatter, "one estimate")
+    axes = figure.axes[0]
+    drawn = {c.get_label(): c.get_offsets().tolist() for c in axes.collections if not c.get_label().startswith("_")}
+    names = [p.name for p in scatter.points if not p.repeat]
+    points = dict(zip(names, drawn["trial"]))
+    assert sorted(points, key=lambda name: points[name][1]) == EXPECTED  # y: time, ms, the estimate's order
+    assert points["fused-adamw"][1] == pytest.approx(1000 * 0.347 * 1.037)
+    assert drawn["recommended: dataloader"] == [pytest.approx(points["dataloader"])]
+    assert drawn["recommended: dataloader"][0] != pytest.approx(points["fused-adamw"])  # not the raw-fastest one
+    written, line = write_picture(report, tmp_path)
+    png = tmp_path / FILES[0]
+    assert png in written and png.stat().st_size > 0 and line == f"![step time vs peak memory]({FILES[0]})"
+    assert png_key(png) == picture_key(scatter, "kronos-tune benchmark: preset cpu, task train")
