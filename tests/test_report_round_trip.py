@@ -1,0 +1,69 @@
+"""Typed decisions read back from the JSON they write: report.json and results.jsonl keep their bytes, and
+lines written by older versions still load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kronos_tune.benchmark.predict.summary import summarize_predict
+from kronos_tune.benchmark.predict.verdicts import PredictDecision
+from kronos_tune.benchmark.recommendation import Recommendation
+from kronos_tune.benchmark.report.rebuild import load_run
+from kronos_tune.benchmark.results import ProtocolReport, TrialResult
+from kronos_tune.benchmark.stats import Comparison
+from kronos_tune.benchmark.tasks import report_from_dict
+from kronos_tune.benchmark.train.verdicts import Decision, OneTimeCost, Trajectory
+
+from test_decision import GIB, _times, _trial
+from test_predict_same_work import _run
+from test_report_cli import write_gpu_run
+
+
+def _same_bytes(report: ProtocolReport) -> ProtocolReport:
+    text = json.dumps(report.to_dict(), indent=2)
+    again = report_from_dict(json.loads(text))
+    assert json.dumps(again.to_dict(), indent=2) == text
+    return again
+
+
+def test_a_train_report_reads_back_typed_and_writes_the_same_json(tmp_path: Path) -> None:
+    results = [_trial("baseline", _times(1.0), stage="baseline"), _trial("noise-probe", _times(1.0, seed=9),
+                                                                        stage="baseline"),
+               _trial("bf16", _times(0.7, seed=1)), _trial("fused-adamw", _times(0.9, seed=2)),
+               _trial("checkpointing", _times(1.2, seed=3), peak=GIB // 2),
+               _trial("combined", _times(0.8, seed=4), stage="combined")]
+    report = load_run(write_gpu_run(tmp_path / "run", results)).report
+    again = _same_bytes(report)
+    assert isinstance(again.decision, Decision) and again.decision == report.decision
+    assert again.decision.source == "bf16" and again.decision.combination == ["bf16", "fused-adamw"]
+    assert isinstance(again.recommended, Recommendation) and again.recommended.config
+    assert all(isinstance(c, OneTimeCost) for c in again.decision.costs.values())
+    assert isinstance(again.trial("bf16").comparison, Comparison)
+    lines = [json.dumps(t.to_dict()) for t in report.trials]
+    assert [json.dumps(TrialResult.from_dict(json.loads(line)).to_dict()) for line in lines] == lines
+
+
+def test_a_predict_report_reads_back_typed_and_writes_the_same_json(tmp_path: Path) -> None:
+    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+                            budget_mode="simulated", trials=_run(), out_dir=str(tmp_path),
+                            planned=["recompute", "kv-cache", "autobatch"], options={"predict_repeats": 5})
+    summarize_predict(report)
+    again = _same_bytes(report)
+    assert isinstance(again.decision, PredictDecision) and again.decision == report.decision
+    assert again.recommended is not None and again.recommended.settings and again.recommended.config is None
+    assert list(again.to_dict()["recommended"]) == ["source", "reason", "settings", "changes", "command", "partial",
+                                                    "missing"]
+
+
+def test_a_result_line_of_an_older_shape_still_loads() -> None:
+    line = _trial("bf16", _times(0.7)).to_dict()
+    line["comparison"] = {"ratio": 0.7, "verdict": "faster"}  # fewer keys than a Comparison has: derived, dropped
+    line["trajectory"] = {"expected": "close", "measured": "close", "max_rel_deviation": 0.01, "steps": 4,
+                          "tolerance": 0.02, "defect": False}  # written before trajectories carried a note
+    result = TrialResult.from_dict(line)
+    assert result.comparison is None and result.step_time_s is not None
+    assert result.trajectory == Trajectory("close", "close", 0.01, 4, 0.02, False, "")
+    assert ProtocolReport.from_dict({"preset": "p", "task": "train", "device": "cpu", "device_line": "",
+                                     "budget_bytes": 1, "budget_mode": "simulated",
+                                     "decision": {"threshold": 0.03}}).decision is None  # no reader given
