@@ -287,12 +287,6 @@ def _derived(read: Callable[[dict[str, Any]], Any], data: dict[str, Any] | None)
 class TaskDecision(Protocol):
     """A task's decision (train/verdicts.Decision, predict/verdicts.PredictDecision)."""
 
-    @property
-    def source(self) -> str | None: ...
-
-    @property
-    def reason(self) -> str: ...
-
     def to_dict(self) -> dict[str, Any]: ...
 
 
