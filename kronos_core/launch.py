@@ -10,6 +10,16 @@
   with `--max-restarts 0` unless the spec asks for restarts: a rank that dies
   makes torchrun's agent stop the others and exit non-zero (or, with restarts
   left, start the whole group again).
+- `torchrun_env(spec)` is what torchrun's environment needs besides ours:
+  with restarts, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. Since torch 2.4 the
+  c10d rendezvous hands every attempt's workers the same TCPStore (the
+  agent's) with no per-attempt prefix, so a restarted group's
+  init_process_group can read the failed attempt's keys (gloo's addresses:
+  "Connection refused" or a wait that lasts the group's timeout;
+  pytorch/pytorch#135712). With that switch, torch's own, each rendezvous
+  round publishes a fresh port and rank 0 hosts a store for its attempt
+  only; the round is the same on every node, unlike
+  TORCHELASTIC_RESTART_COUNT, which each node's agent counts for itself.
 - `launch_command` is torchrun_command when the spec asks for torchrun, else
   a plain `python -m module *args` (one process, the same events and stops).
 - `run_launch` runs it in its own session (process group), reads its
@@ -99,6 +109,12 @@ def torchrun_command(spec: LaunchSpec, module: str, args: Sequence[str], python:
     else:
         command += ["--standalone"]
     return command + ["-m", module, *args]
+
+
+def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
+    """Environment for the torchrun of `spec` (for run_launch's `env`): a store of its own for each attempt of
+    a group that torchrun may restart (see the module doc)."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts > 0 else {}
 
 
 def launch_command(spec: LaunchSpec, module: str, args: Sequence[str], python: str = sys.executable) -> list[str]:

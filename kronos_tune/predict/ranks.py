@@ -6,19 +6,29 @@ Rank 0 hosts a TCPStore (torch.distributed's public key-value store) on its own 
 host, and tells the others its port; every rank then takes the next chunk with `store.add(CLAIMED, 1)`,
 an atomic counter, so a rank that is twice as fast takes about twice the chunks. The list of chunks to
 do is what rank 0 finds unfinished in the work folder when the group starts, so a group restarted by
-torchrun (--max-restarts) or a --resume continues where the records end.
+torchrun (--max-restarts) or a --resume continues where the records end: a rank that dies loses only its
+chunk in flight. A chunk's part, record and `chunk` event are written together, a SIGTERM (torchrun
+stopping the group) held back until they are. Every attempt draws its store port, its marker names and its
+process group (on a store of its own: `kronos_core.launch.torchrun_env`) afresh.
 
 Benchmark knob: KRONOS_BENCH_SLOW_RANK=RANK:FACTOR makes that rank FACTOR times slower (it sleeps
 FACTOR - 1 times each chunk's prediction time), to measure how the claiming shares work; never set it
 in a real run.
+
+Test knob: KRONOS_TEST_DIE_RANK=RANK:CHUNKS makes that rank kill itself (SIGKILL) on the group's first
+attempt only (TORCHELASTIC_RESTART_COUNT 0), once it has finished CHUNKS chunks and claimed the next one, so
+tests can check what a restarted group keeps and redoes; never set it in a real run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
+import uuid
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +44,7 @@ from kronos_tune.predict.workdir import WorkFolder
 
 CLAIMED = "kronos/chunks-claimed"
 SLOW_RANK_KNOB = "KRONOS_BENCH_SLOW_RANK"
+DIE_RANK_KNOB = "KRONOS_TEST_DIE_RANK"
 
 
 def slow_factor(rank: int) -> float:
@@ -45,13 +56,40 @@ def slow_factor(rank: int) -> float:
     return float(factor or 1.0) if int(which) == rank else 1.0
 
 
-def check_shared(work: WorkFolder, ctx, run_id: str) -> None:
-    """Every rank sees every other rank's marker in the work folder (one folder on shared storage)."""
+def dies_after(rank: int) -> int | None:
+    """The test's planted death: chunks this rank finishes before it kills itself (None: it never does)."""
+    value = os.environ.get(DIE_RANK_KNOB, "")
+    if not value or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    which, _, chunks = value.partition(":")
+    return int(chunks or 0) if int(which) == rank else None
+
+
+@contextmanager
+def stop_after_commit():
+    """A SIGTERM (torchrun stopping the group after a rank failed) that comes while a finished chunk's part,
+    record and event are written ends the rank right after them, not between: the parent's count of chunk
+    events then matches the records. Outside this block SIGTERM ends the rank at once, as by default."""
+    held: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if held:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def check_shared(work: WorkFolder, ctx) -> None:
+    """Every rank sees every other rank's marker in the work folder (one folder on shared storage). The
+    markers are named by a token rank 0 draws for this group (torchrun's restart count can differ between
+    nodes, and an earlier attempt's markers are still there)."""
+    token = ctx.broadcast_object(uuid.uuid4().hex if ctx.rank == 0 else None)
     markers = work.path / "markers"
     markers.mkdir(parents=True, exist_ok=True)
-    (markers / f"rank-{ctx.rank}-{run_id}").write_text(str(os.getpid()))
+    (markers / f"rank-{ctx.rank}-{token}").write_text(str(os.getpid()))
     ctx.barrier()
-    missing = [r for r in range(ctx.world_size) if not (markers / f"rank-{r}-{run_id}").exists()]
+    missing = [r for r in range(ctx.world_size) if not (markers / f"rank-{r}-{token}").exists()]
     seen = ctx.all_gather_object(missing)
     for rank, lost in enumerate(seen):
         if lost:
@@ -87,20 +125,24 @@ def run_rank(job_file: Path) -> int:
     rank = ctx.rank
 
     def work() -> None:
-        run_id = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
-        check_shared(job_work, ctx, run_id)
+        check_shared(job_work, ctx)
         if job.fault_rank == rank:
             raise KronosError(f"rank {rank} failed on purpose (fault_rank)")
         store = claim_store(ctx)
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         finished = job_work.finished() if rank == 0 else None
         todo = ctx.broadcast_object([k for k in range(job.extra["chunks"]) if k not in (finished or {})])
         predictor = build_predictor(job, ctx.device(job.device))
-        emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid())
+        emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid(), attempt=attempt)
         slowdown = slow_factor(rank)
+        die_after = dies_after(rank)
+        finished_here = 0
         while True:
             claimed = store.add(CLAIMED, 1) - 1
             if claimed >= len(todo):
                 break
+            if die_after is not None and finished_here >= die_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # the test's planted death, a chunk claimed and in flight
             chunk = todo[claimed]
             series = load_saved_series(job_work.inputs(chunk))
             started = time.perf_counter()
@@ -109,8 +151,11 @@ def run_rank(job_file: Path) -> int:
             if slowdown > 1:
                 time.sleep((slowdown - 1) * seconds)
                 seconds *= slowdown
-            write_part(job_work, chunk, table, series, rank, seconds)
-            emit_event("chunk", rank=rank, chunk=chunk, series=len(series), seconds=seconds, negative=negative)
+            with stop_after_commit():
+                write_part(job_work, chunk, table, series, rank, seconds)
+                emit_event("chunk", rank=rank, chunk=chunk, series=len(series), seconds=seconds,
+                           negative=negative, attempt=attempt)
+            finished_here += 1
         ctx.barrier()  # every claimed chunk is written; rank 0's store may go
         if rank == 0:
             emit_event("finished", chunks=job.extra["chunks"])

@@ -13,13 +13,14 @@ storage every node shares: the ranks check it with marker files before any predi
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable
 
 import torch
 
 from kronos_core.hub import PretrainedSource
-from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
+from kronos_core.launch import LaunchSpec, run_launch, torchrun_command, torchrun_env
 from kronos_core.predict.sharded import ShardJob
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunks import ChunkSource, chunked
@@ -90,8 +91,15 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
     done = [resumed_series, 0]  # series finished, clipped volume values
     ready: list[int] = []
 
+    restarts: set[int] = set()
+
     def on_event(event: dict) -> None:
         kind = event.get("event")
+        attempt = int(event.get("attempt", 0))
+        if kind == "ready" and attempt > 0 and attempt not in restarts:
+            restarts.add(attempt)
+            note("note", f"torchrun restarted the ranks after a failure (restart {attempt} of {spec.max_restarts}); "
+                         f"they continue with the {event.get('chunks')} unfinished chunks of {chunks}")
         if kind == "ready" and spec.multi_node:
             ready.append(int(event.get("rank", -1)))
             if len(ready) == spec.nproc:
@@ -109,7 +117,7 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
                                         dict(ranks)))
 
     if todo:
-        result = run_launch(command, on_event=on_event)
+        result = run_launch(command, on_event=on_event, env=torchrun_env(spec))
         kept = f"the finished chunks are kept in {work.path}; run the same command with --resume to finish"
         if result.stopped:
             raise KronosTuneError(f"predict: stopped before every chunk was finished; {kept}")
@@ -134,8 +142,32 @@ def _failure(spec: LaunchSpec, result) -> str:
         # the node whose agent hosts the rendezvous store (whichever bound the endpoint first) went away
         return (f"torchrun exited with code {result.returncode}: the connection to the rendezvous store was lost "
                 f"(the node hosting it at the rendezvous endpoint stopped or is unreachable)")
+    died = _root_cause(result.tail)
+    if died is not None:
+        return died
     last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
     return f"torchrun exited with code {result.returncode} ({last[:200]})"
+
+
+def _root_cause(tail: list[str]) -> str | None:
+    """The rank torchrun's failure summary names as the root cause, for a rank that died without a word (a
+    signal: the out-of-memory killer, kill -9): "rank 1 was killed by SIGKILL (pid: 123)"."""
+    fields: dict[str, str] = {}
+    for line in tail[next((i for i, line in enumerate(tail) if line.startswith("Root Cause")), len(tail)):]:
+        name, colon, value = line.strip().partition(":")
+        if colon and name.strip() in ("rank", "exitcode"):
+            fields[name.strip()] = value.strip()
+    if "rank" not in fields or "exitcode" not in fields:
+        return None
+    rank = fields["rank"].split()[0]
+    code, _, pid = fields["exitcode"].partition(" ")
+    pid = pid.strip(" ()")
+    try:
+        number = int(code)
+        how = f"was killed by {signal.Signals(-number).name}" if number < 0 else f"exited with code {number}"
+    except ValueError:
+        how = f"exited with code {code}"
+    return f"rank {rank} {how}" + (f" ({pid})" if pid else "")
 
 
 __all__ = ["check_shards", "run_ranks", "shard_job", "world_size"]
