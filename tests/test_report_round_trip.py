@@ -67,3 +67,16 @@ def test_a_result_line_of_an_older_shape_still_loads() -> None:
     assert ProtocolReport.from_dict({"preset": "p", "task": "train", "device": "cpu", "device_line": "",
                                      "budget_bytes": 1, "budget_mode": "simulated",
                                      "decision": {"threshold": 0.03}}).decision is None  # no reader given
+
+
+def test_summarize_returns_a_new_report_and_leaves_the_given_one_as_it_was() -> None:
+    from kronos_tune.benchmark.report.summary import summarize
+
+    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+                            budget_mode="simulated", trials=_run(), planned=["recompute", "kv-cache", "autobatch"],
+                            options={"predict_repeats": 5})
+    before = json.dumps(report.to_dict())
+    summary = summarize(report, None)
+    assert summary is not report and json.dumps(report.to_dict()) == before
+    assert report.decision is None and report.trial("kv-cache").comparison is None
+    assert isinstance(summary.decision, PredictDecision) and summary.trial("kv-cache").comparison is not None
