@@ -102,6 +102,26 @@ def test_the_estimator_plugs_in() -> None:
     assert all(v.vs_reference.verdict == "unresolved" for v in decision.verdicts.values())
 
 
+def test_the_recommendation_follows_the_compared_ratio_not_the_raw_medians() -> None:
+    """autobatch's raw median is the lower (three quick runs, two slow ones), bf16's mean is: with an estimator
+    of the ratio of means, bf16 is the faster by the comparison every view shows, and is the one recommended."""
+
+    def ratio_of_means(trial: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:
+        ratio = (sum(trial) / len(trial)) / (sum(reference) / len(reference))
+        return ratio, ratio * 0.99, ratio * 1.01
+
+    trials = _trials(bf16_seconds=1.2)
+    autobatch = trials[3]
+    autobatch.step_times_s = [1.0, 1.0, 1.0, 1.8, 1.8]
+    autobatch.series_per_s = Spread.of([SERIES / t for t in autobatch.step_times_s])
+    bf16 = trials[2]
+    assert autobatch.series_per_s.median > bf16.series_per_s.median  # raw: autobatch first
+    decision = decide_predict(trials, threshold=0.03, estimator=ratio_of_means, method="ratio of means (test)")
+    assert decision.verdicts["bf16"].eligible and decision.verdicts["autobatch"].eligible
+    assert decision.verdicts["bf16"].vs_baseline.ratio < decision.verdicts["autobatch"].vs_baseline.ratio
+    assert decision.source == "bf16" and "also eligible but slower: kv-cache, autobatch" in decision.reason
+
+
 def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: Path) -> None:
     report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_trials(), out_dir=str(tmp_path),

@@ -112,8 +112,10 @@ def quality_check(trial: TrialResult, min_spearman: float) -> QualityCheck:
                         threshold=min_spearman)
 
 
-def _rate(result: TrialResult) -> float:
-    return float(result.series_per_s.median) if result.series_per_s else 0.0
+def _compared_ratio(verdict: PredictVerdict) -> float:
+    """Time per series against the baseline's (an eligible verdict always has one): the estimate every view
+    shows (report/estimate.py), so the recommendation is the trial the table and the picture put first."""
+    return verdict.vs_baseline.ratio if verdict.vs_baseline is not None else float("inf")
 
 
 def _verdict(trial: TrialResult, by_name: dict[str, TrialResult], threshold: float, min_spearman: float,
@@ -163,7 +165,7 @@ def decide_predict(trials: list[TrialResult], threshold: float, min_spearman: fl
         reason = (f"no setting was faster than its reference beyond the noise (threshold "
                   f"{100 * threshold:.1f}%) with the quality its class promises; kept the reference")
     else:
-        best = max(eligible, key=_rate)
+        best = min(eligible, key=lambda t: _compared_ratio(verdicts[t.name]))
         chosen = verdicts[best.name]
         source = best.name
         reason = (f"{speedup_text(chosen.vs_baseline)} the series/s of {BASELINE}"
