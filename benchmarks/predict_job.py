@@ -10,8 +10,9 @@ Every mode writes its panels (80 daily bars per symbol, sorted by symbol, random
 new folder (removed unless --keep) and runs the real command line, Kronos-tiny random weights on the CPU,
 lookback 64, pred-len 4, default sampling, one command at a time:
 
-- rss: the peak resident memory of the whole process tree (psutil every 20 ms) per panel size, Parquet
-  (read in symbol batches) and, for --csv sizes, the same panel as CSV (read whole). Not a timing.
+- rss: the peak resident memory per panel size, as `/usr/bin/time -v` reports it (the kernel's ru_maxrss of
+  the command, read with wait4), Parquet (read in symbol batches) and, for --csv sizes, the same panel as CSV
+  (read whole); the tree's summed RSS polled by psutil is kept in the JSON. Not a timing.
 - throughput: end-to-end series/s of the command (interpreter start to exit) against the prediction
   alone (`predict_arrays` over the same series in this process), interleaved, --repeats each.
 - resume: a full run; a run killed with SIGKILL once half its chunks are finished; --resume of it; the
@@ -66,10 +67,11 @@ def mode_rss(args: argparse.Namespace, work: Path) -> list[dict]:
             out = work / f"out-{series}-{fmt}.parquet"
             measured = run_measured(predict_command(panel, out))
             report = checked(measured, f"predict over {series} series ({fmt})")
-            rows.append({"series": series, "format": fmt, "peak_rss_mib": measured.peak_rss_bytes / MIB,
-                         "wall_s": measured.wall_s, "written_rows": report["job"]["rows"]})
-            print(f"{series:>9,} series  {fmt:<7}  peak RSS {measured.peak_rss_bytes / MIB:8.1f} MiB  "
-                  f"(wall {measured.wall_s:.1f} s; {load()})", flush=True)
+            rows.append({"series": series, "format": fmt, "peak_rss_mib": measured.max_rss_bytes / MIB,
+                         "tree_rss_polled_mib": measured.peak_rss_bytes / MIB, "wall_s": measured.wall_s,
+                         "written_rows": report["job"]["rows"]})
+            print(f"{series:>9,} series  {fmt:<7}  peak RSS {measured.max_rss_bytes / MIB:8.1f} MiB (ru_maxrss, as "
+                  f"/usr/bin/time -v)  (wall {measured.wall_s:.1f} s; {load()})", flush=True)
             out.unlink()
             panel.unlink()
     base = next((r for r in rows if r["format"] == "parquet"), None)
@@ -118,9 +120,12 @@ def mode_resume(args: argparse.Namespace, work: Path) -> dict:
     out = work / "cut.parquet"
     done = work / "cut.parquet.work" / "done"
 
-    def kill_at_half(process) -> None:
-        if done.is_dir() and len(list(done.glob("*.json"))) >= chunks / 2 and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    def kill_at_half(process) -> None:  # called while the process runs (run_measured reaps it)
+        if done.is_dir() and len(list(done.glob("*.json"))) >= chunks / 2:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     killed = run_measured(predict_command(panel, out), on_poll=kill_at_half)
     kept = len(list(done.glob("*.json")))
