@@ -42,10 +42,20 @@ if [ -f "$sp500" ]; then
         --lookback 200 --pred-len 5 --out pred.parquet
     run sp_backtest kronos-tune backtest --size mini --data sp500_daily.csv --symbol-column Symbol \
         --lookback 200 --pred-len 5 --origins 8 --every 5 --out sp_backtest
-    run sp_train kronos-tune train --preset cpu --data sp500_daily.csv --symbol-column Symbol --steps 20 \
-        --train-until 2010-05-18 --out sp_train
-    run sp_compare kronos-tune backtest --size mini --data sp500_daily.csv --symbol-column Symbol \
+    # docs/backtest.md's finetune, then the out-of-sample comparison (its mini.toml, as the page shows it)
+    printf '%s\n' 'model_size = "mini"' 'lookback_window = 60' 'predict_window = 5' 'batch_size = 16' \
+        'samples_per_epoch = 1600' 'epochs = 1' > mini.toml
+    run sp_train kronos-tune train --config mini.toml --data sp500_daily.csv --symbol-column Symbol \
+        --train-until 2010-05-18 --steps 20 --out sp_train
+    run sp_compare kronos-tune backtest --size mini --seed 100 --data sp500_daily.csv --symbol-column Symbol \
         --lookback 60 --pred-len 5 --every 5 --origins 12 --compare checkpoint=sp_train --out sp_compare
+    # the cpu preset's window (101 rows) cannot split a series cut at 2010-05-18 (180 rows): one line, exit 2
+    if kronos-tune train --preset cpu --data sp500_daily.csv --symbol-column Symbol --train-until 2010-05-18 \
+        --steps 2 --out sp_train_cpu > sp_train_cpu.out 2>&1; then
+        echo "FAIL sp_train_cpu: trained with a split that holds no validation window"; failed=1
+    elif [ "$(grep -c . sp_train_cpu.out)" -ne 1 ] || [ -e sp_train_cpu ]; then
+        echo "FAIL sp_train_cpu: not one line, or a run folder left (see $work/sp_train_cpu.out)"; failed=1
+    fi
 else
     echo "skip S&P 500 commands: no $sp500 (set SP500_CSV)"
 fi

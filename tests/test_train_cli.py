@@ -130,6 +130,25 @@ def test_train_says_each_warning_once_and_how_far_the_model_moved(tmp_path: Path
     assert (out / "start_eval.json").is_file()
 
 
+def test_series_too_short_for_a_window_on_each_side_of_the_split_are_refused_before_any_folder(
+        tmp_path: Path, capsys) -> None:
+    import pandas as pd
+
+    from kronos_core.data.synthetic import synthetic_series
+
+    # tiny's window is 21 rows; cut at 0.8, each series keeps 40: one window, not one on each side of the split
+    frames = [frame.assign(Symbol=f"S{k}") for k, frame in enumerate(synthetic_series(2, n_rows=50, seed=0))]
+    data = tmp_path / "panel.csv"
+    pd.concat(frames, ignore_index=True).to_csv(data, index=False)
+    out = tmp_path / "run"
+    code = run_cli(["train", "--config", str(write_config(tmp_path)), "--data", str(data), "--symbol-column",
+                    "Symbol", "--train-until", "0.8", "--steps", "2", "--out", str(out), "--no-tensorboard"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds no window of 21 rows" in err and "only from 42 rows" in err and "a later --train-until" in err
+    assert not out.exists()
+
+
 def test_a_change_inside_the_evaluation_noise_is_called_so() -> None:
     from kronos_tune.train.moved import Movement
 

@@ -82,6 +82,23 @@ def _short_symbols_line(short: list[str], frames: list[pd.DataFrame], config: Tr
             f"{shown}; {len(frames) - len(short)} symbols train")
 
 
+def check_validation_split(config: TrainConfig, frames: list[pd.DataFrame]) -> None:
+    """One line when series long enough for a window are too short to keep one on each side of the split
+    (a window each for training and validation needs twice its rows): what to change, before any folder."""
+    longest = max((len(frame) for frame in frames), default=0)
+    if not config.window_length <= longest < 2 * config.window_length:
+        return
+    _, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
+    if any(len(part) >= config.window_length for part in val):
+        return
+    raise KronosError(
+        f"validation split: the last val_fraction {config.val_fraction:g} of each series holds no window of "
+        f"{config.window_length} rows (lookback_window {config.lookback_window} + predict_window "
+        f"{config.predict_window} + 1); the longest series has {longest} rows, and a series gets a whole "
+        f"validation window only from {2 * config.window_length} rows; use a shorter lookback_window in "
+        f"--config (e.g. 60), a later --train-until, or more data")
+
+
 def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None,
                    ) -> tuple[KlineWindowDataset, KlineEvalDataset]:
     """Split every series in time (last `val_fraction` validates) and build both datasets; `frames`: the
@@ -99,6 +116,7 @@ def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None
     try:
         val_set = KlineEvalDataset(val, max_windows=config.eval_samples, **common)
     except KronosError as error:
+        check_validation_split(config, frames)
         raise KronosError(f"validation split: {error}; raise val_fraction or give longer series") from None
     return train_set, val_set
 

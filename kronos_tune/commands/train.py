@@ -311,11 +311,13 @@ def register(app: typer.Typer) -> None:
 
             find_data_files(base.data)
         if base.train_until is not None:  # reads the data: a cut outside it is one line before any folder is made
-            from kronos_core.train.loading import load_training_data  # torch: only when the data is read here
+            # torch: only when the data is read here
+            from kronos_core.train.loading import check_validation_split, load_training_data
 
             with warnings.catch_warnings():  # what reading says, the trainer's own read says once
                 warnings.simplefilter("ignore", KronosWarning)
-                load_training_data(base)
+                frames, _ = load_training_data(base)
+            check_validation_split(base, frames)
         if resume is not None and (preset or config):
             theirs = ((read_run_file(resume) or {}).get("identity") or {}).get("source")
             if theirs is not None and theirs != source:
