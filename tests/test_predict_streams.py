@@ -203,7 +203,7 @@ def test_exact_class_fails_on_a_sampled_difference_and_says_so():
         return TrialResult("autobatch", "single", "ok", task="predict", output_max_abs_diff=0.0, quality=quality)
 
     same, differs, unmeasured = (quality_check(trial(s), 0.95) for s in (0.0, 0.3, None))
-    assert same["passed"] and same["text"] == "identical greedy and sampled output to recompute's over 100 series"
-    assert not differs["passed"] and "sampled output (per-series streams) differs" in differs["text"]
-    assert differs["sampled_max_abs_diff"] == 0.3 and "a defect" in differs["text"]
-    assert unmeasured["passed"] and unmeasured["text"] == "identical greedy output to recompute's over 100 series"
+    assert same.passed and same.text == "identical greedy and sampled output to recompute's over 100 series"
+    assert not differs.passed and "sampled output (per-series streams) differs" in differs.text
+    assert differs.sampled_max_abs_diff == 0.3 and "a defect" in differs.text
+    assert unmeasured.passed and unmeasured.text == "identical greedy output to recompute's over 100 series"
