@@ -100,6 +100,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert text in error and "\n" not in error
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_bigger_batch_trial_is_evaluated_at_equal_samples_seen(tmp_path: Path) -> None:
     preset = resolve_preset(write_tiny_preset(tmp_path / "presets", "tiny-big", samples_per_epoch=64)
                             / "tiny-big.toml")

@@ -48,6 +48,7 @@ def test_trace_in_a_missing_folder_fails_before_work(tmp_path):
         profile_training(_tiny_config(tmp_path), trace_path=tmp_path / "nope" / "t.json")
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_cli_profile_json_and_bad_trace_path(tmp_path):
     (tmp_path / "presets").mkdir()
     (tmp_path / "presets" / "tiny-profile.toml").write_text(TINY_PRESET)

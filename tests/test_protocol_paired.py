@@ -52,6 +52,7 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_an_evaluation_inside_the_rounds_is_followed_by_untimed_blocks(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -209,6 +209,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
         assert text in error and "\n" not in error
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> None:
     full, _, _ = full_run
     base, small = full.trial("baseline").peak_memory_bytes, full.trial("accumulation").peak_memory_bytes
@@ -225,6 +226,7 @@ def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> No
     assert f"{budget / 2**30:.1f} GiB simulated" in report.device_line
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_where_two_workers_do_not_fit_side_by_side_the_comparison_is_sequential_and_the_report_says_why(
         full_run, tmp_path: Path) -> None:
     full, _, _ = full_run

@@ -24,6 +24,7 @@ from test_protocol_run import FAST, Events, write_preset  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(tmp_path: Path, capsys) -> None:
     preset = resolve_preset(write_preset(tmp_path / "presets"))  # 6 series; bf16 supported
     events = Events()
@@ -89,6 +90,7 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
     assert [len(item["close"]) for item in printed["predictions"]] == [4, 4]  # the file's pred_len
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 def test_cli_renders_the_table_and_json_and_never_reuses_a_run_folder(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

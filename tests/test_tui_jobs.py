@@ -189,6 +189,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert "the recommendation stays from the complete run" in log_text(app)
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 @pytest.mark.asyncio
 async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
@@ -238,6 +239,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
         assert app.paused
 
 
+@pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
 @pytest.mark.asyncio
 async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
