@@ -302,3 +302,11 @@ def paired_compare(ratios: Sequence[float], threshold: float, confidence: float 
               f"{100 * confidence:g}% Wilcoxon signed-rank interval")
     called = "unresolved" if found.low is None else verdict(found.ratio, found.low, found.high, threshold)
     return Comparison(found.ratio, found.low, found.high, threshold, called, found.n, found.n, method, "paired")
+
+
+def rate_over_ratio(ratio: float | None, reference_rate: float | None, own_rate: float | None) -> float | None:
+    """A rate (series/s) as every view shows it: the reference's rate over the compared time ratio where there
+    is one, else the trial's own (report/estimate.py, predict/same_work.py)."""
+    if ratio is not None and ratio > 0 and reference_rate is not None:
+        return reference_rate / ratio
+    return own_rate

@@ -17,7 +17,7 @@ from typing import Any
 
 from kronos_tune.benchmark.predict.verdicts import PredictVerdict, SameWork
 from kronos_tune.benchmark.results import TrialResult
-from kronos_tune.benchmark.stats import Comparison
+from kronos_tune.benchmark.stats import Comparison, rate_over_ratio
 
 # PredictSettings keys that shape the timed runs (the batch aside, compared below); agreement_series only
 # sizes the quality check and series_count only the projection.
@@ -46,9 +46,9 @@ def shown_rate(trial: TrialResult, verdict: PredictVerdict | None, baseline: Tri
     """The series/s every view shows (report/estimate.series_rate_estimate): the baseline's over the compared
     time ratio, else the trial's own median."""
     compared = verdict.vs_baseline if verdict is not None else None
-    if compared is not None and compared.ratio > 0 and baseline.series_per_s is not None:
-        return float(baseline.series_per_s.median) / compared.ratio
-    return None if trial.series_per_s is None else float(trial.series_per_s.median)
+    return rate_over_ratio(None if compared is None else compared.ratio,
+                           None if baseline.series_per_s is None else float(baseline.series_per_s.median),
+                           None if trial.series_per_s is None else float(trial.series_per_s.median))
 
 
 def _direct(first: str, second: str, verdicts: Mapping[str, PredictVerdict]) -> Comparison | None:

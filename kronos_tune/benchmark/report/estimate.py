@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.results import Spread, TrialResult
+from kronos_tune.benchmark.stats import rate_over_ratio
 from kronos_tune.benchmark.tasks import get
 
 ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
@@ -31,6 +32,10 @@ def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
     if baseline is None or result.name == baseline.name or not ratio or ratio <= 0:
         return None
     return float(ratio)
+
+
+def _median(spread: Spread | None) -> float | None:
+    return None if spread is None else float(spread.median)
 
 
 def _per_step_scale(result: TrialResult, baseline: TrialResult) -> float:
@@ -50,10 +55,8 @@ def step_time_estimate(result: TrialResult, baseline: TrialResult | None) -> flo
 
 def series_rate_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
     """Series per second of a predict trial: the reference's rate over the compared time ratio."""
-    ratio = _ratio(result, baseline)
-    if ratio is not None and baseline is not None and baseline.series_per_s is not None:
-        return float(baseline.series_per_s.median) / ratio
-    return None if result.series_per_s is None else float(result.series_per_s.median)
+    reference = None if baseline is None else _median(baseline.series_per_s)
+    return rate_over_ratio(_ratio(result, baseline), reference, _median(result.series_per_s))
 
 
 def shown_time(result: TrialResult, baseline: TrialResult | None, task: str | None = None) -> float | None:
