@@ -17,6 +17,7 @@ from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.job import run_predict
 from kronos_tune.predict.large import SMALL_RUN_SERIES
 from kronos_tune.predict.panel_stream import sorted_panels, symbol_batches
+from kronos_tune.predict.workdir import DoneChunk, open_work
 
 BASE = dict(lookback=24, pred_len=2, size="tiny", device="cpu", chunk_series=3, sample_count=2)
 
@@ -57,8 +58,8 @@ def test_a_resumed_job_writes_what_an_uninterrupted_one_writes(tmp_path: Path, s
     full = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / f"full{suffix}"))
     assert full.job["chunks"] == 3 and full.job["resumed_chunks"] == 0
     out = tmp_path / f"cut{suffix}"
-    with pytest.raises(KronosTuneError, match=r"stopped after 2 finished chunks .* kept in .*cut.*\.work; run the "
-                                              r"same command with --resume"):
+    with pytest.raises(KronosTuneError, match=r"stopped after 2 finished chunks .*; the finished chunks are kept in "
+                                              r".*cut.*\.work; run the same command with --resume"):
         run_predict(panel_config(tmp_path / "panel.parquet", out), on_job_progress=StopAfter(2))
     assert not out.exists() and len(list((tmp_path / f"cut{suffix}.work" / "done").iterdir())) == 2
     resumed = run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True))
@@ -90,6 +91,21 @@ def test_a_job_that_fails_before_any_chunk_leaves_no_work_folder(tmp_path: Path)
     with pytest.raises(KronosTuneError, match="use a shorter --lookback"):
         run_predict(panel_config(tmp_path / "panel.csv", tmp_path / "o.csv"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["panel.csv"]
+
+
+def test_what_a_stopped_job_says_it_keeps_is_what_stays_on_disk(tmp_path: Path) -> None:
+    out = tmp_path / "o.parquet"
+    fresh = open_work(out, {"chunk_series": 2}, resume=False)
+    # run_job removes a folder it created when no chunk had finished: the note must not point at it
+    assert fresh.kept_note(resumable=True) == "no chunk had finished, so nothing is kept; run the same command again"
+    joined = open_work(out, {"chunk_series": 2}, resume=False, join=True)  # another node created it: it stays
+    assert joined.kept_note(resumable=True) == (f"no chunk had finished; run the same command with --resume to "
+                                                f"start again from {joined.path}")
+    fresh.part(0).write_bytes(b"part")
+    fresh.record(DoneChunk(chunk=0, rank=0, series=2, rows=8, precision=(2, 0, 0), seconds=0.1))
+    assert fresh.kept_note(resumable=True) == (f"the finished chunks are kept in {fresh.path}; run the same "
+                                               f"command with --resume to finish")
+    assert fresh.kept_note(resumable=False) == f"the finished chunks are kept in {fresh.path}"
 
 
 def test_the_forecast_does_not_depend_on_row_order_or_file_format(tmp_path: Path) -> None:

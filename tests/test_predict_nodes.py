@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,14 @@ class Agent:
         kill_tree(self.process.pid)
 
 
+def wait_until(condition, timeout_s: float = AGENT_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not true after {timeout_s} s")
+        time.sleep(0.02)
+
+
 def features(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
@@ -132,6 +141,8 @@ def test_a_node_killed_mid_run_leaves_no_complete_looking_file(tmp_path: Path):
     try:
         survivor.wait_for("rendezvous done")
         doomed.wait_for("rendezvous done")
+        # a chunk finished, so there is something to keep (a kill before the first leaves nothing: kept_note)
+        wait_until(lambda: any((tmp_path / "out.parquet.work" / "done").glob("chunk-*.json")))
     except AssertionError:
         survivor.kill()
         doomed.kill()

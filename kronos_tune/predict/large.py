@@ -179,8 +179,8 @@ def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, p
                                                                                 time.perf_counter() - started)}))
     except KeyboardInterrupt:
         kept = len(work.finished())
-        where = "; run the same command with --resume to finish" if config.out is not None else ""
         raise KronosTuneError(f"predict: stopped after {kept} finished chunks (of about "
-                              f"{-(-series_total // work.chunk_series)}); they are kept in {work.path}{where}") from None
+                              f"{-(-series_total // work.chunk_series)}); "
+                              f"{work.kept_note(resumable=config.out is not None)}") from None
     chunks = index + 1
     return JobOutcome(done_series, chunks, resumed, 0, 0.0, negative, work.path, tables, scores=actuals)

@@ -118,12 +118,12 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
 
     if todo:
         result = run_launch(command, on_event=on_event, env=torchrun_env(spec))
-        kept = f"the finished chunks are kept in {work.path}; run the same command with --resume to finish"
         if result.stopped:
-            raise KronosTuneError(f"predict: stopped before every chunk was finished; {kept}")
+            raise KronosTuneError(f"predict: stopped before every chunk was finished; "
+                                  f"{work.kept_note(resumable=True)}")
         if not result.ok:
             raise KronosTuneError(f"predict {_where(spec)}: {_failure(spec, result)}; the other ranks were "
-                                  f"stopped; {kept}")
+                                  f"stopped; {work.kept_note(resumable=True)}")
         if not any(e.get("event") == "finished" for e in result.events):
             note("note", "this node's ranks finished; the node running rank 0 writes the output")
             return None

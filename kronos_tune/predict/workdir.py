@@ -74,6 +74,16 @@ class WorkFolder:
                 out[done.chunk] = done
         return out
 
+    def kept_note(self, resumable: bool) -> str:
+        """What a stopped or failed job leaves behind, in words that stay true: a folder this run created is
+        removed when no chunk had finished (run_job), so then nothing is kept."""
+        if self.finished():
+            hint = "; run the same command with --resume to finish" if resumable else ""
+            return f"the finished chunks are kept in {self.path}{hint}"
+        if self.created:
+            return "no chunk had finished, so nothing is kept; run the same command again"
+        return f"no chunk had finished; run the same command with --resume to start again from {self.path}"
+
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
