@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -28,9 +30,6 @@ from kronos_tune.errors import KronosTuneError
 if TYPE_CHECKING:
     from kronos_tune.autobatch.search import AutobatchResult, Probe
     from kronos_tune.presets import Preset
-
-TASKS = ("train", "predict")
-
 
 def _budget(preset: Preset, budget_gb: float | None) -> tuple[int, str]:
     from kronos_tune.presets import BYTES_PER_GIB
@@ -81,7 +80,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     from kronos_tune.memory.peak import validate_margin
 
     margin = None if margin is None else validate_margin(margin)
-    if task not in TASKS:
+    kind = KINDS.get(task)
+    if kind is None:
         raise KronosTuneError(f"--task must be one of {', '.join(TASKS)}, got '{task}'")
     if max_probes < 2:
         raise KronosTuneError(f"--max-probes must be at least 2 (a line needs two points), got {max_probes}")
@@ -89,9 +89,8 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 
     preset = resolve_preset(preset_name, preset_dirs)
     budget_bytes, budget_source = _budget(preset, budget_gb)
-    if estimate and task == "predict":
-        raise KronosTuneError("--estimate covers --task train only (prediction turns tensors into numpy arrays, "
-                              "which fake tensors cannot do); drop --estimate to measure the predict chunk")
+    if estimate and kind.refuses_estimate:
+        raise KronosTuneError(kind.refuses_estimate)
 
     import torch
 
@@ -119,18 +118,13 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 
     console = make_console(stderr=True) if as_json else make_console()
     progress = make_console(stderr=True)
-    unit = "series per chunk" if task == "predict" else "batch size"
 
     def on_probe(probe: Probe) -> None:
-        progress.print(f"[dim]  {text.probe_line(probe, unit)}[/]")
+        progress.print(f"[dim]  {text.probe_line(probe, kind.unit)}[/]")
 
     progress.print(f"[dim]autobatch {task} on preset {preset.name}: probing on {device}...[/]")
-    if task == "train":
-        payload, renderables = _train(preset, budget_bytes, margin, max_probes, estimate, run_device, round_bytes,
-                                      device, simulated, assumptions, on_probe, maximize, lr_rule)
-    else:
-        payload, renderables = _predict(preset, budget_bytes, margin, max_probes, run_device, round_bytes, device,
-                                        simulated, assumptions, on_probe)
+    payload, renderables = kind.run(preset, budget_bytes, margin, max_probes, estimate, run_device, round_bytes,
+                                    device, simulated, assumptions, on_probe, maximize, lr_rule)
     if as_json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
@@ -181,8 +175,10 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
                                  "paste into the preset's \\[workload] or a training config", assumptions)
 
 
-def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, run_device: str, round_bytes: int,
-             device: str, simulated: bool, assumptions: list[str], on_probe: Any) -> tuple[dict, list]:
+def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
+             round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any,
+             maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
+    """The prediction chunk (`estimate` and `maximize` are refused before: AutobatchKind)."""
     from kronos_tune.commands import autobatch_render as render
     from kronos_tune.autobatch.predict_task import PredictTask
 
@@ -208,6 +204,29 @@ def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, 
     return payload, _renderables(result, summary, render.probes_table(result, unit="series"), "series per chunk",
                                  snippet, "KronosPredictor(max_batch_size=...) / predict_batch(max_batch_size=...)",
                                  assumptions)
+
+
+@dataclass(frozen=True)
+class AutobatchKind:
+    """What `autobatch --task NAME` searches: the unit of its axis, the flags it refuses (one line each) and how
+    it runs (its payload and what the terminal shows)."""
+
+    unit: str
+    run: Callable[..., tuple[dict, list]]
+    refuses_estimate: str | None = None
+    refuses_maximize: str | None = None
+
+
+KINDS = {
+    "train": AutobatchKind("batch size", _train),
+    "predict": AutobatchKind(
+        "series per chunk", _predict,
+        refuses_estimate="--estimate covers --task train only (prediction turns tensors into numpy arrays, which "
+                         "fake tensors cannot do); drop --estimate to measure the predict chunk",
+        refuses_maximize="--maximize with --task predict: the prediction chunk is already the largest that fits; "
+                         "--maximize is for --task train"),
+}
+TASKS = tuple(KINDS)
 
 
 def _renderables(result: Any, summary: Any, probes: Any, axis: str, snippet: str, snippet_title: str,
@@ -260,7 +279,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the largest batch size (or prediction chunk) that fits the preset's device memory."""
         check_rule(lr_rule)
-        if maximize and task == "predict":
-            raise KronosTuneError("--maximize with --task predict: the prediction chunk is already the largest "
-                                  "that fits; --maximize is for --task train")
+        kind = KINDS.get(task)
+        if maximize and kind is not None and kind.refuses_maximize:
+            raise KronosTuneError(kind.refuses_maximize)
         run_autobatch(preset, task, budget_gb, margin, estimate, as_json, preset_dir, max_probes, maximize, lr_rule)
