@@ -182,7 +182,7 @@ class TrialCurves:
         self.logs: dict[str, RunLog] = {}
 
     def on_event(self, event: Any) -> None:
-        from kronos_tune.benchmark.results import TrialFinished, TrialStarted, TrialStep
+        from kronos_tune.benchmark.events import TrialFinished, TrialStarted, TrialStep
 
         if isinstance(event, TrialStarted):
             self._close(event.spec.name)

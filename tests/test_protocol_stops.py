@@ -18,7 +18,7 @@ import pytest
 
 from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark import ProtocolOptions, TrialStep, load_results, run_protocol
-from kronos_tune.benchmark.results import TrialFinished
+from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.benchmark.run.runner import ProtocolRun
 
 from test_protocol_run import FAST, Events, write_preset  # noqa: E402

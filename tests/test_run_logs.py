@@ -153,7 +153,8 @@ def record(step: int, loss: float) -> StepRecord:
 
 
 def test_benchmark_curves_per_trial_in_jsonl_and_tensorboard(tmp_path: Path) -> None:
-    from kronos_tune.benchmark.results import TrialFinished, TrialResult, TrialSpec, TrialStarted, TrialStep
+    from kronos_tune.benchmark.events import TrialFinished, TrialStarted, TrialStep
+    from kronos_tune.benchmark.results import TrialResult, TrialSpec
 
     curves = TrialCurves(tmp_path, tensorboard=True)
     for name, losses in (("baseline", [3.0, 2.5, 2.0]), ("fused-adamw", [3.0, 2.4])):

@@ -14,7 +14,7 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.benchmark.results import TrialFinished
+from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen
 from kronos_tune.tui.widgets import (

@@ -93,7 +93,8 @@ def trial_results() -> list:
 def trial_in_flight() -> list:
     """The protocol's events for a trial four steps into its 1 warm-up + 5 measured steps."""
     from kronos_core.train import StepRecord
-    from kronos_tune.benchmark.results import TrialSpec, TrialStarted, TrialStep
+    from kronos_tune.benchmark.events import TrialStarted, TrialStep
+    from kronos_tune.benchmark.results import TrialSpec
 
     spec = TrialSpec("checkpointing", "single", {"activation_checkpointing": "all"}, None,
                      description="activation checkpointing of every transformer block", warmup_steps=1,

@@ -10,7 +10,8 @@ import pytest
 from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark import ProtocolOptions, plan_trials
 from kronos_tune.benchmark.predict.summary import summarize_predict
-from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialFinished, TrialResult
+from kronos_tune.benchmark.events import TrialFinished
+from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
 from kronos_tune.tui.model import ResultsModel

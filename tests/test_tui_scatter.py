@@ -10,7 +10,8 @@ from rich.console import Console
 from textual.widgets import Static
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark.results import Spread, TrialFinished, TrialResult
+from kronos_tune.benchmark.events import TrialFinished
+from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent
 from kronos_tune.tui.widgets.scatter import ScatterPanel, ScatterScreen

@@ -11,7 +11,7 @@ from textual.pilot import Pilot
 
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.benchmark.results import TrialFinished
+from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
 from test_tui_canned import SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
 

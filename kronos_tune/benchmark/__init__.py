@@ -12,7 +12,7 @@ Predict: full recompute vs KV cache vs bf16 vs the autobatch chunk vs sharding.
 
 One folder or module per stage: options, tasks (by name), selection (--skip/--only/--full), run/
 (processes and workers), train/ and predict/ (trial list, measure, trials, decide), results (the
-dataclasses and results.jsonl), report/ (summary, table, files, picture, rebuild).
+dataclasses and results.jsonl), events (what a run tells its views), report/ (summary, table, files, picture, rebuild).
 The names below load their module on first use, so reading a report never imports the runner (or torch).
 """
 
@@ -28,8 +28,9 @@ _HOMES = {
     "load_results": "kronos_tune.benchmark.results",
     "write_reports": "kronos_tune.benchmark.report.files",
     **{name: "kronos_tune.benchmark.results" for name in (
-        "Delta", "PredictSettings", "PredictStep", "ProtocolFinished", "ProtocolReport", "Spread", "TrialFinished",
-        "TrialResult", "TrialSpec", "TrialStarted", "TrialStep")},
+        "Delta", "PredictSettings", "ProtocolReport", "Spread", "TrialResult", "TrialSpec")},
+    **{name: "kronos_tune.benchmark.events" for name in (
+        "PredictStep", "ProtocolFinished", "TrialFinished", "TrialStarted", "TrialStep")},
 }
 
 __all__ = sorted(_HOMES)

@@ -25,7 +25,8 @@ from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.benchmark.options import ProtocolOptions
-from kronos_tune.benchmark.results import ProtocolFinished, ProtocolReport, TrialFinished, TrialStarted, TrialStep
+from kronos_tune.benchmark.events import ProtocolFinished, TrialFinished, TrialStarted, TrialStep
+from kronos_tune.benchmark.results import ProtocolReport
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
 from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds

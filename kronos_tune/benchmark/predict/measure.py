@@ -46,7 +46,8 @@ from kronos_core.sizes import SIZES, build_model, build_tokenizer
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.run.order import trial_leads
-from kronos_tune.benchmark.results import PredictSettings, PredictStep
+from kronos_tune.benchmark.events import PredictStep
+from kronos_tune.benchmark.results import PredictSettings
 
 SAMPLED = dict(T=1.0, top_k=0, top_p=0.9)  # the exactness check's sampled run (greedy: top_k=1)
 GREEDY = dict(T=1.0, top_k=1, top_p=1.0)

@@ -14,7 +14,8 @@ from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_tune.benchmark.predict.decide import BASELINE, EXACT_TOLERANCE, REFERENCE
 from kronos_tune.benchmark.predict.measure import output_max_abs_diff, series_inputs
 from kronos_tune.benchmark.run.context import RunContext
-from kronos_tune.benchmark.results import PredictStep, Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.benchmark.events import PredictStep, TrialStep
+from kronos_tune.benchmark.results import Spread, TrialResult, TrialSpec
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
 from kronos_tune.benchmark.run.trial_worker import PREDICT_EVENT
 

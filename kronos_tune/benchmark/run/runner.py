@@ -37,15 +37,8 @@ from kronos_tune.benchmark.run.paired import BaselineWorkers
 from kronos_tune.benchmark.tasks import get, plan_trials
 from kronos_tune.benchmark.selection import resolve
 from kronos_tune.benchmark.quality import noise_estimate
-from kronos_tune.benchmark.results import (
-    NOISE_PROBE,
-    ProtocolFinished,
-    ProtocolReport,
-    TrialFinished,
-    TrialResult,
-    TrialSpec,
-    TrialStarted,
-)
+from kronos_tune.benchmark.events import ProtocolFinished, TrialFinished, TrialStarted
+from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult, TrialSpec
 from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
 from kronos_tune.benchmark.report.files import write_reports

@@ -27,7 +27,8 @@ from kronos_tune.benchmark.run.paired import BASELINE_WORKER, Interleaver, choos
 from kronos_tune.benchmark.train.trial_list import combine
 from kronos_tune.benchmark.selection import left_out
 from kronos_tune.benchmark.quality import quality_guard
-from kronos_tune.benchmark.results import NOISE_PROBE, Spread, TrialResult, TrialSpec, TrialStep
+from kronos_tune.benchmark.events import TrialStep
+from kronos_tune.benchmark.results import NOISE_PROBE, Spread, TrialResult, TrialSpec
 from kronos_tune.benchmark.run.trial_worker import STEP_EVENT
 
 
