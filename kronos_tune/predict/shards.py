@@ -13,14 +13,16 @@ storage every node shares: the ranks check it with marker files before any predi
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from kronos_core.hub import PretrainedSource
-from kronos_core.launch import LaunchSpec, run_launch, torchrun_command, torchrun_env
+from kronos_core.launch import LaunchResult, LaunchSpec, run_launch, torchrun_command, torchrun_env
 from kronos_core.predict.sharded import ShardJob
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunks import ChunkSource, chunked
@@ -122,7 +124,7 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
             raise KronosTuneError(f"predict: stopped before every chunk was finished; "
                                   f"{work.kept_note(resumable=True)}")
         if not result.ok:
-            raise KronosTuneError(f"predict {_where(spec)}: {_failure(spec, result)}; the other ranks were "
+            raise KronosTuneError(f"predict {_where(spec)}: {failure_line(spec, result)}; the other ranks were "
                                   f"stopped; {work.kept_note(resumable=True)}")
         if not any(e.get("event") == "finished" for e in result.events):
             note("note", "this node's ranks finished; the node running rank 0 writes the output")
@@ -133,7 +135,15 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
                       ranks={}, scores=actuals)
 
 
-def _failure(spec: LaunchSpec, result) -> str:
+def failure_line(spec: LaunchSpec, result: LaunchResult) -> str:
+    """Why the ranks failed, in one line (what the error after "predict --nproc N: " says)."""
+    failures = torchrun_failures(result.tail)
+    # A rank killed by a signal (kill -9, the out-of-memory killer) says nothing itself; what its peers then
+    # report (gloo's "Connection closed by peer") follows from it, so it is named first. SIGTERM is how
+    # torchrun stops the other ranks: not a cause.
+    killed = next((f for f in failures if f.signal not in (None, "SIGTERM")), None)
+    if killed is not None:
+        return killed.describe()
     errors = result.error_events()
     if errors:
         first = errors[0]
@@ -142,32 +152,68 @@ def _failure(spec: LaunchSpec, result) -> str:
         # the node whose agent hosts the rendezvous store (whichever bound the endpoint first) went away
         return (f"torchrun exited with code {result.returncode}: the connection to the rendezvous store was lost "
                 f"(the node hosting it at the rendezvous endpoint stopped or is unreachable)")
-    died = _root_cause(result.tail)
-    if died is not None:
-        return died
+    if failures:
+        return failures[0].describe()
     last = next((line.strip() for line in reversed(result.tail) if line.strip()), "no message")
     return f"torchrun exited with code {result.returncode} ({last[:200]})"
 
 
-def _root_cause(tail: list[str]) -> str | None:
-    """The rank torchrun's failure summary names as the root cause, for a rank that died without a word (a
-    signal: the out-of-memory killer, kill -9): "rank 1 was killed by SIGKILL (pid: 123)"."""
-    fields: dict[str, str] = {}
-    for line in tail[next((i for i, line in enumerate(tail) if line.startswith("Root Cause")), len(tail)):]:
-        name, colon, value = line.strip().partition(":")
-        if colon and name.strip() in ("rank", "exitcode"):
-            fields[name.strip()] = value.strip()
-    if "rank" not in fields or "exitcode" not in fields:
-        return None
-    rank = fields["rank"].split()[0]
-    code, _, pid = fields["exitcode"].partition(" ")
-    pid = pid.strip(" ()")
-    try:
-        number = int(code)
-        how = f"was killed by {signal.Signals(-number).name}" if number < 0 else f"exited with code {number}"
-    except ValueError:
-        how = f"exited with code {code}"
-    return f"rank {rank} {how}" + (f" ({pid})" if pid else "")
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank in torchrun's failure summary."""
+
+    rank: str
+    exitcode: int | None
+    pid: str | None
+
+    @property
+    def signal(self) -> str | None:
+        """The signal's name for a rank killed by one, else None."""
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        """"rank 1 was killed by SIGKILL (pid 123)", "rank 0 exited with code 1 (pid 123)"."""
+        how = (f"was killed by {self.signal}" if self.signal is not None
+               else f"exited with code {self.exitcode if self.exitcode is not None else '?'}")
+        return f"rank {self.rank} {how}" + (f" (pid {self.pid})" if self.pid else "")
+
+
+_EXITCODE = re.compile(r"^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+
+
+def torchrun_failures(tail: list[str]) -> list[RankFailure]:
+    """Every failed rank in torchrun's summary, the root cause first (the other failures, listed above it,
+    after it):
+
+        Failures:
+        [1]:
+          rank      : 1 (local_rank: 1)
+          exitcode  : -9 (pid: 123) SIGKILL
+        Root Cause (first observed failure):
+        [0]: ...
+    """
+    root: list[RankFailure] = []
+    others: list[RankFailure] = []
+    current, rank = others, None
+    for line in tail:
+        text = line.strip()
+        if text.startswith("Root Cause"):
+            current = root
+        name, colon, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        if colon and name == "rank":
+            rank = value.split()[0] if value else "?"
+        elif colon and name == "exitcode" and rank is not None:
+            match = _EXITCODE.match(value)
+            current.append(RankFailure(rank, int(match.group(1)) if match else None,
+                                       match.group(2) if match else None))
+            rank = None
+    return root + others
 
 
 __all__ = ["check_shards", "run_ranks", "shard_job", "world_size"]
