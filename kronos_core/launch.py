@@ -60,7 +60,7 @@ import psutil
 from kronos_core.errors import KronosError
 
 EVENT_PREFIX = "@kronos-event "
-TAIL_LINES = 80  # enough for torchrun's failure summary of a few ranks (9 lines each)
+TAIL_LINES = 80  # enough for torchrun's failure summary of a few ranks (7 lines each, 9 around them)
 TREE_SCAN_S = 1.0  # how often the process tree is listed (psutil reads /proc)
 # torchrun sets these for its workers; inherited from a parent that is itself a rank, they would make a plain
 # worker join a process group that is not its own

@@ -99,7 +99,7 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
         else:
             outcome = _run_here(config, work, source, finished, load(), on_progress)
     except BaseException:
-        if work.created and not work.finished():
+        if work.left_empty:
             work.remove()  # nothing finished: leave no trace of a job that never started
         raise
     if outcome is None:

@@ -216,4 +216,5 @@ def torchrun_failures(tail: list[str]) -> list[RankFailure]:
     return root + others
 
 
-__all__ = ["check_shards", "run_ranks", "shard_job", "world_size"]
+__all__ = ["RankFailure", "check_shards", "failure_line", "run_ranks", "shard_job", "torchrun_failures",
+           "world_size"]

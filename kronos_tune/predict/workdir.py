@@ -50,6 +50,11 @@ class WorkFolder:
         self.created = created  # by this run (removed again if it fails before any chunk is finished)
 
     @property
+    def left_empty(self) -> bool:
+        """Created by this run and no chunk finished: a failed run removes it (run_job), leaving no trace."""
+        return self.created and not self.finished()
+
+    @property
     def chunk_series(self) -> int:
         return int(self.identity["chunk_series"])
 
@@ -76,12 +81,12 @@ class WorkFolder:
 
     def kept_note(self, resumable: bool) -> str:
         """What a stopped or failed job leaves behind, in words that stay true: a folder this run created is
-        removed when no chunk had finished (run_job), so then nothing is kept."""
+        removed when it is `left_empty`, so then nothing is kept."""
+        if self.left_empty:
+            return "no chunk had finished, so nothing is kept; run the same command again"
         if self.finished():
             hint = "; run the same command with --resume to finish" if resumable else ""
             return f"the finished chunks are kept in {self.path}{hint}"
-        if self.created:
-            return "no chunk had finished, so nothing is kept; run the same command again"
         return f"no chunk had finished; run the same command with --resume to start again from {self.path}"
 
     def remove(self) -> None:
