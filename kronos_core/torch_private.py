@@ -21,7 +21,10 @@ Two kinds:
   once. Of the ops the mode does not cache, those whose dispatch ends at the op's meta kernel (FSDP's copy-in
   and split ops) run it directly (``run_meta_kernel``), as the mode would after its checks. Also: ``prim.device``
   is answered as FakeTensor answers it, the profiler ranges FSDP opens are run without dispatch, and
-  torch.compile's wrapper around the dispatch is left out.
+  torch.compile's wrapper around the dispatch is left out. An in-place element-wise op with no outputs on
+  DTensors (FSDP's optimizer step, gradient clipping's scale) runs on their local shards where DTensor would
+  redistribute nothing (``local_elementwise_call``), instead of after DTensor's sharding propagation (a
+  second per model); the fused optimizer step runs its meta kernel directly (no outputs to look up or count).
 
 The shortcuts are on when every private name they use exists in this PyTorch and ``KRONOS_PRIVATE_TORCH`` is
 not ``off``; without them every op goes through FakeTensorMode's own (public) dispatch, with the same figures
@@ -274,6 +277,75 @@ def run_meta_kernel(mode: _fake.FakeTensorMode, func: Any, args: tuple, kwargs: 
     return mode.wrap_meta_outputs_with_default_device_logic(out, func, flat_args, device=kwargs.get("device"))
 
 
+_aten = torch.ops.aten
+# In-place element-wise ops with no outputs: the fused and foreach optimizer steps, gradient clipping's scale.
+_LOCAL_ELEMENTWISE = frozenset(
+    getattr(getattr(_aten, name, None), overload, None)
+    for name, overloads in (("_fused_adamw_", ("default",)), ("_fused_adam_", ("default",)),
+                            ("_foreach_mul_", ("Tensor", "Scalar", "List", "ScalarList")),
+                            ("_foreach_add_", ("Tensor", "Scalar", "List", "ScalarList")),
+                            ("_foreach_lerp_", ("Scalar", "List")), ("_foreach_addcmul_", ("Scalar", "ScalarList")),
+                            ("_foreach_addcdiv_", ("Scalar", "ScalarList")),
+                            ("_foreach_div_", ("Tensor", "Scalar", "List", "ScalarList")))
+    for overload in overloads) - {None}
+
+
+_FUSED_STEPS = frozenset(getattr(getattr(_aten, name, None), "default", None)
+                         for name in ("_fused_adamw_", "_fused_adam_")) - {None}
+
+
+def _all_fake_of(mode: _fake.FakeTensorMode, args: tuple, kwargs: dict) -> bool:
+    """Whether every tensor among the arguments is a fake tensor of `mode`."""
+    for value in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(value, torch.Tensor) and (type(value) is not FakeTensor or value.fake_mode is not mode):
+            return False
+    return True
+
+
+def local_elementwise_call(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The arguments of DTensor's own dispatch of `func` on their local shards, where `func` is an in-place
+    element-wise op with no outputs (``_LOCAL_ELEMENTWISE``) whose DTensors lie on one mesh with one placement
+    that is not a partial sum, the 0-dim ones possibly replicated, and whose plain tensors are 0-dim: there
+    DTensor redistributes nothing and runs the op on the local shards. Else None (DTensor decides)."""
+    if func not in _LOCAL_ELEMENTWISE:
+        return None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without torch.distributed has no DTensor
+        return None
+
+    layout: list[Any] = [None, None]  # the mesh and the placements of the DTensors that are not 0-dim
+
+    def local(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            placements = value.placements
+            if any(placement.is_partial() for placement in placements):
+                raise _Foreign
+            if layout[0] is None:
+                layout[0] = value.device_mesh
+            elif value.device_mesh is not layout[0] and value.device_mesh != layout[0]:
+                raise _Foreign  # (equal meshes: DTensor's cached propagation hands out the mesh it first saw)
+            if value.ndim == 0 and all(placement.is_replicate() for placement in placements):
+                return local_shard(value)
+            if layout[1] is None:
+                layout[1] = placements
+            elif placements != layout[1]:
+                raise _Foreign
+            return local_shard(value)
+        if isinstance(value, torch.Tensor):
+            if value.ndim != 0:
+                raise _Foreign  # DTensor would refuse it or replicate it
+            return value
+        if type(value) is list or type(value) is tuple:
+            return type(value)(local(item) for item in value)
+        return value
+
+    try:
+        return tuple(local(arg) for arg in args), {name: local(value) for name, value in kwargs.items()}
+    except _Foreign:
+        return None
+
+
 def _profiler_range_ops() -> frozenset[Any]:
     ops = []
     for name, overload in (("_record_function_enter_new", "default"), ("_record_function_exit", "_RecordFunction")):
@@ -346,12 +418,20 @@ class _ShortcutFakeMode(CountingFakeMode):
         if func in _RUN_AS_THEY_ARE:
             with torch._C._DisableTorchDispatch():
                 return func(*args, **kwargs)
+        if func in _FUSED_STEPS and _all_fake_of(self, args, kwargs):
+            # No outputs, so nothing to find in a cache or to count: the keys would cost more than the op.
+            out = run_meta_kernel(self, func, args, kwargs)
+            if out is not UNCACHED:
+                return out
         keys = self._light_keys
         key = keys.key(func, args, kwargs)
         if key is None:
             return self._through_mode(func, types, args, kwargs)
         if key is FOREIGN:
-            return NotImplemented  # as the mode answers: the subclass (a DTensor) dispatches to its local tensors
+            local = local_elementwise_call(func, args, kwargs)
+            if local is None:
+                return NotImplemented  # as the mode answers: the subclass (a DTensor) dispatches to its locals
+            return self.__torch_dispatch__(func, (FakeTensor,), *local)
         out = keys.outputs(key, func, args)
         if out is UNKNOWN:
             mode_key = keys.mode_key(func, args, kwargs)

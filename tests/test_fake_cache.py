@@ -133,3 +133,57 @@ def test_the_shortcuts_are_off_when_the_environment_says_so_or_a_private_name_is
     monkeypatch.delenv(torch_private.SHORTCUTS_ENV)
     monkeypatch.delattr(torch._subclasses.fake_tensor.FakeTensorMode, "_output_from_cache_entry")
     assert not torch_private.shortcuts_available() and not torch_private.shortcuts_wanted()
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_fsdp_optimizer_steps_on_local_shards_trace_what_dtensor_s_dispatch_traces(
+        impl: str, fresh_light_keys: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-place element-wise optimizer ops on FSDP's DTensors run on their local shards (no sharding
+    propagation), and the trace is the one DTensor's own dispatch gives, op by op."""
+    from kronos_tune.memory.estimate import CudaEmulation
+
+    emulation = CudaEmulation(context_overhead_bytes=0, optimizer_impl=impl)
+    calls = {"local": 0}
+    real = torch_private.local_elementwise_call
+
+    def counted(func, args, kwargs):  # type: ignore[no-untyped-def]
+        local = real(func, args, kwargs)
+        calls["local"] += local is not None
+        return local
+
+    monkeypatch.setattr(torch_private, "local_elementwise_call", counted)
+    config = tiny_config("fsdp")
+    shortcut = setup_traces.trace_steps(config, (3,), 2, emulation)
+    assert calls["local"] >= 4  # prime and step: the clipping's scale and at least one optimizer op each
+    monkeypatch.setattr(torch_private, "SHORTCUTS", False)
+    own = setup_traces.trace_steps(config, (3,), 2, emulation)
+    for (probe, trace), (own_probe, own_trace) in zip(shortcut, own):
+        assert probe == own_probe
+        assert trace.ops == own_trace.ops and trace.live_bytes == own_trace.live_bytes
+
+
+def test_an_op_dtensor_would_redistribute_or_refuse_is_left_to_dtensor() -> None:
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from kronos_tune.memory.sharded import SimulatedRanks
+
+    mul_ = torch.ops.aten._foreach_mul_.Tensor
+    with SimulatedRanks(2) as ranks:
+        def dtensor(shape: tuple[int, ...], placement: object) -> DTensor:
+            return DTensor.from_local(torch.ones(shape), ranks.mesh, [placement], run_check=False)
+
+        rows, column = dtensor((2, 3), Shard(0)), dtensor((3, 2), Shard(0))
+        scale = dtensor((), Replicate())
+        local = torch_private.local_elementwise_call(mul_, ([rows, column], scale), {})
+        assert local is not None
+        (tensors, local_scale), kwargs = local
+        assert tensors[0] is rows._local_tensor and tensors[1] is column._local_tensor
+        assert local_scale is scale._local_tensor and kwargs == {}
+        assert torch_private.local_elementwise_call(mul_, ([rows, dtensor((2, 3), Shard(1))], scale), {}) is None
+        assert torch_private.local_elementwise_call(mul_, ([rows], dtensor((), Partial())), {}) is None
+        partial_sums = [dtensor((2, 3), Partial()), dtensor((3,), Partial())]  # adding to them needs their sums
+        add_ = torch.ops.aten._foreach_add_.Scalar
+        assert torch_private.local_elementwise_call(add_, (partial_sums, 1.0), {}) is None
+        assert torch_private.local_elementwise_call(mul_, ([rows], dtensor((2,), Replicate())), {}) is None
+        assert torch_private.local_elementwise_call(mul_, ([rows], torch.ones(2)), {}) is None  # not 0-dim
+        assert torch_private.local_elementwise_call(torch.ops.aten._foreach_norm.Scalar, ([rows], 2), {}) is None
