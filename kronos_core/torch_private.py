@@ -303,10 +303,11 @@ def _all_fake_of(mode: _fake.FakeTensorMode, args: tuple, kwargs: dict) -> bool:
 
 
 def local_elementwise_call(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """The arguments of DTensor's own dispatch of `func` on their local shards, where `func` is an in-place
-    element-wise op with no outputs (``_LOCAL_ELEMENTWISE``) whose DTensors lie on one mesh with one placement
-    that is not a partial sum, the 0-dim ones possibly replicated, and whose plain tensors are 0-dim: there
-    DTensor redistributes nothing and runs the op on the local shards. Else None (DTensor decides)."""
+    """The arguments of DTensor's own dispatch of `func` on their local shards, where DTensor redistributes
+    nothing and runs the op on the local shards. That is: `func` is an in-place element-wise op with no outputs
+    (``_LOCAL_ELEMENTWISE``); every tensor outside a list is 0-dim (a plain tensor, or a replicated DTensor);
+    every list holds either such 0-dim tensors or DTensors of one mesh and one placement that is not a partial
+    sum, with the shapes of the first such list, element by element. Else None (DTensor decides)."""
     if func not in _LOCAL_ELEMENTWISE:
         return None
     try:
@@ -314,30 +315,50 @@ def local_elementwise_call(func: Any, args: tuple, kwargs: dict) -> tuple[tuple,
     except ImportError:  # a build without torch.distributed has no DTensor
         return None
 
-    layout: list[Any] = [None, None]  # the mesh and the placements of the DTensors that are not 0-dim
+    layout: list[Any] = [None, None, None]  # the lists' mesh, placements and shapes
+
+    def scalar(value: Any) -> Any:
+        if value.ndim != 0:
+            raise _Foreign  # broadcast against sharded tensors: DTensor may redistribute
+        if isinstance(value, DTensor):
+            if not all(placement.is_replicate() for placement in value.placements):
+                raise _Foreign
+            same_mesh(value.device_mesh)
+            return local_shard(value)
+        return value
+
+    def same_mesh(mesh: Any) -> None:
+        if layout[0] is None:
+            layout[0] = mesh
+        elif mesh is not layout[0] and mesh != layout[0]:
+            raise _Foreign  # (equal meshes: DTensor's cached propagation hands out the mesh it first saw)
+
+    def shards(values: list | tuple) -> list[Any]:
+        if not isinstance(values[0], DTensor):
+            raise _Foreign
+        placements = values[0].placements
+        if any(placement.is_partial() for placement in placements):
+            raise _Foreign
+        shapes = [value.shape for value in values]
+        if layout[1] is None:
+            layout[1], layout[2] = placements, shapes
+        elif placements != layout[1] or shapes != layout[2]:
+            raise _Foreign
+        locals_ = []
+        for value in values:
+            if not isinstance(value, DTensor) or value.placements != placements:
+                raise _Foreign
+            same_mesh(value.device_mesh)
+            locals_.append(local_shard(value))
+        return locals_
 
     def local(value: Any) -> Any:
-        if isinstance(value, DTensor):
-            placements = value.placements
-            if any(placement.is_partial() for placement in placements):
-                raise _Foreign
-            if layout[0] is None:
-                layout[0] = value.device_mesh
-            elif value.device_mesh is not layout[0] and value.device_mesh != layout[0]:
-                raise _Foreign  # (equal meshes: DTensor's cached propagation hands out the mesh it first saw)
-            if value.ndim == 0 and all(placement.is_replicate() for placement in placements):
-                return local_shard(value)
-            if layout[1] is None:
-                layout[1] = placements
-            elif placements != layout[1]:
-                raise _Foreign
-            return local_shard(value)
         if isinstance(value, torch.Tensor):
-            if value.ndim != 0:
-                raise _Foreign  # DTensor would refuse it or replicate it
-            return value
+            return scalar(value)
         if type(value) is list or type(value) is tuple:
-            return type(value)(local(item) for item in value)
+            if value and not all(isinstance(item, torch.Tensor) and item.ndim == 0 for item in value):
+                return type(value)(shards(value))
+            return type(value)(scalar(item) for item in value)
         return value
 
     try:

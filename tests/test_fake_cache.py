@@ -184,6 +184,10 @@ def test_an_op_dtensor_would_redistribute_or_refuse_is_left_to_dtensor() -> None
         partial_sums = [dtensor((2, 3), Partial()), dtensor((3,), Partial())]  # adding to them needs their sums
         add_ = torch.ops.aten._foreach_add_.Scalar
         assert torch_private.local_elementwise_call(add_, (partial_sums, 1.0), {}) is None
+        add_lists = torch.ops.aten._foreach_add_.List
+        assert torch_private.local_elementwise_call(add_lists, ([rows], [dtensor((2, 3), Shard(0))]), {}) is not None
+        assert torch_private.local_elementwise_call(add_lists, ([rows], [dtensor((3, 3), Shard(0))]), {}) is None
+        assert torch_private.local_elementwise_call(mul_, ([rows], dtensor((2, 3), Shard(0))), {}) is None  # broadcast
         assert torch_private.local_elementwise_call(mul_, ([rows], dtensor((2,), Replicate())), {}) is None
         assert torch_private.local_elementwise_call(mul_, ([rows], torch.ones(2)), {}) is None  # not 0-dim
         assert torch_private.local_elementwise_call(torch.ops.aten._foreach_norm.Scalar, ([rows], 2), {}) is None
