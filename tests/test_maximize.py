@@ -12,12 +12,13 @@ from typer.testing import CliRunner
 from kronos_core.train import TrainConfig
 from kronos_tune.autobatch.maximize import MIN_STEPS_PER_EPOCH, check_rule, scale_for_batch
 from kronos_tune.autobatch.train_task import TrainTask
-from kronos_tune.cli import app, main
+from kronos_tune.cli import app
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter
 from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark import ProtocolOptions, run_protocol
 
+from cli_errors import one_line_error  # noqa: E402
 from tiny_preset import write_tiny_preset  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,11 +97,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
                         "--estimate covers --task train only"),
                        (["autobatch", "--preset", "cpu", "--task", "nope"], "--task must be one of train, predict"),
                        (["autobatch", "--preset", "cpu", "--maximize", "--lr-rule", "cubic"], "--lr-rule cubic")):
-        with pytest.raises(SystemExit) as exited:
-            main(argv)
-        assert exited.value.code == 2
-        error = capsys.readouterr().err.strip()
-        assert text in error and "\n" not in error
+        assert text in one_line_error(argv, capsys)
 
 
 @pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s

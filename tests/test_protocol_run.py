@@ -21,6 +21,7 @@ from kronos_tune.benchmark import (
     ProtocolFinished, ProtocolOptions, TrialStarted, TrialStep, run_protocol,
 )
 
+from cli_errors import one_line_error  # noqa: E402
 from tiny_preset import write_tiny_preset  # noqa: E402
 
 # compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps (paired: six
@@ -202,11 +203,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     for argv, text in ((["benchmark", "--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
                        (["benchmark", "--preset", "cpu", "--out", str(blocker / "sub")], "cannot write there"),
                        (["benchmark", "--preset", "cpu", "--skip", "warp-drive"], "--skip warp-drive")):
-        with pytest.raises(SystemExit) as exited:
-            main(argv)
-        assert exited.value.code == 2
-        error = capsys.readouterr().err.strip()
-        assert text in error and "\n" not in error
+        assert text in one_line_error(argv, capsys)
 
 
 @pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
