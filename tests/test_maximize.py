@@ -18,7 +18,7 @@ from kronos_tune.memory import CpuExactMeter
 from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark import ProtocolOptions, run_protocol
 
-from cli_errors import one_line_error  # noqa: E402
+from cli_errors import one_line_error
 from tiny_preset import write_tiny_preset  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,7 +21,7 @@ from kronos_tune.benchmark import (
     ProtocolFinished, ProtocolOptions, TrialStarted, TrialStep, run_protocol,
 )
 
-from cli_errors import one_line_error  # noqa: E402
+from cli_errors import one_line_error
 from tiny_preset import write_tiny_preset  # noqa: E402
 
 # compile: minutes of inductor work on a CPU; a short measuring budget keeps each trial to a few steps (paired: six
