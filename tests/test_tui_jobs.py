@@ -31,14 +31,24 @@ async def _until_training(pilot, app: DashboardApp, trial: str | None = None) ->
     def stepping() -> bool:
         return app.run_state.step >= 1 and (trial is None or app.run_state.trial == trial)
     await until(pilot, lambda: stepping() or not app.busy, f"a training step of {trial or 'a trial'}")
-    assert stepping(), f"the job ended first: {app.run_state.phase}: {app.run_state.outcome}"
+    assert stepping(), f"the job ended first: {app.run_state.phase}: {app.run_state.outcome}; log: " \
+        + " | ".join(log_text(app).splitlines()[-6:])
 
 
 async def _key(pilot, key: str) -> None:
     """A key as the terminal driver delivers it. Pilot.press also waits until the process looks idle (up to
-    1 s, twice), which it never does while a job trains in its thread; this returns once the app handled it."""
+    1 s, twice), which it never does while a job trains in its thread; this returns after a short pause, by
+    which the app has usually handled the key (on a loaded machine not always: `_start` waits for its job)."""
     pilot.app.post_message(events.Key(key, " " if key == "space" else key if len(key) == 1 else None))
     await pilot.pause(0.01)
+
+
+async def _start(pilot, app: DashboardApp, key: str) -> None:
+    """Press `key`, which starts a job, and wait until the app has started it: until then `not app.busy` is
+    still the previous job's end, and a wait for "this job's step or its end" would return at once."""
+    started = log_text(app).count(" started on preset ")
+    await _key(pilot, key)
+    await until(pilot, lambda: log_text(app).count(" started on preset ") > started, f"the job of key {key}")
 
 
 @pytest.fixture
@@ -72,7 +82,7 @@ async def test_cancelled_autobatch_stops_after_a_probe(tiny, tmp_path: Path) -> 
     preset, folder = tiny
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", timestamps=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        await _key(pilot, "a")
+        await _start(pilot, app, "a")
         await _key(pilot, "c")  # while the first probe runs
         assert app.run_state.phase == "cancelling"
         await until(pilot, lambda: not app.busy, "autobatch stopped")
@@ -106,7 +116,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await _key(pilot, "b")
+        await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
         assert app.run_state.steps_target == steps  # warm-up + measured (+ padding)
         run_panel = app.query_one(RunPanel).render().plain
@@ -141,7 +151,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert {p.name for p in exported.iterdir()} >= {"report.json", "report.csv", "report.md", "recommended.toml"}
         assert str(exported) in log_text(app)
 
-        await _key(pilot, "t")
+        await _start(pilot, app, "t")
         await until(pilot, lambda: not app.busy, "training finished")
         await pilot.pause()
         assert app.run_state.job == "training" and app.run_state.phase == "done", app.run_state.outcome
@@ -153,7 +163,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert [line["step"] for line in metrics if line["kind"] == "train"] == [1, 2, 3, 4]  # as `train` writes
 
         # t again: a new folder; cancelled after its first step; the next t continues that run in place
-        await _key(pilot, "t")
+        await _start(pilot, app, "t")
         await until(pilot, lambda: app.run_state.step >= 1 or not app.busy, "a training step")
         await _key(pilot, "c")
         await until(pilot, lambda: not app.busy, "training stopped")
@@ -164,7 +174,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         stopped = load_checkpoint(second)["step"]
         if app.run_state.phase == "cancelled":  # the cancel landed before the last step
             assert stopped < 4 and json.loads((second / "run.json").read_text())["status"] == "cancelled"
-            await _key(pilot, "t")
+            await _start(pilot, app, "t")
             await until(pilot, lambda: not app.busy, "the resumed training finished")
             await pilot.pause()
             assert f"continuing the cancelled run in {second}" in log_text(app)
@@ -176,7 +186,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert load_checkpoint(trained)["step"] == 4  # the first training run is untouched
 
         # b again, cancelled during its first trial: kept in its own folder, marked partial; the answer stays
-        await _key(pilot, "b")
+        await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
         await _key(pilot, "c")
         await until(pilot, lambda: not app.busy, "the second protocol stopped", PROTOCOL_LIMIT_S)
@@ -197,7 +207,7 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
     options = ProtocolOptions(**{**FAST, "steps": 60}, only=("checkpointing",))
     app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        await _key(pilot, "b")
+        await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
         await _key(pilot, "space")  # keys are answered while the trial trains in its thread
         assert app.paused and app.run_state.trial == "baseline" and app.busy
@@ -229,7 +239,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     options = ProtocolOptions(**FAST, only=("tf32",), skip=("noise-probe", "baseline-repeat"))
     app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        await _key(pilot, "b")
+        await _start(pilot, app, "b")
         await until(pilot, lambda: not app.busy, "the protocol ended", PROTOCOL_LIMIT_S)
         await pilot.pause()
         baseline = _rows(app)["baseline"]
@@ -271,7 +281,7 @@ def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
 
     async def session() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await _key(pilot, "b")
+            await _start(pilot, app, "b")
             await _until_training(pilot, app)
             await _key(pilot, "q")
             await until(pilot, lambda: not app.is_running, "the app exited", limit_s=60)
