@@ -50,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,3 +303,27 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
         reader.join(timeout=5)
         result.elapsed_s = time.monotonic() - started
     return result
+
+
+def reported(rank: int, work: Callable[[], None]) -> int:
+    """Run a rank's work; an error becomes one `error` event (torchrun stops the other ranks) and the exit
+    code: 2 for a KronosError (a user's problem, its own message), 1 for anything else."""
+    try:
+        work()
+        return 0
+    except KronosError as error:
+        emit_event("error", rank=rank, message=str(error))
+        return 2
+    except BaseException as error:  # noqa: BLE001 - reported as one line; torchrun stops the other ranks
+        lines = traceback.format_exception_only(type(error), error)
+        emit_event("error", rank=rank, message=" ".join(lines[-1].split())[:300])
+        return 1
+
+
+def rank_main(module: str, run: Callable[[Path], int], argv: list[str] | None = None) -> int:
+    """`python -m module WORK/job.json` as torchrun starts it on every rank."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(f"usage: python -m {module} WORK/job.json (started by torchrun)", file=sys.stderr)
+        return 2
+    return run(Path(args[0]))

@@ -31,8 +31,6 @@ import json
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,8 @@ import torch
 
 from kronos_core.errors import KronosError
 from kronos_core.files import atomic_writer
-from kronos_core.launch import emit_event
+from kronos_core.launch import emit_event, rank_main, reported
+from kronos_core.predict.spec import PredictorSpec, build_predictor
 
 JOB_FILE = "job.json"
 INPUTS_FILE = "inputs.npz"
@@ -102,46 +101,12 @@ def read_merged(workdir: Path) -> np.ndarray | None:
     return np.load(path) if path.is_file() else None
 
 
-def build_predictor(job: ShardJob, device: torch.device):
+def job_predictor(job: ShardJob, device: torch.device):
     """The predictor a rank runs: the job's weights and settings on `device`."""
-    from kronos_core.model import Kronos
-    from kronos_core.predict.predictor import KronosPredictor
-    from kronos_core.sizes import build_model, build_tokenizer
-    from kronos_core.tokenizer import KronosTokenizer
-
-    if job.checkpoint is not None:
-        model = Kronos.from_pretrained(job.checkpoint)
-    else:
-        model = build_model(job.size, seed=job.seed)
-    tokenizer = KronosTokenizer.from_pretrained(job.tokenizer) if job.tokenizer else build_tokenizer(job.size,
-                                                                                                     seed=job.seed)
-    return KronosPredictor(model, tokenizer, device=device, max_context=job.max_context, amp=job.amp,
-                           window_mode=job.window_mode, max_batch_size=job.max_batch_size,
-                           cuda_graphs=job.cuda_graphs if device.type == "cuda" else False)
-
-
-def reported(rank: int, work: Callable[[], None]) -> int:
-    """Run a rank's work; an error becomes one `error` event (torchrun stops the other ranks) and the exit
-    code: 2 for a KronosError (a user's problem, its own message), 1 for anything else."""
-    try:
-        work()
-        return 0
-    except KronosError as error:
-        emit_event("error", rank=rank, message=str(error))
-        return 2
-    except BaseException as error:  # noqa: BLE001 - reported as one line; torchrun stops the other ranks
-        lines = traceback.format_exception_only(type(error), error)
-        emit_event("error", rank=rank, message=" ".join(lines[-1].split())[:300])
-        return 1
-
-
-def rank_main(module: str, run: Callable[[Path], int], argv: list[str] | None = None) -> int:
-    """`python -m module WORK/job.json` as torchrun starts it on every rank."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(f"usage: python -m {module} WORK/job.json (started by torchrun)", file=sys.stderr)
-        return 2
-    return run(Path(args[0]))
+    spec = PredictorSpec(size=job.size, checkpoint=job.checkpoint, tokenizer=job.tokenizer, seed=job.seed,
+                         amp=job.amp, max_context=job.max_context, window_mode=job.window_mode,
+                         max_batch_size=job.max_batch_size, cuda_graphs=job.cuda_graphs)
+    return build_predictor(spec.on(device))
 
 
 def run_rank(workdir: Path) -> int:
@@ -160,7 +125,7 @@ def run_rank(workdir: Path) -> int:
             x, x_stamp, y_stamp = inputs["x"], inputs["x_stamp"], inputs["y_stamp"]
             keys = inputs["keys"] if "keys" in inputs.files else None
         begin, end = shard_bounds(len(x), world)[rank]
-        predictor = build_predictor(job, ctx.device(job.device))
+        predictor = job_predictor(job, ctx.device(job.device))
         emit_event("ready", rank=rank, world=world, series=end - begin, pid=os.getpid())
         values = None
         for run in range(1 + job.repeats):

@@ -23,7 +23,8 @@ import pandas as pd
 import torch
 
 from kronos_core.predict.predictor import KronosPredictor
-from kronos_core.sizes import SIZES, build_model, build_tokenizer
+from kronos_core.predict.spec import PredictorSpec, build_predictor
+from kronos_core.sizes import SIZES
 from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
 from kronos_tune.presets import Preset
@@ -83,10 +84,9 @@ class PredictTask:
         return cls(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count, device)
 
     def predictor(self, max_batch_size: int | None = None) -> KronosPredictor:
-        model = build_model(self.model_size, seed=self.seed)
-        tokenizer = build_tokenizer(self.model_size, seed=self.seed)
-        return KronosPredictor(model, tokenizer, device=self.device, max_context=self.max_context, amp=self.amp,
-                               max_batch_size=max_batch_size)
+        return build_predictor(PredictorSpec(size=self.model_size, seed=self.seed, device=self.device,
+                                             max_context=self.max_context, amp=self.amp,
+                                             max_batch_size=max_batch_size))
 
     def predict(self, predictor: KronosPredictor, series: int, series_per_chunk: int) -> list[pd.DataFrame]:
         torch.manual_seed(self.seed)

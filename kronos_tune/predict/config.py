@@ -13,6 +13,7 @@ from pathlib import Path
 from kronos_core.data.kline import find_data_files
 from kronos_core.errors import KronosError
 from kronos_core.launch import LaunchSpec
+from kronos_core.predict.spec import PredictorSpec
 from kronos_core.sizes import size_spec
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.output import check_output_path
@@ -186,6 +187,19 @@ def resolve_max_context(config: PredictConfig) -> int:
     if config.max_context is not None:
         return config.max_context
     return size_spec(config.size).context if config.size is not None else DEFAULT_MAX_CONTEXT
+
+
+def predictor_spec(config: PredictConfig, weights: dict | None = None) -> PredictorSpec:
+    """The predictor a prediction job runs: `weights` are the resolved --checkpoint/--tokenizer folders
+    (`kronos_tune.predict.job.resolve_weights`; a hub id is never looked up again by a rank or actor)."""
+    weights = weights or {}
+    checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
+    return PredictorSpec(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
+                         tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
+                         device=resolve_device(config.device), amp=None if config.amp == "none" else config.amp,
+                         max_context=resolve_max_context(config), window_mode=config.window_mode,
+                         use_cache=config.kv_cache, max_batch_size=config.max_batch_size,
+                         cuda_graphs=config.cuda_graphs)
 
 
 def _cuda_visible() -> bool:

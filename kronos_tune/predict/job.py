@@ -24,12 +24,10 @@ import torch
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
-from kronos_core.model import Kronos
 from kronos_core.predict.predictor import KronosPredictor, ProgressCallback
-from kronos_core.sizes import build_model, build_tokenizer
-from kronos_core.tokenizer import KronosTokenizer
+from kronos_core.predict.spec import build_predictor, load_weights
 from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, resolve_max_context,
-                                        check_config, resolve_device)
+                                        check_config, predictor_spec, resolve_device)
 from kronos_tune.predict.inputs import NoteCallback, load_inputs
 from kronos_tune.predict.chunk_run import stream_arguments
 from kronos_tune.predict.job_state import JobProgressCallback
@@ -144,23 +142,13 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback,
     key); `weights`: those already resolved (`resolve_weights`)."""
     if weights is None:
         weights = resolve_weights(config, on_note)
+    spec = predictor_spec(config, weights)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if "checkpoint" in weights:
-            model = Kronos.from_pretrained(weights["checkpoint"].path)
-        else:
-            model = build_model(config.size, seed=config.seed)
-        if "tokenizer" in weights:
-            tokenizer = KronosTokenizer.from_pretrained(weights["tokenizer"].path)
-        else:
-            tokenizer = build_tokenizer(config.size, seed=config.seed)
+        loaded = load_weights(spec)
     for warning in caught:
         on_note("warning", str(warning.message))
-    amp = None if config.amp == "none" else config.amp
-    return KronosPredictor(model, tokenizer, device=resolve_device(config.device),
-                           max_context=resolve_max_context(config), amp=amp,
-                           max_batch_size=config.max_batch_size, window_mode=config.window_mode,
-                           use_cache=config.kv_cache, cuda_graphs=config.cuda_graphs)
+    return build_predictor(spec, loaded)
 
 
 # Scoring and output --------------------------------------------------------------------------

@@ -32,11 +32,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-
 from kronos_core.errors import KronosError
 from kronos_core.launch import emit_event
-from kronos_core.predict.sharded import ShardJob, build_predictor, rank_main, reported
+from kronos_core.launch import rank_main, reported
+from kronos_core.predict.spec import PredictorSpec, build_predictor
 from kronos_tune.predict.chunk_run import ChunkSettings, predict_chunk
 from kronos_tune.predict.parts import write_part
 from kronos_tune.predict.series import load_saved_series
@@ -116,23 +115,20 @@ def claim_store(ctx):
 def run_rank(job_file: Path) -> int:
     from kronos_core.train.distributed import DistContext
 
-    job = ShardJob(**json.loads(job_file.read_text()))
-    if job.threads:
-        torch.set_num_threads(job.threads)
-    job_work = WorkFolder(Path(job.extra["work"]), {})
-    settings = ChunkSettings.from_dict(job.extra["settings"])
-    ctx = DistContext.from_env(job.device)
+    job = json.loads(job_file.read_text())
+    spec = PredictorSpec.from_dict(job["predictor"])
+    job_work = WorkFolder(Path(job["work"]), {})
+    settings = ChunkSettings.from_dict(job["settings"])
+    ctx = DistContext.from_env(job["device"])
     rank = ctx.rank
 
     def work() -> None:
         check_shared(job_work, ctx)
-        if job.fault_rank == rank:
-            raise KronosError(f"rank {rank} failed on purpose (fault_rank)")
         store = claim_store(ctx)
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         finished = job_work.finished() if rank == 0 else None
-        todo = ctx.broadcast_object([k for k in range(job.extra["chunks"]) if k not in (finished or {})])
-        predictor = build_predictor(job, ctx.device(job.device))
+        todo = ctx.broadcast_object([k for k in range(job["chunks"]) if k not in (finished or {})])
+        predictor = build_predictor(spec.on(ctx.device(job["device"])))
         emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid(), attempt=attempt)
         slowdown = slow_factor(rank)
         die_after = dies_after(rank)
@@ -158,7 +154,7 @@ def run_rank(job_file: Path) -> int:
             finished_here += 1
         ctx.barrier()  # every claimed chunk is written; rank 0's store may go
         if rank == 0:
-            emit_event("finished", chunks=job.extra["chunks"])
+            emit_event("finished", chunks=job["chunks"])
         ctx.close()
 
     return reported(rank, work)

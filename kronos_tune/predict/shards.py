@@ -23,10 +23,10 @@ import torch
 
 from kronos_core.hub import PretrainedSource
 from kronos_core.launch import LaunchResult, LaunchSpec, run_launch, torchrun_command, torchrun_env
-from kronos_core.predict.sharded import ShardJob
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunks import ChunkSource, chunked
-from kronos_tune.predict.config import PredictConfig, resolve_device, resolve_max_context
+from kronos_tune.predict.chunk_run import ChunkSettings
+from kronos_tune.predict.config import PredictConfig, predictor_spec
 from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
                                            holdout_actuals)
 from kronos_tune.predict.series import save_series
@@ -49,16 +49,13 @@ def check_shards(spec: LaunchSpec, device: str) -> None:
                               f"start at most one process per GPU")
 
 
-def shard_job(config: PredictConfig, weights: dict[str, PretrainedSource]) -> ShardJob:
-    """What every rank needs; the ranks load the resolved folders (they never look a hub id up themselves)."""
-    checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
-    return ShardJob(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
-                    tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
-                    device="cuda" if resolve_device(config.device).startswith("cuda") else "cpu",
-                    amp=None if config.amp == "none" else config.amp, max_context=resolve_max_context(config),
-                    window_mode=config.window_mode, max_batch_size=config.max_batch_size,
-                    cuda_graphs=config.cuda_graphs, temperature=config.temperature, top_k=config.top_k,
-                    top_p=config.top_p, sample_count=config.sample_count)
+def rank_job(config: PredictConfig, weights: dict[str, PretrainedSource], work: WorkFolder, chunks: int,
+             settings: ChunkSettings) -> dict:
+    """What every rank reads from the job file: the predictor (the ranks load the resolved folders; they never
+    look a hub id up themselves), the work folder, the chunk count and the chunk settings."""
+    spec = predictor_spec(config, weights)
+    return {"predictor": spec.to_dict(), "device": spec.device.split(":")[0], "work": str(work.path),
+            "chunks": chunks, "settings": settings.to_dict()}
 
 
 def _where(spec: LaunchSpec) -> str:
@@ -82,11 +79,9 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
         if config.holdout:
             actuals.append(holdout_actuals(series))
     todo = [k for k in range(chunks) if k not in finished]
-    job = shard_job(config, weights)
-    job.extra = {"work": str(work.path), "chunks": chunks,
-                 "settings": chunk_settings(config, name_column).to_dict()}
+    job = rank_job(config, weights, work, chunks, chunk_settings(config, name_column))
     job_file = work.path / JOB_FILE
-    job_file.write_text(json.dumps(job.__dict__, indent=1))
+    job_file.write_text(json.dumps(job, indent=1))
     command = torchrun_command(spec, "kronos_tune.predict.ranks", [str(job_file)])
     started = time.perf_counter()
     ranks: dict[int, tuple[int, float]] = {}
@@ -130,7 +125,7 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
             note("note", "this node's ranks finished; the node running rank 0 writes the output")
             return None
         note("note", f"predicted on {world_size(spec) or 'all'} processes "
-                     f"({'NCCL' if job.device == 'cuda' else 'gloo'}, torchrun), chunks claimed by speed")
+                     f"({'NCCL' if job['device'] == 'cuda' else 'gloo'}, torchrun), chunks claimed by speed")
     return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None,
                       ranks={}, scores=actuals)
 
@@ -216,5 +211,5 @@ def torchrun_failures(tail: list[str]) -> list[RankFailure]:
     return root + others
 
 
-__all__ = ["RankFailure", "check_shards", "failure_line", "run_ranks", "shard_job", "torchrun_failures",
+__all__ = ["RankFailure", "check_shards", "failure_line", "rank_job", "run_ranks", "torchrun_failures",
            "world_size"]

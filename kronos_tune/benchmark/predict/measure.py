@@ -42,7 +42,8 @@ from kronos_core.predict.arrays import prepare_lists
 from kronos_core.predict.sharded import ShardJob, read_merged, write_job
 from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.streams import series_key
-from kronos_core.sizes import SIZES, build_model, build_tokenizer
+from kronos_core.predict.spec import PredictorSpec, build_predictor
+from kronos_core.sizes import SIZES
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.run.order import trial_leads
@@ -82,12 +83,15 @@ def series_names(count: int) -> list[str]:
 
 
 def _predictor(settings: PredictSettings, device: str) -> KronosPredictor:
-    model = build_model(settings.model_size, seed=settings.seed)
-    tokenizer = build_tokenizer(settings.model_size, seed=settings.seed)
-    return KronosPredictor(model, tokenizer, device="cuda:0" if device == "cuda" else "cpu",
-                           max_context=SIZES[settings.model_size].context,
-                           amp=None if settings.amp == "none" else settings.amp,
-                           use_cache=settings.use_cache, max_batch_size=settings.max_batch_size)
+    return build_predictor(predictor_spec(settings, device))
+
+
+def predictor_spec(settings: PredictSettings, device: str) -> PredictorSpec:
+    """The predictor a trial's settings describe (random weights of the preset's size)."""
+    return PredictorSpec(size=settings.model_size, seed=settings.seed, device="cuda:0" if device == "cuda" else "cpu",
+                         max_context=SIZES[settings.model_size].context,
+                         amp=None if settings.amp == "none" else settings.amp, use_cache=settings.use_cache,
+                         max_batch_size=settings.max_batch_size)
 
 
 def _run(predictor: KronosPredictor, settings: PredictSettings,
