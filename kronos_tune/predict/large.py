@@ -26,13 +26,13 @@ from kronos_core.hub import PretrainedSource
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import predict_chunk
 from kronos_tune.predict.chunks import DEFAULT_CHUNK_SERIES, chunked, open_source
-from kronos_tune.predict.config import PredictConfig, resolve_device
+from kronos_tune.predict.config import PredictConfig, predictor_spec, resolve_device
 from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.output import Precision, output_format, widest
 from kronos_tune.predict.parts import assemble, read_part_close, write_part
 from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
                                            holdout_actuals)
-from kronos_tune.predict.shards import run_ranks
+from kronos_tune.predict.shards import rank_job, run_ranks
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder, open_work, temporary_work
 
 SMALL_RUN_SERIES = 100  # --json embeds the forecasts of runs up to this many series
@@ -95,7 +95,13 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     try:
         source = open_source(config, note)
         if config.launch.launched:
-            outcome = run_ranks(config, weights, work, source, finished, note, on_progress)
+            actuals: list = []
+            outcome = run_ranks(config.launch, rank_job(predictor_spec(config, weights), chunk_settings(config)),
+                                work, chunked(source.batches, work.chunk_series), finished, note, on_progress,
+                                on_series=(lambda series: actuals.append(holdout_actuals(series)))
+                                if config.holdout else None)
+            if outcome is not None:
+                outcome.scores = actuals
         else:
             outcome = _run_here(config, work, source, finished, load(), on_progress)
     except BaseException:

@@ -16,20 +16,17 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from kronos_core.hub import PretrainedSource
 from kronos_core.launch import LaunchResult, LaunchSpec, run_launch, torchrun_command, torchrun_env
+from kronos_core.predict.spec import PredictorSpec
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict.chunks import ChunkSource, chunked
 from kronos_tune.predict.chunk_run import ChunkSettings
-from kronos_tune.predict.config import PredictConfig, predictor_spec
-from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
-                                           holdout_actuals)
-from kronos_tune.predict.series import save_series
+from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
+from kronos_tune.predict.series import LoadedSeries, save_series
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 
 JOB_FILE = "job.json"
@@ -49,37 +46,36 @@ def check_shards(spec: LaunchSpec, device: str) -> None:
                               f"start at most one process per GPU")
 
 
-def rank_job(config: PredictConfig, weights: dict[str, PretrainedSource], work: WorkFolder, chunks: int,
-             settings: ChunkSettings) -> dict:
-    """What every rank reads from the job file: the predictor (the ranks load the resolved folders; they never
-    look a hub id up themselves), the work folder, the chunk count and the chunk settings."""
-    spec = predictor_spec(config, weights)
-    return {"predictor": spec.to_dict(), "device": spec.device.split(":")[0], "work": str(work.path),
-            "chunks": chunks, "settings": settings.to_dict()}
+def rank_job(spec: PredictorSpec, settings: ChunkSettings) -> dict:
+    """What every rank reads from the job file besides the work folder and the chunk count: the predictor
+    (the resolved folders: a rank never looks a hub id up itself) and the chunk settings."""
+    return {"predictor": spec.to_dict(), "device": spec.device.split(":")[0], "settings": settings.to_dict()}
 
 
 def _where(spec: LaunchSpec) -> str:
     return f"--nproc {spec.nproc}" + (f" --nnodes {spec.nnodes}" if spec.multi_node else "")
 
 
-def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work: WorkFolder, source: ChunkSource,
+def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSeries]],
               finished: dict[int, DoneChunk], note: Callable[[str, str], None],
-              on_progress: JobProgressCallback | None) -> JobOutcome | None:
-    """Every chunk predicted by the ranks; None on a node other than the one running rank 0."""
-    spec = config.launch
+              on_progress: JobProgressCallback | None, on_series: Callable[[LoadedSeries], None] | None = None,
+              command_name: str = "predict") -> JobOutcome | None:
+    """Every chunk of `source` ((index, series) in order) predicted by the ranks that `job` (`rank_job`)
+    describes; `on_series` sees each chunk's series as its inputs are written. None on a node other than the
+    one running rank 0."""
     chunks = series_total = resumed_series = 0
-    actuals = []
     name_column = "series"
-    for index, series in chunked(source.batches, work.chunk_series):
+    for index, series in source:
         chunks, series_total, name_column = index + 1, series_total + len(series), series.name_column
         if index in finished:
             resumed_series += len(series)
         elif not work.inputs(index).is_file():
             save_series(work.inputs(index), series)
-        if config.holdout:
-            actuals.append(holdout_actuals(series))
+        if on_series is not None:
+            on_series(series)
     todo = [k for k in range(chunks) if k not in finished]
-    job = rank_job(config, weights, work, chunks, chunk_settings(config, name_column))
+    job = {**job, "work": str(work.path), "chunks": chunks,
+           "settings": {**job["settings"], "name_column": name_column}}
     job_file = work.path / JOB_FILE
     job_file.write_text(json.dumps(job, indent=1))
     command = torchrun_command(spec, "kronos_tune.predict.ranks", [str(job_file)])
@@ -116,18 +112,17 @@ def run_ranks(config: PredictConfig, weights: dict[str, PretrainedSource], work:
     if todo:
         result = run_launch(command, on_event=on_event, env=torchrun_env(spec))
         if result.stopped:
-            raise KronosTuneError(f"predict: stopped before every chunk was finished; "
+            raise KronosTuneError(f"{command_name}: stopped before every chunk was finished; "
                                   f"{work.kept_note(resumable=True)}")
         if not result.ok:
-            raise KronosTuneError(f"predict {_where(spec)}: {failure_line(spec, result)}; the other ranks were "
+            raise KronosTuneError(f"{command_name} {_where(spec)}: {failure_line(spec, result)}; the other ranks were "
                                   f"stopped; {work.kept_note(resumable=True)}")
         if not any(e.get("event") == "finished" for e in result.events):
             note("note", "this node's ranks finished; the node running rank 0 writes the output")
             return None
         note("note", f"predicted on {world_size(spec) or 'all'} processes "
                      f"({'NCCL' if job['device'] == 'cuda' else 'gloo'}, torchrun), chunks claimed by speed")
-    return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None,
-                      ranks={}, scores=actuals)
+    return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None, ranks={})
 
 
 def failure_line(spec: LaunchSpec, result: LaunchResult) -> str:
