@@ -19,3 +19,9 @@ def format_bytes(value: float | None, unit: str | None = None, digits: int = 2, 
         raise ValueError(f"unit {unit!r}: use one of {', '.join(UNITS)}")
     number = f"{int(value):,}" if unit == "B" else f"{value / UNITS[unit]:,.{digits}f}"
     return f"{number} {unit}" if with_unit else number
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as text: "42.0 s" below two minutes, "7.5 min" below two hours, else "3.2 h"."""
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"

@@ -10,6 +10,7 @@ compared ratio). Pure functions of the results, like the decision rule.
 
 from __future__ import annotations
 
+from kronos_core.units import format_duration
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import Comparison
 from kronos_tune.benchmark.train.verdicts import OneTimeCost
@@ -46,5 +47,4 @@ def one_time_costs(result: TrialResult, base: TrialResult | None, comparison: Co
 
 
 def duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} h"
+    return format_duration(seconds)
