@@ -108,11 +108,18 @@ def test_resume_after_interruption_gives_the_same_backtest_json(tmp_path: Path, 
         run_backtest(BacktestConfig(**options, out=tmp_path / "cut"), on_note=_quiet,
                      on_progress=interrupt_after_two_units)
     assert read_run_file(tmp_path / "cut")["status"] == "cancelled"
-    assert len(_saved_predictions(tmp_path / "cut")) == 4
+    # 12 symbol-origins a chunk: two chunks (origins 0-3) finished and kept in the work folder, no origin file yet
+    assert sorted(p.name for p in (tmp_path / "cut" / "predictions" / "a.work" / "done").iterdir()) == \
+        ["chunk-000000.json", "chunk-000001.json"]
+    assert _saved_predictions(tmp_path / "cut") == []
     assert not (tmp_path / "cut" / "backtest.json").exists()
 
-    resumed = run_backtest(BacktestConfig(**options, out=tmp_path / "cut", resume=True), on_note=_quiet)
-    assert resumed.session_predicted == 6  # only the missing unit (origin 4)
+    notes: list[str] = []
+    resumed = run_backtest(BacktestConfig(**options, out=tmp_path / "cut", resume=True),
+                           on_note=lambda level, message: notes.append(message))
+    assert resumed.session_predicted == 6  # only the missing chunk (origin 4)
+    assert any("resumed: 2 of 3 chunks (24 of 30 symbol-origins)" in note for note in notes)
+    assert not (tmp_path / "cut" / "predictions" / "a.work").exists()
     assert read_run_file(tmp_path / "cut")["status"] == "complete"
     assert (tmp_path / "cut" / "backtest.json").read_bytes() == (tmp_path / "whole" / "backtest.json").read_bytes()
     assert (tmp_path / "cut" / "origins.csv").read_bytes() == (tmp_path / "whole" / "origins.csv").read_bytes()

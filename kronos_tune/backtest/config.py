@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kronos_core.launch import LaunchSpec
 from kronos_core.sizes import size_spec
 from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.errors import KronosTuneError
@@ -131,7 +132,9 @@ class BacktestConfig(InputSpec):
     top_k: int = 10
     cost_bps: float = 10.0
     long_only: bool = False
-    batch_size: int = 256
+    batch_size: int | None = None  # symbol-origins per chunk (None: chosen from the job, chunk_size.py)
+    nproc: int = 1                 # processes predicting (torchrun ranks claiming chunks)
+    max_restarts: int = 0          # torchrun restarts a failed group this many times (it continues)
     device: str = "auto"
     setting: PredictionSetting = PredictionSetting()
     compare: PredictionSetting | None = None
@@ -143,6 +146,10 @@ class BacktestConfig(InputSpec):
     calendar: str | None = None  # exchange calendar for the model's future stamps; None: each symbol's own bars
     symbol_column: str | None = None  # --data files are panels with this column (None: detected, see universe.py)
     allow_overlap: bool = False  # score origins inside a checkpoint's training span (marked in-sample)
+
+    @property
+    def launch(self) -> LaunchSpec:
+        return LaunchSpec(self.nproc, max_restarts=self.max_restarts)
 
     @property
     def every_bars(self) -> int | str:
@@ -165,6 +172,7 @@ class BacktestConfig(InputSpec):
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
             "draws": _draws(),  # runs begun under torch's global generator have none: they do not resume
+            "predictions": "chunks",  # runs begun before the chunked pipeline have none: refused in one line
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
             **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
@@ -203,9 +211,14 @@ def check_config(config: BacktestConfig, device: str) -> None:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.synthetic is not None and config.synthetic < 2:
         raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
-    for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k)):
-        if value < 1:
+    for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k), ("--nproc", config.nproc)):
+        if value is not None and value < 1:
             raise KronosTuneError(f"{flag} {value}: must be at least 1")
+    if config.max_restarts < 0:
+        raise KronosTuneError(f"--max-restarts {config.max_restarts}: must be 0 or more")
+    if config.max_restarts and config.nproc < 2:
+        raise KronosTuneError(f"--max-restarts {config.max_restarts} restarts torchrun's ranks; add --nproc N "
+                              f"(2 or more)")
     if config.origins is not None and config.origins < 1:
         raise KronosTuneError(f"--origins {config.origins}: ask for at least 1 origin")
     if not math.isfinite(config.cost_bps) or config.cost_bps < 0:

@@ -3,38 +3,40 @@
 No terminal output: notes go to `on_note(level, message)`, progress to
 `on_progress(Progress)`; `kronos_tune.commands.backtest` renders them.
 
-Work is cut into fixed units before anything runs: several whole origins per
-predict call when the universe is smaller than ``batch_size``, else one origin
-split into calls of ``batch_size`` series. Each unit seeds the sampler from
-(seed, its first origin), so a unit predicts the same numbers whether it runs
-in a fresh run, a resumed one, or as either side of `--compare`.
+The windows of every (symbol, origin) are predicted through the prediction pipeline
+(`kronos_tune.backtest.predictions`): chunks of a fixed size, kept as they finish, run in this process or
+by torchrun ranks that claim them (--nproc), each window sampling from its own stream, so a window predicts
+the same numbers in a fresh run, a resumed one, on any number of ranks, or as either side of `--compare`.
 """
 
 from __future__ import annotations
 
-import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from kronos_core.errors import one_line
 from kronos_core.predict.predictor import default_device
+from kronos_core.predict.spec import PredictorSpec, build_predictor, load_weights
+from kronos_core.units import format_duration
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
                                          raise_top_k, short_model_name)
-from kronos_tune.backtest.forecast import Forecaster, KronosForecaster, origin_windows
+from kronos_tune.backtest.forecast import Forecaster
+from kronos_tune.backtest.predictions import SlotJob, predict_slot, settings_for
 from kronos_tune.backtest.leakage import check_spans, resolve_models, schedule_out_of_sample
-from kronos_tune.backtest.origins import EVERY_DAY, Origin, OriginSchedule, parse_every, schedule_origins
+from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, parse_every, schedule_origins
 from kronos_tune.backtest.outputs import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
 from kronos_tune.backtest.significance import STATS_WARNING, hac_lag, min_origins, missing_stats
-from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
 from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
-from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.job_state import JobProgress
+from kronos_tune.runs import claim_run_dir, default_run_dir, read_run_file
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
                       "settings still means something)"
@@ -89,51 +91,6 @@ def synthetic_rows(config: BacktestConfig, origins: int) -> int:
     if every == EVERY_DAY:
         return config.lookback + config.pred_len + (origins + 1) * 48
     return config.lookback + config.pred_len + (origins - 1) * int(every)
-
-
-def work_units(origins: list[Origin], batch_size: int) -> list[list[Origin]]:
-    """Consecutive origins packed up to batch_size series per unit (a larger origin is a unit of its own)."""
-    units: list[list[Origin]] = []
-    current: list[Origin] = []
-    filled = 0
-    for origin in origins:
-        if current and filled + len(origin.members) > batch_size:
-            units.append(current)
-            current, filled = [], 0
-        current.append(origin)
-        filled += len(origin.members)
-    if current:
-        units.append(current)
-    return units
-
-
-def kronos_factory(config: BacktestConfig, device: str, note: NoteCallback,
-                   weights: dict | None = None) -> ForecasterFactory:
-    """Load each model's weights once (on first use) and build one KronosPredictor per setting on them;
-    `weights`: the --checkpoint/--tokenizer folders already resolved (kronos_tune.predict.job.resolve_weights)."""
-    loaded: dict[tuple[str | None, str | None], object] = {}
-
-    def make(setting: PredictionSetting, on_chunk: Callable[[int], None]) -> Forecaster:
-        from kronos_core.predict.predictor import KronosPredictor
-        from kronos_tune.predict.job import PredictConfig, load_predictor
-
-        key = (setting.checkpoint, setting.tokenizer)
-        if key not in loaded:
-            model = dict(size=config.size, checkpoint=config.checkpoint, tokenizer=config.tokenizer)
-            resolved = weights
-            if setting.checkpoint is not None:  # --compare checkpoint=...: another model
-                model = dict(size=None, checkpoint=Path(setting.checkpoint), tokenizer=Path(str(setting.tokenizer)))
-                resolved = None
-            loaded[key] = load_predictor(PredictConfig(lookback=config.lookback, pred_len=config.pred_len, **model,
-                                                       device=device, seed=config.seed), note, resolved)
-        base = loaded[key]
-        predictor = KronosPredictor(base.model, base.tokenizer, device=device,  # type: ignore[attr-defined]
-                                    max_context=config.max_context(setting),
-                                    amp=None if setting.amp == "none" else setting.amp,
-                                    window_mode=setting.window_mode)
-        return KronosForecaster(predictor, setting, config.batch_size, on_chunk, seed=config.seed)
-
-    return make
 
 
 def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
@@ -205,15 +162,28 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     futures = calendar_futures(config, universe, schedule)
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
+    if config.resume:
+        refuse_earlier_layout(Path(folder))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
     note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
     run.mark("running", origins=len(schedule.origins), symbols=len(schedule.used_symbols),
              **({"weights": {label: source.to_dict() for label, source in weights.items()}} if weights else {}))
-    factory = forecaster_factory or kronos_factory(config, device, note, weights)
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
+    predictors = PredictorCache(note)
     try:
         for slot, setting in zip(SLOTS, settings):
-            _predict_slot(config, universe, schedule, run, slot, setting, factory, session, on_progress, futures)
+            job = slot_job(config, slot, setting, device, weights, custom=forecaster_factory is not None)
+            forecaster = None if forecaster_factory is None else (
+                lambda setting=setting: forecaster_factory(setting, lambda _count: None))
+            with warnings.catch_warnings():
+                # A lookback longer than max_context is reported once, above.
+                warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
+                outcome = predict_slot(job, universe, schedule, run.path, futures, note,
+                                       lambda spec=job.spec: predictors.get(spec), forecaster,
+                                       _progress_adapter(job.label, schedule, note, on_progress))
+            session.predicted += outcome.predicted
+            session.predict_seconds += outcome.seconds
+            run.mark("running", **{f"origins_saved_{slot}": len(schedule.origins)})
         result = score_run(config, universe, schedule, run.path, settings)
         result.overlap = overlap
         result.notes = session.notes
@@ -265,50 +235,76 @@ def _timing(session: Session) -> dict[str, object]:
             "symbol_origins_per_s": session.symbol_origins_per_s}
 
 
-def _predict_slot(config: BacktestConfig, universe: Universe, schedule: OriginSchedule, run: RunDir, slot: str,
-                  setting: PredictionSetting, factory: ForecasterFactory, session: Session,
-                  on_progress: ProgressCallback | None, futures: dict[int, np.ndarray] | None = None) -> None:
-    """Predict every origin of one setting that has no complete file yet (`futures`: see calendar_futures)."""
-    done = {o.index for o in schedule.origins
-            if read_origin(origin_path(run.path, slot, o.index), len(o.members)) is not None}
-    total = schedule.predictions
-    state = Progress(setting.label(), len(done), len(schedule.origins),
-                     sum(len(o.members) for o in schedule.origins if o.index in done), total, 0.0)
-    pending = [u for u in work_units(schedule.origins, config.batch_size) if any(o.index not in done for o in u)]
-    if not pending:
-        return
-    started = time.perf_counter()
+EARLIER_LAYOUT = "per-origin files"
 
-    def on_chunk(series: int) -> None:
-        state.predicted += series
-        state.predict_seconds = time.perf_counter() - started
-        if on_progress is not None:
-            on_progress(state)
 
-    forecaster = factory(setting, on_chunk)
-    if on_progress is not None:
-        on_progress(state)
-    for unit in pending:
-        windows = [w for o in unit for w in origin_windows(universe, o, config.lookback, config.pred_len,
-                                                           None if futures is None else futures[o.index])]
-        torch.manual_seed(config.seed * 1_000_003 + unit[0].index)
-        before, unit_started = state.predicted, time.perf_counter()
-        output = np.asarray(forecaster(windows, config.pred_len), dtype=np.float64)
-        samples = output if output.ndim == 2 and output.shape[1] >= 2 else None
-        closes = output.mean(axis=1) if output.ndim == 2 else output
-        session.predict_seconds += time.perf_counter() - unit_started
-        session.predicted += len(windows)
-        state.predicted = before + len(windows)  # also when the forecaster does not report chunks
-        offset = 0
-        for origin in unit:
-            count = len(origin.members)
-            if origin.index not in done:
-                frame = origin_frame(windows[offset:offset + count], origin.timestamp, closes[offset:offset + count],
-                                     None if samples is None else samples[offset:offset + count])
-                write_origin(origin_path(run.path, slot, origin.index), frame)
-                state.origins_done += 1
-            offset += count
-        state.predict_seconds = time.perf_counter() - started
-        run.mark("running", **{f"origins_saved_{slot}": state.origins_done})
+def refuse_earlier_layout(folder: Path) -> None:
+    """A backtest begun by a kronos-tune before the chunked pipeline (its run.json identity has no
+    "predictions" key) cannot be continued: its finished origins carry no chunk records."""
+    existing = read_run_file(folder) if folder.is_dir() else None
+    if existing is None or existing.get("command") != "backtest":
+        return  # claim_run_dir says what is wrong with the folder
+    if "predictions" not in (existing.get("identity") or {}):
+        raise KronosTuneError(f"--resume {folder}: that backtest was begun by an earlier kronos-tune, which kept "
+                              f"{EARLIER_LAYOUT} this version cannot continue; start a new run with another --out "
+                              f"(that folder keeps its files)")
+
+
+def slot_job(config: BacktestConfig, slot: str, setting: PredictionSetting, device: str, weights: dict,
+             custom: bool = False) -> SlotJob:
+    """One setting's prediction job: the predictor (another model's folders for --compare checkpoint=...), its
+    chunk settings, the launch and what a resumed slot must match."""
+    if setting.checkpoint is not None:
+        model = dict(checkpoint=str(setting.checkpoint), tokenizer=str(setting.tokenizer))
+    else:
+        checkpoint, tokenizer = weights.get("checkpoint"), weights.get("tokenizer")
+        model = dict(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
+                     tokenizer=None if tokenizer is None else str(tokenizer.path))
+    spec = None if custom else PredictorSpec(**model, seed=config.seed, device=device,
+                                             amp=None if setting.amp == "none" else setting.amp,
+                                             max_context=config.max_context(setting), window_mode=setting.window_mode)
+    return SlotJob(slot=slot, label=setting.label(), lookback=config.lookback, pred_len=config.pred_len,
+                   settings=settings_for(setting, config.seed), spec=spec, launch=config.launch,
+                   chunk_series=config.batch_size, identity={**config.identity(), "slot": slot,
+                                                             "slot_setting": setting.to_dict()})
+
+
+class PredictorCache:
+    """Predictors built on weights loaded once per model (both sides of --compare share them); a warning
+    while loading becomes a note."""
+
+    def __init__(self, note: NoteCallback) -> None:
+        self.note = note
+        self.weights: dict[tuple, object] = {}
+
+    def get(self, spec: PredictorSpec):
+        key = (spec.size, spec.checkpoint, spec.tokenizer, spec.seed)
+        if key not in self.weights:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.weights[key] = load_weights(spec)
+            for warning in caught:
+                self.note("warning", str(warning.message))
+        return build_predictor(spec, self.weights[key])  # type: ignore[arg-type]
+
+
+def _progress_adapter(label: str, schedule: OriginSchedule, note: NoteCallback,
+                      on_progress: ProgressCallback | None) -> Callable[[JobProgress], None]:
+    """The pipeline's progress as the backtest's (origins done from the windows done), and one line with the
+    time left once the first chunk of this invocation has given a rate."""
+    ends = np.cumsum([len(o.members) for o in schedule.origins])
+    told = [False]
+
+    def hear(progress: JobProgress) -> None:
+        rate = progress.series_per_s
+        if not told[0] and rate > 0:
+            told[0] = True
+            left = progress.series_total - progress.series_done
+            note("note", f"[{label}] {rate:.1f} symbol-origins/s on the first chunk: about "
+                         f"{format_duration(left / rate)} for the {left} left")
         if on_progress is not None:
-            on_progress(state)
+            origins = int(np.searchsorted(ends, progress.series_done, side="right"))
+            on_progress(Progress(label, origins, len(schedule.origins), progress.series_done, progress.series_total,
+                                 progress.seconds))
+
+    return hear

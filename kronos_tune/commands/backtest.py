@@ -208,7 +208,15 @@ def backtest_command(
     cost_bps: Annotated[float, typer.Option("--cost-bps", help="Transaction cost per unit of turnover, bps.")] = 10.0,
     long_only: Annotated[bool, typer.Option(
         "--long-only", help="Long the top-k only, against the equal-weight universe (default: long-short).")] = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Series per predict call.")] = 256,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", "--chunk-series", help="Symbol-origins per chunk, the unit kept as it finishes and "
+                                               "shared between processes (default: chosen from the job).")] = None,
+    nproc: Annotated[int, typer.Option(
+        "--nproc", help="Processes predicting (one per GPU); >1 runs torchrun ranks that claim chunks by speed.")
+    ] = 1,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", help="With --nproc: torchrun restarts a failed group this many times; it continues from "
+                               "the finished chunks.")] = 0,
     device: DeviceOption = "auto",
     amp: AmpOption = "none",
     window_mode: WindowModeOption = "refill",
@@ -233,7 +241,7 @@ def backtest_command(
     seed: SeedOption = 0,
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Run folder (default runs/backtest/<model>-<data>-<time>/).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out; finished origins are kept.")
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out; finished chunks are kept.")
                       ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the kronos-tune run in --out.")] = False,
     calendar: CalendarOption = None,
@@ -255,7 +263,8 @@ def backtest_command(
     config = BacktestConfig(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
-        long_only=long_only, batch_size=batch_size, device=device, setting=setting,
+        long_only=long_only, batch_size=batch_size, nproc=nproc, max_restarts=max_restarts, device=device,
+        setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
         periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
         offline=offline, symbol_column=symbol_column, allow_overlap=allow_overlap)
@@ -270,7 +279,7 @@ def backtest_command(
             with BacktestProgress(console) as view:
                 result = run_backtest(config, on_note=on_note, on_progress=view.update)
     except KeyboardInterrupt:
-        console.print("interrupted: finished origins are kept; continue with --resume --out <the run folder above>",
+        console.print("interrupted: finished chunks are kept; continue with --resume --out <the run folder above>",
                       markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
 

@@ -49,6 +49,15 @@ class WorkFolder:
         self.identity = identity
         self.created = created  # by this run (removed again if it fails before any chunk is finished)
 
+    @classmethod
+    def read(cls, out: Path) -> WorkFolder | None:
+        """The work folder of `out` as its manifest describes it, or None when there is none."""
+        folder = work_folder_for(out)
+        manifest = folder / MANIFEST
+        if not manifest.is_file():
+            return None
+        return cls(folder, json.loads(manifest.read_text()).get("identity", {}))
+
     @property
     def left_empty(self) -> bool:
         """Created by this run and no chunk finished: a failed run removes it (run_job), leaving no trace."""
