@@ -181,3 +181,25 @@ def test_with_stream_keys_a_series_forecast_does_not_depend_on_the_chunking(tmp_
     run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "one.parquet", chunk_series=7))
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "threes.parquet"),
                                   pd.read_parquet(tmp_path / "one.parquet"))
+
+
+def test_the_chunk_size_is_chosen_from_the_job_and_a_resume_counts_what_it_predicts(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 40)
+    notes: list[str] = []
+    config = panel_config(tmp_path / "panel.parquet", tmp_path / "full.parquet", chunk_series=None)
+    full = run_predict(config, on_note=lambda level, text: notes.append(text))
+    # 40 series, one process: at least 8 chunks, none below 16 series -> 16, 16, 8
+    assert full.job["chunk_series"] == 16 and full.job["chunks"] == 3
+    assert any(n.startswith("chunks of 16 series: 3 chunks (chosen from the job") for n in notes)
+
+    cut = panel_config(tmp_path / "panel.parquet", tmp_path / "cut.parquet", chunk_series=None)
+    with pytest.raises(KronosTuneError):
+        run_predict(cut, on_job_progress=StopAfter(2))
+    notes.clear()
+    resumed = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "cut.parquet", chunk_series=None,
+                                       resume=True), on_note=lambda level, text: notes.append(text))
+    assert resumed.job["chunk_series"] == 16 and resumed.resumed_series == 32 and resumed.series_predicted == 8
+    assert resumed.series_per_s == pytest.approx(8 / resumed.predict_seconds)
+    assert any("resumed: kept 2 of 3 chunks (32 of 40 series) finished before; predicted the other 1 (8 series) now"
+               in n for n in notes)
+    assert (tmp_path / "cut.parquet").read_bytes() == (tmp_path / "full.parquet").read_bytes()

@@ -266,7 +266,8 @@ def predict_command(
         console.print(f"wrote {rows} rows to {out}", markup=False, highlight=False, soft_wrap=True)
     console.print(
         f"{result.series} series in {result.seconds:.2f} s (predict {result.predict_seconds:.2f} s, "
-        f"{result.series_per_s:.2f} series/s) on {result.device}; "
+        + (f"{result.series_predicted} predicted now, " if result.resumed_series else "")
+        + f"{result.series_per_s:.2f} series/s) on {result.device}; "
         f"peak RSS {format_bytes(result.peak_rss_bytes, 'MiB', 1)}"
         + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),
         markup=False, highlight=False, soft_wrap=True,

@@ -63,14 +63,20 @@ class PredictResult:
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> PretrainedSource.to_dict()
     series_count: int | None = None   # a job's series (its frames are kept for small runs only)
     job: dict[str, Any] | None = None  # a --out job: chunks, resumed chunks, rows written, work folder
+    resumed_series: int = 0  # series a resumed job had finished before: not predicted (or timed) now
 
     @property
     def series(self) -> int:
         return len(self.frames) if self.series_count is None else self.series_count
 
     @property
+    def series_predicted(self) -> int:
+        """Series predicted by this invocation (a resumed job's finished chunks are not)."""
+        return self.series - self.resumed_series
+
+    @property
     def series_per_s(self) -> float:
-        return self.series / self.predict_seconds if self.predict_seconds > 0 else math.inf
+        return self.series_predicted / self.predict_seconds if self.predict_seconds > 0 else math.inf
 
     @property
     def mean_mae(self) -> float | None:
@@ -90,6 +96,7 @@ class PredictResult:
     def to_json_dict(self) -> dict[str, Any]:
         report: dict[str, Any] = {
             "series": self.series,
+            "series_predicted": self.series_predicted,
             "seconds": round(self.seconds, 6),
             "predict_seconds": round(self.predict_seconds, 6),
             "series_per_s": self.series_per_s,
@@ -292,7 +299,8 @@ def _run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: 
            "rows": outcome.rows, "work": str(outcome.work), "ranks": outcome.ranks}
     return PredictResult(series_names=names, frames=frames, seconds=time.perf_counter() - started,
                          predict_seconds=outcome.predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=config.out,
-                         scores=scores, precision=outcome.precision, series_count=outcome.series, job=job, **common)
+                         scores=scores, precision=outcome.precision, series_count=outcome.series, job=job,
+                         resumed_series=outcome.resumed_series, **common)
 
 
 def table_frames(table: pd.DataFrame, pred_len: int) -> tuple[list[str], list[pd.DataFrame]]:

@@ -54,6 +54,7 @@ class JobOutcome:
     tables: list[pd.DataFrame] | None  # the chunks' rows, kept for small runs only
     ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> chunks, series, seconds
     chunk_series: int = 0
+    resumed_series: int = 0  # series whose chunk was finished before this invocation
     precision: Precision = field(default_factory=Precision)
     # --holdout: per chunk (names, actual close) while predicting, then (name, predicted, actual close) per series
     scores: list = field(default_factory=list)

@@ -32,13 +32,15 @@ from kronos_tune.predict.output import Precision, output_format, widest
 from kronos_tune.predict.parts import assemble, read_part_close, write_part
 from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
                                            holdout_actuals)
-from kronos_tune.predict.shards import rank_job, run_ranks
+from kronos_tune.predict.shards import rank_job, run_ranks, world_size
+from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder, open_work, temporary_work
 
 SMALL_RUN_SERIES = 100  # --json embeds the forecasts of runs up to this many series
 
 
-def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource]) -> dict[str, Any]:
+def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource],
+                 chunk_series: int | None = None) -> dict[str, Any]:
     """What a resume must match: the data (each file's size and time), the model, every setting that changes
     a value. Not the process count: a job may resume on more or fewer ranks."""
     files = []
@@ -54,7 +56,7 @@ def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource]) ->
         "window_mode": config.window_mode, "max_context": config.max_context, "amp": config.amp,
         "device": resolve_device(config.device).split(":")[0], "kv_cache": config.kv_cache,
         "max_batch_size": config.max_batch_size, "calendar": config.calendar, "quantiles": list(config.quantiles),
-        "chunk_series": config.chunk_series or DEFAULT_CHUNK_SERIES,
+        "chunk_series": chunk_series or config.chunk_series or DEFAULT_CHUNK_SERIES,
         "format": None if config.out is None else output_format(config.out),
     }
 
@@ -74,9 +76,23 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-def open_job(config: PredictConfig, weights: dict[str, PretrainedSource]) -> WorkFolder:
+def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
+    """Series per chunk and whether it was chosen here: --chunk-series, else the size a resumed job began with
+    (whatever the process count is now), else chosen from the job (chunk_size.choose_chunk_series)."""
+    if config.chunk_series is not None:
+        return config.chunk_series, False
+    if config.resume and config.out is not None:
+        existing = WorkFolder.read(config.out)
+        if existing is not None and "chunk_series" in existing.identity:
+            return existing.chunk_series, False
+    processes = world_size(config.launch) or config.launch.nproc
+    return choose_chunk_series(expected, processes, resolve_device(config.device), config.sample_count), True
+
+
+def open_job(config: PredictConfig, weights: dict[str, PretrainedSource], chunk_series: int | None = None
+             ) -> WorkFolder:
     """The work folder (beside --out; a temporary one for a sharded run without --out)."""
-    identity = job_identity(config, weights)
+    identity = job_identity(config, weights, chunk_series)
     if config.out is None:
         return temporary_work(identity)
     return open_work(config.out, identity, config.resume, join=config.launch.multi_node)
@@ -86,14 +102,20 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
             load: Callable[[], Any], on_progress: JobProgressCallback | None = None) -> JobOutcome | None:
     """Predict every missing chunk, then write --out; None on a node whose ranks finished while another node
     (the one running rank 0) writes the output. `load` builds the predictor (in-process runs only)."""
-    work = open_job(config, weights)
+    if config.out is not None and not config.launch.multi_node and (WorkFolder.read(config.out) is None) == config.resume:
+        open_job(config, weights)  # refuses in one line before any data is read: --resume with nothing to
+        # continue, or an unfinished job's folder without --resume
+    source = open_source(config, note)
+    chunk_series, chosen = job_chunk_series(config, source.expected)
+    work = open_job(config, weights, chunk_series)
     if config.out is not None:
         note("note", f"work folder: {work.path} (finished chunks are kept there until --out is written"
                      + ("; it must be on storage every node shares" if config.launch.multi_node else "") + ")")
+    note("note", describe_chunks(chunk_series, source.expected, world_size(config.launch) or config.launch.nproc,
+                                 chosen))
     finished = work.finished()
     started = time.perf_counter()
     try:
-        source = open_source(config, note)
         if config.launch.launched:
             actuals: list = []
             outcome = run_ranks(config.launch, rank_job(predictor_spec(config, weights), chunk_settings(config)),
@@ -114,8 +136,10 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     if outcome.negative:
         note("note", f"{outcome.negative} predicted volume/amount values were below 0 and are written as 0")
     if outcome.resumed_chunks:
-        note("note", f"resumed: {outcome.resumed_chunks} of {outcome.chunks} chunks were finished before; "
-                     f"predicted the other {outcome.chunks - outcome.resumed_chunks}")
+        note("note", f"resumed: kept {outcome.resumed_chunks} of {outcome.chunks} chunks ({outcome.resumed_series} "
+                     f"of {outcome.series} series) finished before; predicted the other "
+                     f"{outcome.chunks - outcome.resumed_chunks} ({outcome.series - outcome.resumed_series} series) "
+                     f"now")
     if config.out is not None:
         outcome.rows = assemble(work, config.out, outcome.chunks)
     finished = work.finished()
@@ -189,4 +213,5 @@ def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, p
                               f"{-(-series_total // work.chunk_series)}); "
                               f"{work.kept_note(resumable=config.out is not None)}") from None
     chunks = index + 1
-    return JobOutcome(done_series, chunks, resumed, 0, 0.0, negative, work.path, tables, scores=actuals)
+    return JobOutcome(done_series, chunks, resumed, 0, 0.0, negative, work.path, tables, scores=actuals,
+                      resumed_series=resumed_series)

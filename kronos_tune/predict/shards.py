@@ -122,7 +122,8 @@ def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tu
             return None
         note("note", f"predicted on {world_size(spec) or 'all'} processes "
                      f"({'NCCL' if job['device'] == 'cuda' else 'gloo'}, torchrun), chunks claimed by speed")
-    return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None, ranks={})
+    return JobOutcome(series_total, chunks, chunks - len(todo), 0, 0.0, done[1], work.path, None, ranks={},
+                      resumed_series=resumed_series)
 
 
 def failure_line(spec: LaunchSpec, result: LaunchResult) -> str:
