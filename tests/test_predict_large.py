@@ -203,3 +203,16 @@ def test_the_chunk_size_is_chosen_from_the_job_and_a_resume_counts_what_it_predi
     assert any("resumed: kept 2 of 3 chunks (32 of 40 series) finished before; predicted the other 1 (8 series) now"
                in n for n in notes)
     assert (tmp_path / "cut.parquet").read_bytes() == (tmp_path / "full.parquet").read_bytes()
+
+
+def test_a_run_without_out_is_the_same_job_in_memory(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 20)
+    written = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "o.parquet", chunk_series=None))
+    kept = run_predict(panel_config(tmp_path / "panel.parquet", None, chunk_series=None))
+    assert kept.out is None and kept.job["chunks"] == written.job["chunks"] == 2  # 16 + 4 series
+    assert not list(tmp_path.glob("*.work")) and sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet",
+                                                                                                 "panel.parquet"]
+    table = pd.read_parquet(tmp_path / "o.parquet")
+    assert kept.series_names == sorted(kept.series_names) == list(dict.fromkeys(table["Code"]))
+    memory = kept.long_frame()
+    np.testing.assert_array_equal(memory["close"].to_numpy(), table["close"].to_numpy())

@@ -156,7 +156,7 @@ def _open_slot_work(job: SlotJob, run_path: Path, total: int) -> WorkFolder:
     base = run_path / "predictions" / job.slot
     size = job.chunk_series or choose_chunk_series(total, job.launch.nproc, _device(job),
                                                    job.settings.sample_count)
-    existing = WorkFolder.read(base)
+    existing = WorkFolder.existing(base)
     if existing is not None and job.chunk_series is None:
         size = existing.chunk_series  # the size it started with, whatever the process count is now
     return open_work(base, {**job.identity, "chunk_series": size}, resume=True, join=True)
@@ -212,7 +212,7 @@ def write_origin_files(work: WorkFolder, schedule: OriginSchedule, universe: Uni
 
 
 def _part_closes(work: WorkFolder, chunk: int) -> np.ndarray:
-    table = pd.read_parquet(work.part(chunk))
+    table = work.read(chunk)
     return table[[c for c in table.columns if c.startswith("close_")]].to_numpy(dtype=np.float64)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -27,7 +27,6 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import MissingParameter  # type: ignore[no-redef]
 
 if TYPE_CHECKING:  # the job imports torch; load it only when the command runs
-    from kronos_core.predict.predictor import PredictProgress
     from kronos_tune.predict.job import PredictResult
     from kronos_tune.predict.large import JobProgress
 
@@ -93,33 +92,19 @@ def _json_ready(report: dict) -> dict:
             for key, value in report.items()}
 
 
-class _PredictBar:
-    """The Rich bar for an in-process prediction (kronos_core reports progress, kronos-tune draws it): shown from
-    the first report until the job returns, then cleared."""
+class _JobBar:
+    """The bar of a prediction job (kronos_tune reports chunks, the command draws them): series finished
+    (resumed ones included), series/s, time left, and per rank; shown from the first report until the job
+    returns, then cleared."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress: Progress | None = None
         self.task: TaskID | None = None
 
-    def __call__(self, report: PredictProgress) -> None:
-        if self.progress is None:
-            columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("series {task.fields[series]}"), TimeRemainingColumn())
-            self.progress = Progress(*columns, console=self.console, transient=True)
-            self.task = self.progress.add_task("steps", total=report.steps_total, series=f"0/{report.series_total}")
-            self.progress.start()
-        assert self.task is not None
-        self.progress.update(self.task, completed=report.steps_done,
-                             series=f"{report.series_done}/{report.series_total}")
-
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
-
-
-class _JobBar(_PredictBar):
-    """A --out job's bar: series finished (resumed ones included), series/s, time left, and per rank."""
 
     def job(self, report: JobProgress) -> None:
         if self.progress is None:
@@ -244,7 +229,7 @@ def predict_command(
 
     bar = None if as_json else _JobBar(console)
     try:
-        result = run_predict(config, on_note=on_note, on_progress=bar, on_job_progress=bar and bar.job)
+        result = run_predict(config, on_note=on_note, on_job_progress=bar and bar.job)
     finally:
         if bar is not None:
             bar.close()

@@ -21,19 +21,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
+from kronos_core.data.kline import TIME_COLUMN
 from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
-from kronos_core.predict.predictor import KronosPredictor, ProgressCallback
+from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.spec import build_predictor, load_weights
 from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, resolve_max_context,
                                         check_config, predictor_spec, resolve_device)
-from kronos_tune.predict.inputs import NoteCallback, load_inputs
-from kronos_tune.predict.chunk_run import stream_arguments
+from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.job_state import JobProgressCallback
 from kronos_tune.predict.large import SMALL_RUN_SERIES, run_job
-from kronos_tune.predict.output import Precision, fix_volumes, long_frame, output_format, predictions_json
-from kronos_tune.predict.quantiles import quantile_columns, sample_quantiles
+from kronos_tune.predict.output import Precision, long_frame, output_format, predictions_json
 from kronos_tune.predict.shards import check_shards
 
 
@@ -176,11 +174,9 @@ def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray,
 
 
 def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
-                on_progress: ProgressCallback | None = None,
                 on_job_progress: JobProgressCallback | None = None) -> PredictResult:
-    """Check the flags, read the data, load the predictor, predict, score (--holdout) and write --out.
-    `on_progress` follows the in-process prediction of a run without --out
-    (kronos_core.predict.predictor.PredictProgress); `on_job_progress` a job's chunks (large.JobProgress)."""
+    """Check the flags, read the data, load the predictor, predict the chunks, score (--holdout) and write
+    --out. `on_job_progress` follows the chunks (job_state.JobProgress)."""
     started = time.perf_counter()
     notes: list[tuple[str, str]] = []
 
@@ -203,61 +199,14 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
                      f"the window slides after {max_context - config.lookback} steps and {after}")
 
     weights = resolve_weights(config, note)  # before the data: a hub id that is not there fails at once
-    if config.out is not None or config.launch.launched:
-        return _run_job(config, weights, note, on_job_progress, started, notes, max_context)
-    inputs = load_inputs(config, note)
-    predictor = load_predictor(config, note, weights)
-    if predictor.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(predictor.device)
-
-    torch.manual_seed(config.seed)
-    predict_started = time.perf_counter()
-    streams = stream_arguments(inputs.names, inputs.last_ns, config.seed)
-    with warnings.catch_warnings():
-        # The long-history warning is already a note above.
-        warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
-        quantiles = None
-        if config.quantiles:
-            values, samples = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp,
-                                                       T=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                                                       sample_count=config.sample_count, on_progress=on_progress,
-                                                       mean_and_samples=True, **streams)
-            quantiles = sample_quantiles(samples, config.quantiles)  # [N, Q, P, 6]
-            del samples
-        else:
-            values = predictor.predict_arrays(inputs.x, inputs.x_stamp, inputs.y_stamp, T=config.temperature,
-                                              top_k=config.top_k, top_p=config.top_p,
-                                              sample_count=config.sample_count, on_progress=on_progress,
-                                              mean_only=True, **streams)
-    predict_seconds = time.perf_counter() - predict_started
-    peak_gpu = int(torch.cuda.max_memory_allocated(predictor.device)) if predictor.device.type == "cuda" else None
-    precision = inputs.precision
-    names = [str(name) for name in inputs.names]
-    negative = fix_volumes(values, inputs.no_volume)
-    if quantiles is not None:
-        negative += fix_volumes(quantiles, inputs.no_volume)
-    if negative:
-        note("note", f"{negative} predicted volume/amount values were below 0 and are written as 0")
-    frames = _frames(values, quantiles, config.quantiles, inputs.futures)
-
-    scores = None
-    if config.holdout:
-        last_closes = inputs.x[:, -1, FEATURE_COLUMNS.index("close")]
-        scores = [score(name, frame["close"].to_numpy(), actual, float(last))
-                  for name, frame, actual, last in zip(names, frames, inputs.actual_close, last_closes)]
-    return PredictResult(
-        series_names=names, frames=frames, max_context=max_context, device=str(predictor.device),
-        random_weights=config.checkpoint is None, seconds=time.perf_counter() - started,
-        predict_seconds=predict_seconds, peak_rss_bytes=peak_rss_bytes(), out=None,
-        scores=scores, notes=notes, peak_gpu_bytes=peak_gpu, precision=precision,
-        weights={label: source.to_dict() for label, source in weights.items()},
-    )
+    return _run_job(config, weights, note, on_job_progress, started, notes, max_context)
 
 
 def _run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: NoteCallback,
              on_progress: JobProgressCallback | None, started: float, notes: list[tuple[str, str]],
              max_context: int) -> PredictResult:
-    """A --out job (or a sharded run): chunks kept as they finish, resumable (large.py)."""
+    """Every run is a job of chunks (large.py): kept as they finish in the work folder beside --out
+    (resumable), in a temporary one for ranks, or in memory for a run in this process without --out."""
     device = resolve_device(config.device)
     sharded = config.launch.launched
     if sharded:
@@ -309,19 +258,6 @@ def table_frames(table: pd.DataFrame, pred_len: int) -> tuple[list[str], list[pd
     names = [str(name) for name in table[name_column].to_numpy()[::pred_len]]
     body = table.drop(columns=[name_column]).set_index(TIME_COLUMN)
     return names, [body.iloc[k * pred_len:(k + 1) * pred_len] for k in range(len(names))]
-
-
-def _frames(values: np.ndarray, quantiles: np.ndarray | None, levels: tuple[float, ...],
-            futures: list[pd.DatetimeIndex]) -> list[pd.DataFrame]:
-    """Per series: the mean path [P, 6] as FEATURE_COLUMNS, then each column's quantiles (open_q10, ...)."""
-    if quantiles is None:
-        columns = pd.Index(FEATURE_COLUMNS)  # built once: a list would be re-parsed for every frame
-        return [pd.DataFrame(v, columns=columns, index=index) for v, index in zip(values, futures)]
-    columns = pd.Index([*FEATURE_COLUMNS, *quantile_columns(FEATURE_COLUMNS, levels)])
-    # [N, Q, P, C] -> [N, P, C, Q]: per bar, each column's levels side by side, in quantile_columns' order
-    banded = np.moveaxis(quantiles, 1, 3).reshape(len(values), values.shape[1], -1)
-    return [pd.DataFrame(np.concatenate([v, q], axis=1), columns=columns, index=index)
-            for v, q, index in zip(values, banded, futures)]
 
 
 __all__ = [

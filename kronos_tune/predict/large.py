@@ -34,7 +34,7 @@ from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressC
                                            holdout_actuals)
 from kronos_tune.predict.shards import rank_job, run_ranks, world_size
 from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks
-from kronos_tune.predict.workdir import DoneChunk, WorkFolder, open_work, temporary_work
+from kronos_tune.predict.workdir import DoneChunk, MemoryWork, WorkFolder, open_work, temporary_work
 
 SMALL_RUN_SERIES = 100  # --json embeds the forecasts of runs up to this many series
 
@@ -82,7 +82,7 @@ def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
     if config.chunk_series is not None:
         return config.chunk_series, False
     if config.resume and config.out is not None:
-        existing = WorkFolder.read(config.out)
+        existing = WorkFolder.existing(config.out)
         if existing is not None and "chunk_series" in existing.identity:
             return existing.chunk_series, False
     processes = world_size(config.launch) or config.launch.nproc
@@ -90,9 +90,12 @@ def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
 
 
 def open_job(config: PredictConfig, weights: dict[str, PretrainedSource], chunk_series: int | None = None
-             ) -> WorkFolder:
-    """The work folder (beside --out; a temporary one for a sharded run without --out)."""
+             ) -> WorkFolder | MemoryWork:
+    """Where the finished chunks go: the work folder beside --out, a temporary one for a sharded run without
+    --out (the ranks write files), or memory for a run in this process without --out."""
     identity = job_identity(config, weights, chunk_series)
+    if config.out is None and not config.launch.launched:
+        return MemoryWork(int(identity["chunk_series"]))
     if config.out is None:
         return temporary_work(identity)
     return open_work(config.out, identity, config.resume, join=config.launch.multi_node)
@@ -102,7 +105,7 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
             load: Callable[[], Any], on_progress: JobProgressCallback | None = None) -> JobOutcome | None:
     """Predict every missing chunk, then write --out; None on a node whose ranks finished while another node
     (the one running rank 0) writes the output. `load` builds the predictor (in-process runs only)."""
-    if config.out is not None and not config.launch.multi_node and (WorkFolder.read(config.out) is None) == config.resume:
+    if config.out is not None and not config.launch.multi_node and (WorkFolder.existing(config.out) is None) == config.resume:
         open_job(config, weights)  # refuses in one line before any data is read: --resume with nothing to
         # continue, or an unfinished job's folder without --resume
     source = open_source(config, note)
@@ -111,8 +114,9 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     if config.out is not None:
         note("note", f"work folder: {work.path} (finished chunks are kept there until --out is written"
                      + ("; it must be on storage every node shares" if config.launch.multi_node else "") + ")")
-    note("note", describe_chunks(chunk_series, source.expected, world_size(config.launch) or config.launch.nproc,
-                                 chosen))
+    if config.out is not None or config.launch.launched:  # the unit kept and shared: said
+        note("note", describe_chunks(chunk_series, source.expected,
+                                     world_size(config.launch) or config.launch.nproc, chosen))
     finished = work.finished()
     started = time.perf_counter()
     try:
@@ -147,9 +151,9 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     outcome.precision = widest([Precision(*finished[k].precision) for k in range(outcome.chunks)] or [Precision()])
     if not outcome.ranks:
         outcome.ranks = rank_summary(finished)
-    # --json embeds small runs; without --out (a sharded run) the frames are the result, as in one process
+    # --json embeds small runs; without --out the frames are the result
     if outcome.tables is None and (outcome.series <= SMALL_RUN_SERIES or config.out is None):
-        outcome.tables = [pd.read_parquet(work.part(k)) for k in range(outcome.chunks)]
+        outcome.tables = [work.read(k) for k in range(outcome.chunks)]
     if config.holdout:
         outcome.scores = holdout_pairs(work, outcome.scores, config.pred_len)
     work.remove()
@@ -189,7 +193,7 @@ def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, p
             for index, series in chunked(source.batches, work.chunk_series):
                 settings = chunk_settings(config, series.name_column)
                 if index in finished:
-                    table = pd.read_parquet(work.part(index)) if tables is not None else None
+                    table = work.read(index) if tables is not None else None
                     resumed += 1
                     resumed_series += len(series)
                 else:

@@ -44,8 +44,7 @@ def chunk_table(series: LoadedSeries, values: np.ndarray, quantiles: np.ndarray 
 
 def write_part(work: WorkFolder, chunk: int, table: pd.DataFrame, series: LoadedSeries, rank: int,
                seconds: float) -> DoneChunk:
-    with atomic_path(work.part(chunk)) as temp:
-        table.to_parquet(temp, index=False)
+    work.store(chunk, table)
     precision = series.precision
     done = DoneChunk(chunk, rank, len(series), len(table), (precision.price, precision.volume, precision.amount),
                      seconds)
@@ -90,5 +89,5 @@ def assemble(work: WorkFolder, out: Path, chunks: int) -> int:
 
 def read_part_close(work: WorkFolder, chunk: int, pred_len: int) -> np.ndarray:
     """The predicted close [n, P] of a finished chunk (scores of a resumed --holdout job)."""
-    close = pd.read_parquet(work.part(chunk), columns=["close"])["close"].to_numpy()
+    close = work.read(chunk, columns=["close"])["close"].to_numpy()
     return close.reshape(-1, pred_len)

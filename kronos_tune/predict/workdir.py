@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kronos_core.files import write_text_atomic
+import pandas as pd
+
+from kronos_core.files import atomic_path, write_text_atomic
 from kronos_tune.errors import KronosTuneError
 
 MANIFEST = "manifest.json"
@@ -50,7 +52,7 @@ class WorkFolder:
         self.created = created  # by this run (removed again if it fails before any chunk is finished)
 
     @classmethod
-    def read(cls, out: Path) -> WorkFolder | None:
+    def existing(cls, out: Path) -> WorkFolder | None:
         """The work folder of `out` as its manifest describes it, or None when there is none."""
         folder = work_folder_for(out)
         manifest = folder / MANIFEST
@@ -72,6 +74,14 @@ class WorkFolder:
 
     def inputs(self, chunk: int) -> Path:
         return self.path / "inputs" / f"chunk-{chunk:06d}.npz"
+
+    def store(self, chunk: int, table: pd.DataFrame) -> None:
+        """A chunk's part, written atomically (its record follows: `record`)."""
+        with atomic_path(self.part(chunk)) as temp:
+            table.to_parquet(temp, index=False)
+
+    def read(self, chunk: int, columns: list[str] | None = None) -> pd.DataFrame:
+        return pd.read_parquet(self.part(chunk), columns=columns)
 
     def record(self, done: DoneChunk) -> None:
         """Mark a chunk finished (after its part is written)."""
@@ -100,6 +110,39 @@ class WorkFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class MemoryWork:
+    """The part sink of a job without --out in one process: the same chunks, kept in memory (nothing is
+    written, so there is nothing to resume)."""
+
+    path = None
+    created = False
+    left_empty = False
+
+    def __init__(self, chunk_series: int) -> None:
+        self.chunk_series = chunk_series
+        self.tables: dict[int, pd.DataFrame] = {}
+        self.records: dict[int, DoneChunk] = {}
+
+    def store(self, chunk: int, table: pd.DataFrame) -> None:
+        self.tables[chunk] = table
+
+    def read(self, chunk: int, columns: list[str] | None = None) -> pd.DataFrame:
+        table = self.tables[chunk]
+        return table if columns is None else table[columns]
+
+    def record(self, done: DoneChunk) -> None:
+        self.records[done.chunk] = done
+
+    def finished(self) -> dict[int, DoneChunk]:
+        return dict(self.records)
+
+    def kept_note(self, resumable: bool) -> str:
+        return "nothing is kept without --out"
+
+    def remove(self) -> None:
+        self.tables.clear()
 
 
 def _create(folder: Path, identity: dict[str, Any]) -> WorkFolder:
