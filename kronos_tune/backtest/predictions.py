@@ -119,6 +119,9 @@ def predict_slot(job: SlotJob, universe: Universe, schedule: OriginSchedule, run
     """Predict every window of the slot that no finished chunk holds, then write the origin files."""
     outcome = SlotOutcome()
     if slot_complete(run_path, job.slot, schedule):
+        leftover = WorkFolder.existing(run_path / "predictions" / job.slot)
+        if leftover is not None:  # stopped after the origin files were written, before the folder went
+            leftover.remove()
         outcome.resumed = schedule.predictions
         return outcome
     total = schedule.predictions

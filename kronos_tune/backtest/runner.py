@@ -36,6 +36,7 @@ from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.job_state import JobProgress
+from kronos_tune.predict.shards import check_shards
 from kronos_tune.runs import claim_run_dir, default_run_dir, read_run_file
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
@@ -139,6 +140,8 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     device = resolve_device(config.device)
     config = resolve_models(_with_every(config))
     check_config(config, device)
+    if config.launch.launched:
+        check_shards(config.launch, device.split(":")[0])
     if config.checkpoint is None and forecaster_factory is None:
         note("warning", RANDOM_WEIGHTS_NOTE)
     origins_wanted = config.origins
