@@ -17,7 +17,8 @@ lookback 64, pred-len 4, default sampling, one command at a time:
   alone (`predict_arrays` over the same series in this process), interleaved, --repeats each.
 - resume: a full run; a run killed with SIGKILL once half its chunks are finished; --resume of it; the
   resumed part's wall against the full run's, and whether the outputs are byte-identical.
-- ranks: two gloo ranks, rank 1 made --slow times slower by the benchmark knob KRONOS_BENCH_SLOW_RANK;
+- ranks: two gloo ranks, rank 1 made --slow times slower (KRONOS_BENCH_SLOW_RANK, read by the ranks' entry
+  point benchmarks/planted_ranks.py);
   chunks claimed (default chunk size) against a static split (two chunks of half the series each, one per
   rank); each against the ideal (all series / the ranks' combined speed, measured in the claimed run).
 - shard: a given panel with one process and with --nproc N (what scripts/bench_panel_predict.py did):
@@ -158,7 +159,9 @@ def mode_ranks(args: argparse.Namespace, work: Path) -> dict:
         for name, extra in (("claimed", ["--chunk-series", str(args.chunk_series)]),
                             ("static", ["--chunk-series", str(-(-series // 2))])):
             out = work / f"{name}-{repeat}.parquet"
-            runs[name] = checked(run_measured(predict_command(panel, out, "--nproc", "2", *extra), env=env), name)
+            command = predict_command(panel, out, "--nproc", "2", *extra)
+            planted = [command[0], "-m", "benchmarks.planted_ranks", *command[3:]]  # the CLI, ranks with hooks
+            runs[name] = checked(run_measured(planted, env=env), name)
             out.unlink()
         claimed_wall, speed = _busy(runs["claimed"])
         static_wall, _ = _busy(runs["static"])

@@ -1,6 +1,6 @@
 """Large `predict --out` jobs across processes, for real: a job killed with SIGKILL leaves no --out and its
 finished chunks, and --resume completes it identically; two gloo ranks claim chunks by speed (one made 4x
-slower by the benchmark knob) and write what one process writes."""
+slower through benchmarks.planted_ranks) and write what one process writes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from kronos_core.launch import kill_tree
 from kronos_tune.cli import main
-from kronos_tune.predict.ranks import SLOW_RANK_KNOB
+from benchmarks.planted_ranks import SLOW_RANK_KNOB
 from test_predict_large import write_panel
 
 pytestmark = pytest.mark.slow
@@ -35,8 +35,9 @@ def run_here(capsys, *args: object) -> dict:
     return json.loads(out)
 
 
-def start(*args: object, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kronos_tune.cli", *ARGS, *map(str, args), "--json"],
+def start(*args: object, env: dict | None = None, entry: str = "kronos_tune.cli") -> subprocess.Popen:
+    """The command in a process of its own; `entry` benchmarks.planted_ranks: the CLI with planted ranks."""
+    return subprocess.Popen([sys.executable, "-m", entry, *ARGS, *map(str, args), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -70,7 +71,7 @@ def test_two_ranks_claim_chunks_by_speed_and_write_what_one_process_writes(tmp_p
     write_panel(tmp_path / "panel.parquet", 16)
     run_here(capsys, "--data", tmp_path / "panel.parquet", "--out", tmp_path / "one.parquet")
     process = start("--data", tmp_path / "panel.parquet", "--out", tmp_path / "two.parquet", "--nproc", "2",
-                    env={SLOW_RANK_KNOB: "1:4"})
+                    env={SLOW_RANK_KNOB: "1:4"}, entry="benchmarks.planted_ranks")
     stdout, stderr = process.communicate(timeout=TIMEOUT_S)
     assert process.returncode == 0, stderr[-3000:]
     ranks = json.loads(stdout)["job"]["ranks"]

@@ -11,13 +11,9 @@ chunk in flight. A chunk's part, record and `chunk` event are written together, 
 stopping the group) held back until they are. Every attempt draws its store port, its marker names and its
 process group (on a store of its own: `kronos_core.launch.torchrun_env`) afresh.
 
-Benchmark knob: KRONOS_BENCH_SLOW_RANK=RANK:FACTOR makes that rank FACTOR times slower (it sleeps
-FACTOR - 1 times each chunk's prediction time), to measure how the claiming shares work; never set it
-in a real run.
-
-Test knob: KRONOS_TEST_DIE_RANK=RANK:CHUNKS makes that rank kill itself (SIGKILL) on the group's first
-attempt only (TORCHELASTIC_RESTART_COUNT 0), once it has finished CHUNKS chunks and claimed the next one, so
-tests can check what a restarted group keeps and redoes; never set it in a real run.
+`RankHooks` let a test or benchmark entry point plant a slow or dying rank around the same loop
+(benchmarks/planted_ranks.py, started in place of this module through `shards.run_ranks(module=...)`);
+`kronos-tune predict` passes none.
 """
 
 from __future__ import annotations
@@ -28,7 +24,9 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,26 +40,18 @@ from kronos_tune.predict.series import load_saved_series
 from kronos_tune.predict.workdir import WorkFolder
 
 CLAIMED = "kronos/chunks-claimed"
-SLOW_RANK_KNOB = "KRONOS_BENCH_SLOW_RANK"
-DIE_RANK_KNOB = "KRONOS_TEST_DIE_RANK"
 
 
-def slow_factor(rank: int) -> float:
-    """The benchmark's planted slowdown for this rank (1.0: none)."""
-    value = os.environ.get(SLOW_RANK_KNOB, "")
-    if not value:
-        return 1.0
-    which, _, factor = value.partition(":")
-    return float(factor or 1.0) if int(which) == rank else 1.0
+@dataclass(frozen=True)
+class RankHooks:
+    """Code a test or benchmark runs inside the rank loop (none in a real run).
 
+    `before_chunk(rank, finished_here)`: after a chunk is claimed, before it is predicted (a planted death).
+    `after_chunk(rank, seconds)`: after a chunk is predicted, before its part is written; returns the seconds
+    the chunk counts (a planted slowdown sleeps and counts its sleep)."""
 
-def dies_after(rank: int) -> int | None:
-    """The test's planted death: chunks this rank finishes before it kills itself (None: it never does)."""
-    value = os.environ.get(DIE_RANK_KNOB, "")
-    if not value or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return None
-    which, _, chunks = value.partition(":")
-    return int(chunks or 0) if int(which) == rank else None
+    before_chunk: Callable[[int, int], None] | None = None
+    after_chunk: Callable[[int, float], float] | None = None
 
 
 @contextmanager
@@ -112,9 +102,10 @@ def claim_store(ctx):
     return store
 
 
-def run_rank(job_file: Path) -> int:
+def run_rank(job_file: Path, hooks: RankHooks | None = None) -> int:
     from kronos_core.train.distributed import DistContext
 
+    hooks = hooks or RankHooks()
     job = json.loads(job_file.read_text())
     spec = PredictorSpec.from_dict(job["predictor"])
     job_work = WorkFolder(Path(job["work"]), {})
@@ -130,23 +121,20 @@ def run_rank(job_file: Path) -> int:
         todo = ctx.broadcast_object([k for k in range(job["chunks"]) if k not in (finished or {})])
         predictor = build_predictor(spec.on(ctx.device(job["device"])))
         emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid(), attempt=attempt)
-        slowdown = slow_factor(rank)
-        die_after = dies_after(rank)
         finished_here = 0
         while True:
             claimed = store.add(CLAIMED, 1) - 1
             if claimed >= len(todo):
                 break
-            if die_after is not None and finished_here >= die_after:
-                os.kill(os.getpid(), signal.SIGKILL)  # the test's planted death, a chunk claimed and in flight
+            if hooks.before_chunk is not None:
+                hooks.before_chunk(rank, finished_here)
             chunk = todo[claimed]
             series = load_saved_series(job_work.inputs(chunk))
             started = time.perf_counter()
             table, negative = predict_chunk(predictor, series, settings)
             seconds = time.perf_counter() - started
-            if slowdown > 1:
-                time.sleep((slowdown - 1) * seconds)
-                seconds *= slowdown
+            if hooks.after_chunk is not None:
+                seconds = hooks.after_chunk(rank, seconds)
             with stop_after_commit():
                 write_part(job_work, chunk, table, series, rank, seconds)
                 emit_event("chunk", rank=rank, chunk=chunk, series=len(series), seconds=seconds,
@@ -160,8 +148,9 @@ def run_rank(job_file: Path) -> int:
     return reported(rank, work)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return rank_main("kronos_tune.predict.ranks", run_rank, argv)
+def main(argv: list[str] | None = None, hooks: RankHooks | None = None,
+         module: str = "kronos_tune.predict.ranks") -> int:
+    return rank_main(module, lambda job_file: run_rank(job_file, hooks), argv)
 
 
 if __name__ == "__main__":

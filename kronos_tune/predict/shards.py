@@ -30,6 +30,8 @@ from kronos_tune.predict.series import LoadedSeries, save_series
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 
 JOB_FILE = "job.json"
+RANKS_MODULE = "kronos_tune.predict.ranks"  # what torchrun starts on every rank; a test or benchmark entry point
+#                                            that plants hooks in the rank loop (benchmarks/planted_ranks.py) sets it
 
 
 def world_size(spec: LaunchSpec) -> int | None:
@@ -59,10 +61,12 @@ def _where(spec: LaunchSpec) -> str:
 def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSeries]],
               finished: dict[int, DoneChunk], note: Callable[[str, str], None],
               on_progress: JobProgressCallback | None, on_series: Callable[[LoadedSeries], None] | None = None,
-              command_name: str = "predict") -> JobOutcome | None:
+              command_name: str = "predict", on_event: Callable[[dict], None] | None = None,
+              module: str | None = None) -> JobOutcome | None:
     """Every chunk of `source` ((index, series) in order) predicted by the ranks that `job` (`rank_job`)
-    describes; `on_series` sees each chunk's series as its inputs are written. None on a node other than the
-    one running rank 0."""
+    describes; `on_series` sees each chunk's series as its inputs are written, `on_event` every event of the
+    ranks (the benchmark times its runs from them); `module`: the ranks' entry (default RANKS_MODULE). None on
+    a node other than the one running rank 0."""
     chunks = series_total = resumed_series = 0
     name_column = "series"
     for index, series in source:
@@ -78,7 +82,7 @@ def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tu
            "settings": {**job["settings"], "name_column": name_column}}
     job_file = work.path / JOB_FILE
     job_file.write_text(json.dumps(job, indent=1))
-    command = torchrun_command(spec, "kronos_tune.predict.ranks", [str(job_file)])
+    command = torchrun_command(spec, module or RANKS_MODULE, [str(job_file)])
     started = time.perf_counter()
     ranks: dict[int, tuple[int, float]] = {}
     done = [resumed_series, 0]  # series finished, clipped volume values
@@ -86,7 +90,9 @@ def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tu
 
     restarts: set[int] = set()
 
-    def on_event(event: dict) -> None:
+    def on_rank_event(event: dict) -> None:
+        if on_event is not None:
+            on_event(event)
         kind = event.get("event")
         attempt = int(event.get("attempt", 0))
         if kind == "ready" and attempt > 0 and attempt not in restarts:
@@ -110,7 +116,7 @@ def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tu
                                         dict(ranks)))
 
     if todo:
-        result = run_launch(command, on_event=on_event, env=torchrun_env(spec))
+        result = run_launch(command, on_event=on_rank_event, env=torchrun_env(spec))
         if result.stopped:
             raise KronosTuneError(f"{command_name}: stopped before every chunk was finished; "
                                   f"{work.kept_note(resumable=True)}")
@@ -207,5 +213,5 @@ def torchrun_failures(tail: list[str]) -> list[RankFailure]:
     return root + others
 
 
-__all__ = ["RankFailure", "check_shards", "failure_line", "rank_job", "run_ranks", "torchrun_failures",
+__all__ = ["RANKS_MODULE", "RankFailure", "check_shards", "failure_line", "rank_job", "run_ranks", "torchrun_failures",
            "world_size"]
