@@ -1,7 +1,7 @@
 """Start a module on N processes (and nodes) with torchrun, stream its events, stop every rank together.
 
     spec = LaunchSpec(nproc=2)
-    command = torchrun_command(spec, "kronos_core.predict.sharded", ["job.json"])
+    command = torchrun_command(spec, "kronos_tune.predict.ranks", ["job.json"])
     result = run_launch(command, on_event=print, stop_file=Path("STOP"))
 
 - `torchrun_command` builds `python -m torch.distributed.run` for one node

@@ -133,8 +133,11 @@ def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: P
     assert rec.command == f"kronos-tune predict --config {tmp_path / 'recommended.toml'}"
     path = tmp_path / "recommended.toml"
     path.write_text(recommended_predict_toml(report), encoding="utf-8")
+    # every key the trial ran with, its synthetic series and predict's decoding included (the benchmark's own
+    # job is built from these keys); chunk_series absent: a report from before it was recorded
     assert read_predict_file(path) == {"size": "mini", "lookback": 400, "pred_len": 30, "sample_count": 1,
-                                       "window_mode": "refill", "amp": "none", "cuda_graphs": False,
+                                       "synthetic": 100, "seed": 100, "temperature": 1.0, "top_k": 0, "top_p": 0.9,
+                                       "device": "cpu", "window_mode": "refill", "amp": "none", "cuda_graphs": False,
                                        "kv_cache": True, "nproc": 1}
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# kronos-tune benchmark --task predict, preset cpu: kv-cache")

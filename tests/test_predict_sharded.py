@@ -1,4 +1,5 @@
-"""Prediction over torchrun processes (real gloo ranks) and the launcher that starts and stops them."""
+"""Prediction over torchrun processes (real gloo ranks claiming chunks), the predict benchmark's sharding trial
+over the same ranks, and the launcher that starts and stops them."""
 
 from __future__ import annotations
 
@@ -12,18 +13,8 @@ import pytest
 
 from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.launch import EVENT_PREFIX, LaunchSpec, run_launch, torchrun_command
-from kronos_core.predict.sharded import shard_bounds
 from kronos_tune.cli import main
 from machine import process_gone
-
-
-def test_blocks_cover_every_series_once():
-    assert shard_bounds(5, 2) == [(0, 2), (2, 5)] or shard_bounds(5, 2) == [(0, 3), (3, 5)]
-    for count, world in ((4, 2), (7, 3), (3, 3)):
-        bounds = shard_bounds(count, world)
-        assert bounds[0][0] == 0 and bounds[-1][1] == count
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-        assert max(e - b for b, e in bounds) - min(e - b for b, e in bounds) <= 1
 
 
 def test_torchrun_command_for_one_node_and_several():
@@ -83,17 +74,26 @@ def test_two_gloo_ranks_predict_what_one_process_predicts(tmp_path: Path, capsys
 
 
 @pytest.mark.slow
-def test_protocol_sharding_trial_runs_processes_and_matches_one_process():
+def test_protocol_sharding_trial_runs_the_claiming_ranks_and_matches_one_process():
+    """The sharding trial times predict's ranks (two chunks of two series, claimed by two gloo ranks): its
+    greedy and sampled outputs over the quality set (6 series, the 4 timed ones first) equal the one-process
+    trial's, value for value."""
     from kronos_tune.benchmark.predict.measure import measure_prediction
     from kronos_tune.benchmark.results import PredictSettings
 
     one = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=4,
-                          max_batch_size=2)
+                          max_batch_size=2, agreement_series=6, chunk_series=2)
     steps = []
-    sharded = measure_prediction(dataclasses.replace(one, devices=2), "cpu", 2**34, repeats=2, on_step=steps.append)
+    sharded = measure_prediction(dataclasses.replace(one, devices=2), "cpu", 2**34, repeats=1, on_step=steps.append)
     single = measure_prediction(one, "cpu", 2**34, repeats=1)
-    assert sharded.status == "ok" and len(sharded.seconds) == 2 and sharded.metered_time_s > 0
-    assert [s.timed for s in steps] == [False, True, True]
-    for a, b in zip(sharded.outputs, single.outputs):
-        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
-        assert list(a.index) == list(b.index)
+    assert sharded.status == "ok", sharded.reason
+    assert len(sharded.seconds) == 1 and sharded.metered_time_s > 0
+    assert [(s.timed, s.series) for s in steps] == [(False, 4), (True, 4), (False, 6)]  # metered, timed, quality
+    assert len(sharded.outputs) == len(sharded.sampled_outputs) == len(single.outputs) == 6
+    for mine, theirs in ((sharded.outputs, single.outputs), (sharded.sampled_outputs, single.sampled_outputs)):
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+            assert list(a.index) == list(b.index)
+    greedy = np.stack([f.to_numpy() for f in single.outputs])
+    sampled = np.stack([f.to_numpy() for f in single.sampled_outputs])
+    assert not np.array_equal(greedy, sampled)  # the sampled pass decodes as predict does, not greedily

@@ -180,17 +180,26 @@ def test_backtest_run_begun_under_the_old_draws_refuses_resume(tmp_path: Path):
 # The predict benchmark's exactness check -----------------------------------------------------------------------
 
 def test_benchmark_sampled_run_is_the_same_whatever_the_chunk_size(one_thread):
-    from kronos_tune.benchmark.predict.measure import _predictor, _run, series_inputs
+    """The benchmark's passes go through predict's pipeline with each series' own stream: the sampled forecast
+    does not depend on the chunk size or the call size; the greedy pass differs from it."""
+    from kronos_core.predict.spec import build_predictor
+    from kronos_tune.benchmark.predict.pipeline import benchmark_series, predict_config, predict_pass
     from kronos_tune.benchmark.results import PredictSettings
+    from kronos_tune.predict.config import predictor_spec
 
-    settings = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=5)
-    inputs = series_inputs(settings)
-    whole = _run(_predictor(settings, "cpu"), settings, inputs, sampled=True)
-    chunked = _run(_predictor(replace(settings, max_batch_size=2), "cpu"), settings, inputs, sampled=True)
-    greedy = _run(_predictor(settings, "cpu"), settings, inputs)
-    for a, b, c in zip(whole, chunked, greedy):
-        pd.testing.assert_frame_equal(a, b)
-        assert not a.equals(c)
+    settings = PredictSettings("tiny", lookback=32, pred_len=3, sample_count=1, series_count=100, measured_series=5,
+                               chunk_series=5)
+    series = benchmark_series(settings, "cpu")
+
+    def run(settings: PredictSettings, greedy: bool = False):
+        config = predict_config(settings, "cpu")
+        return predict_pass(build_predictor(predictor_spec(config)), config, series, greedy=greedy)
+
+    whole = run(settings)
+    chunked = run(replace(settings, max_batch_size=2, chunk_series=2))
+    greedy = run(settings, greedy=True)
+    np.testing.assert_array_equal(whole, chunked)
+    assert whole.shape == (5, 3, 6) and not np.array_equal(whole, greedy)
 
 
 def test_exact_class_fails_on_a_sampled_difference_and_says_so():

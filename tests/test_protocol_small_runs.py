@@ -82,6 +82,9 @@ def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(
     settings = read_predict_file(recommended)
     assert settings["size"] == "tiny" and settings["lookback"] == 32 and settings["pred_len"] == 4
     assert settings["kv_cache"] is (report.recommended.source != "recompute") and settings["nproc"] == 1
+    chosen = report.trial(report.recommended.source).config  # every key the trial ran with, its series too
+    assert settings["synthetic"] == chosen["measured_series"] and settings["chunk_series"] == chosen["chunk_series"]
+    assert settings["seed"] == chosen["seed"] and settings["device"] == "cpu" and settings["top_p"] == 0.9
     with pytest.raises(SystemExit) as exit_info:
         main(["predict", "--config", str(recommended), "--synthetic", "2", "--json"])
     assert exit_info.value.code in (0, None)

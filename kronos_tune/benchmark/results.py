@@ -103,6 +103,7 @@ class PredictSettings:
     seed: int = 0
     agreement_series: int | None = None  # series the quality check compares (None: measured_series); the
     #                                      timed series are the first measured_series of them
+    chunk_series: int | None = None  # series per chunk of predict's pipeline (None: as predict chooses)
 
     @property
     def quality_series(self) -> int:

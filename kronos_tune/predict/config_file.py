@@ -17,6 +17,7 @@ wins over the file::
     cuda_graphs = false     # replay the cached one-token steps as CUDA graphs; absent: on with CUDA
     kv_cache = true         # false: recompute the whole window for every token (the reference method)
     nproc = 1               # processes on this node (one per GPU); > 1 shards the series with torchrun
+    chunk_series = 64       # series per chunk (predict's unit of work, resume and sharing); absent: from the job
 
 Unknown keys and values of the wrong type are one line naming the file and the key (kronos_core.validate).
 """
@@ -35,8 +36,8 @@ from kronos_tune.errors import KronosTuneError
 
 TABLE = "predict"
 PATH_KEYS = ("checkpoint", "tokenizer", "out")
-SETTINGS_KEYS = ("max_batch_size", "window_mode", "amp", "cuda_graphs", "kv_cache", "nproc")  # what the benchmark
-#                                                                                              decides
+SETTINGS_KEYS = ("max_batch_size", "window_mode", "amp", "cuda_graphs", "kv_cache", "nproc",
+                 "chunk_series")  # what the benchmark decides
 EXCLUSIVE = (("size", ("checkpoint", "tokenizer")), ("checkpoint", ("size",)), ("data", ("synthetic",)),
              ("synthetic", ("data",)))  # a flag on the command line drops these keys of the file
 
@@ -70,6 +71,7 @@ class PredictFileKeys:
     skip_short: bool | None = None
     calendar: str | None = None
     out: str | None = None
+    chunk_series: int | None = None
 
 
 def _training_keys() -> set[str]:

@@ -37,13 +37,16 @@ PREDICT_RULE = ("each trial's run times against its reference's (kv-cache agains
 
 
 def recommended_settings(config: dict[str, Any], device: str) -> dict[str, Any]:
-    """The prediction config of a predict trial's PredictSettings (as a dict) measured on `device`: the
-    workload's shape and the settings the trials vary. max_batch_size None = the predictor's default."""
+    """The `kronos-tune predict` config of a predict trial's PredictSettings (as a dict) measured on `device`:
+    every key the trial ran with (the benchmark builds its own job from these keys: pipeline.predict_config),
+    the data being the trial's synthetic series. max_batch_size None = the predictor's default."""
     cached = bool(config.get("use_cache", True))
     return {"size": config.get("model_size"), "lookback": config.get("lookback"), "pred_len": config.get("pred_len"),
-            "sample_count": config.get("sample_count"), "max_batch_size": config.get("max_batch_size"),
+            "sample_count": config.get("sample_count"), "synthetic": config.get("measured_series"),
+            "seed": config.get("seed", 0), "temperature": 1.0, "top_k": 0, "top_p": 0.9,
+            "device": device if device in ("cpu", "cuda") else None, "max_batch_size": config.get("max_batch_size"),
             "window_mode": "refill", "amp": config.get("amp", "none"), "cuda_graphs": device == "cuda" and cached,
-            "kv_cache": cached, "nproc": int(config.get("devices", 1))}
+            "kv_cache": cached, "nproc": int(config.get("devices", 1)), "chunk_series": config.get("chunk_series")}
 
 
 def _find(trials: list[TrialResult], name: str) -> TrialResult | None:
@@ -92,8 +95,9 @@ def recommended_predict_toml(report: ProtocolReport) -> str | None:
                       f"{'; cancelled' if report.cancelled else ''}); the recommendation is from the trials that ran")
     header += [f"kronos-tune benchmark --task predict, preset {report.preset}: {rec.source}",
                *textwrap.wrap(f"why: {rec.reason}", 110, subsequent_indent="  "),
-               f"run: {rec.command} --data FILE (and --checkpoint DIR --tokenizer DIR for trained weights; "
-               f"flags given on the command line win over this file)"]
+               f"run: {rec.command} predicts the benchmark's own synthetic series, as timed; add --data FILE "
+               f"for yours (and --checkpoint DIR --tokenizer DIR for trained weights; flags given on the command "
+               f"line win over this file)"]
     settings = dict(rec.settings)
     if settings.get("max_batch_size") is None:
         header.append("max_batch_size not set: the predictor's default (from free memory), as measured")

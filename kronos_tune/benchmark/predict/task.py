@@ -51,8 +51,9 @@ class PredictBenchmark(BenchmarkTask):
 
         base = next(s for s in run.specs if s.name == "kv-cache").config
         chunk, notes = autobatch_chunk(base, run.device, run.budget_bytes, run.options.autobatch_margin)
-        spec.config = dataclasses.replace(base, max_batch_size=chunk)
-        spec.changes = {"use_cache": True, "max_batch_size": chunk}
+        series = max(1, min(base.measured_series, chunk // max(1, base.sample_count)))
+        spec.config = dataclasses.replace(base, max_batch_size=chunk, chunk_series=series)
+        spec.changes = {"use_cache": True, "max_batch_size": chunk, "chunk_series": series}
         return spec, notes
 
     def run_trial(self, run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:

@@ -9,6 +9,7 @@ from kronos_tune.benchmark.options import ProtocolOptions
 from kronos_tune.benchmark.results import PredictSettings, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, selection_reason
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.chunk_size import choose_chunk_series
 from kronos_tune.presets import Preset
 
 PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
@@ -41,9 +42,11 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
     p = preset.predict
     measured, agreement = predict_counts(p.series_count, options)
     cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
-                             measured, use_cache=True, seed=options.seed, agreement_series=agreement)
-    base = replace(cached, use_cache=False, agreement_series=None,
-                   measured_series=reference_series(measured, p.lookback, p.pred_len, p.sample_count, device))
+                             measured, use_cache=True, seed=options.seed, agreement_series=agreement,
+                             chunk_series=choose_chunk_series(measured, 1, device, p.sample_count))
+    reference = reference_series(measured, p.lookback, p.pred_len, p.sample_count, device)
+    base = replace(cached, use_cache=False, agreement_series=None, measured_series=reference,
+                   chunk_series=choose_chunk_series(reference, 1, device, p.sample_count))
     bf16_skip = None
     if device == "cuda" and not torch.cuda.is_bf16_supported():
         bf16_skip = "this GPU has no bf16 support"
@@ -64,9 +67,11 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
         TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
                   None if autobatch_available() else "autobatch not available",
                   "KV cache with the chunk size autobatch finds within the budget"),
-        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices}, replace(cached, devices=devices),
+        TrialSpec("sharding", "single", {"use_cache": True, "devices": devices},
+                  replace(cached, devices=devices, chunk_series=choose_chunk_series(measured, devices, device,
+                                                                                    p.sample_count)),
                   _sharding_skip(devices, measured, device),
-                  f"KV cache, the series split over {devices} torchrun processes "
+                  f"KV cache, predict's chunks claimed by {devices} torchrun processes "
                   + ("(one GPU each, NCCL)" if device == "cuda" else "(gloo)")),
     ]
     optional = PREDICT_TRIALS[1:]
@@ -91,7 +96,7 @@ def check_predict_options(options: ProtocolOptions) -> None:
 
 def shard_processes(device: str) -> int:
     """Processes of the sharding trial: one per visible GPU. The CPU counts as one device, so the plan skips
-    the trial there; `measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
+    the trial there; `sharding.measure_sharded` itself runs CPU ranks too (gloo), which tests use."""
     return device_count(device)
 
 

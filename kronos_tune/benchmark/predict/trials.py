@@ -12,7 +12,8 @@ import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_tune.benchmark.predict.decide import BASELINE, EXACT_TOLERANCE, REFERENCE
-from kronos_tune.benchmark.predict.measure import output_max_abs_diff, series_inputs
+from kronos_tune.benchmark.predict.measure import output_max_abs_diff
+from kronos_tune.benchmark.predict.pipeline import benchmark_series, histories
 from kronos_tune.benchmark.run.context import RunContext
 from kronos_tune.benchmark.events import PredictStep, TrialStep
 from kronos_tune.benchmark.results import Spread, TrialResult, TrialSpec
@@ -75,7 +76,8 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     if not result_file.is_file():
         raise_for_exit(outcome, work)
     m = json.loads(result_file.read_text(encoding="utf-8"))
-    dfs, _, ys = series_inputs(settings, settings.quality_series)  # the outputs kept are the quality set's
+    quality = benchmark_series(settings, run.device, settings.quality_series)  # the outputs kept are its
+    dfs, ys = histories(quality), quality.futures
     outputs, sampled = _outputs(outputs_file, ys), _outputs(sampled_file, ys)
     seconds = list(m["seconds"])
     rates = [settings.measured_series / s for s in seconds]
