@@ -107,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     iqr = (f"[{rate['q1']:.2f}-{rate['q3']:.2f}]" if rate.get("q1") is not None else
            f"[{rate['min']:.2f}-{rate['max']:.2f}]")
     print()
-    print(f"{'':34}{'series/s: median [spread] n':36}vs the benchmark")
+    print(f"{'':38}{'series/s: median [spread] n':36}vs the benchmark")
     label, figure = f"benchmark ({source}, timed passes)", f"{median:.2f} {iqr} n={rate['n']}"
     stated = "none stated" if resolution is None else f"the run's resolution ±{resolution:.1f}%"
-    print(f"{label:34}{figure:36}{stated}")
-    print(f"{'predict, the command':34}{spread(command_rates):36}{verdict(command_rates, median, resolution)}")
-    print(f"{'predict, its chunks':34}{spread(chunk_rates):36}{verdict(chunk_rates, median, resolution)}")
+    print(f"{label:38}{figure:36}{stated}")
+    print(f"{'predict, the command':38}{spread(command_rates):36}{verdict(command_rates, median, resolution)}")
+    print(f"{'predict, its chunks':38}{spread(chunk_rates):36}{verdict(chunk_rates, median, resolution)}")
     return 0
 
 
