@@ -4,6 +4,7 @@
     python -m benchmarks.backtest_job resume --symbols 5000
     python -m benchmarks.backtest_job ranks --symbols 1000
     python -m benchmarks.backtest_job rate --symbols 1000 --repeats 3
+    python -m benchmarks.backtest_job slow --symbols 1000 --slow 3
 
 The real command line on a synthetic universe (`--synthetic N`), Kronos-tiny random weights on the CPU,
 lookback 64, pred-len 4, --origins 40 (change with --origins), one command at a time:
@@ -14,6 +15,9 @@ lookback 64, pred-len 4, --origins 40 (change with --origins), one command at a 
   resumed part's wall against the full run's, and whether backtest.json and origins.csv are byte-identical.
 - ranks: one process against --nproc 2 (gloo ranks claiming chunks): wall of each and whether the outputs
   are byte-identical.
+- slow: --nproc 2 with rank 1 made --slow times slower (`benchmarks.planted_ranks`, KRONOS_BENCH_SLOW_RANK):
+  the prediction's wall against the ideal (all symbol-origins at the ranks' combined speed, each rank's speed
+  from its own chunks in run.json's `ranks_a`), and the chunks each rank took.
 - rate: symbol-origins/s of the backtest (its own predict seconds) against series/s of `kronos-tune predict
   --out` on a panel of the same shape (N symbols x the same history, one window each), interleaved, over
   --repeats: the median of each and of the per-pair ratio, with min and max.
@@ -114,6 +118,25 @@ def mode_ranks(args: argparse.Namespace, work: Path) -> None:
           f"{two.wall_s:.1f} s; outputs byte-identical: {'yes' if same else 'NO'} ({load()})")
 
 
+def mode_slow(args: argparse.Namespace, work: Path) -> None:
+    symbols = args.symbols[0]
+    command = backtest_command(work / "slow", symbols, args.origins, "--nproc", "2")
+    command[1:3] = ["-m", "benchmarks.planted_ranks"]  # the CLI, its ranks started with the planted slowdown
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "KRONOS_BENCH_SLOW_RANK": f"1:{args.slow:g}",
+           "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    checked(run_measured(command, env=env), "--nproc 2 with a slow rank")
+    state = json.loads((work / "slow" / "run.json").read_text())
+    ranks = state["ranks_a"]
+    combined = sum(r["series"] / r["seconds"] for r in ranks.values() if r["seconds"] > 0)
+    ideal = symbols * args.origins / combined
+    wall = state["session_predict_seconds"]
+    taken = ", ".join(f"rank {rank}: {r['chunks']} chunks, {r['series'] / r['seconds']:.0f}/s"
+                      for rank, r in ranks.items())
+    print(f"{symbols:,} symbols x {args.origins} origins, rank 1 {args.slow:g}x slower: prediction {wall:.1f} s, "
+          f"ideal {ideal:.1f} s, ratio {wall / ideal:.2f} (target <= 1.2); {taken} ({load()})")
+
+
 def mode_rate(args: argparse.Namespace, work: Path) -> None:
     symbols = args.symbols[0]
     panel = write_panel(work / "panel.parquet", symbols, rows=64 + 4)
@@ -134,7 +157,8 @@ def mode_rate(args: argparse.Namespace, work: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("rss", "resume", "ranks", "rate"))
+    parser.add_argument("mode", choices=("rss", "resume", "ranks", "rate", "slow"))
+    parser.add_argument("--slow", type=float, default=3.0, help="slow mode: rank 1's slowdown factor")
     parser.add_argument("--symbols", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--origins", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
@@ -142,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kronos-backtest-bench-"))
     try:
-        {"rss": mode_rss, "resume": mode_resume, "ranks": mode_ranks, "rate": mode_rate}[args.mode](args, work)
+        {"rss": mode_rss, "resume": mode_resume, "ranks": mode_ranks, "rate": mode_rate,
+         "slow": mode_slow}[args.mode](args, work)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -34,7 +34,7 @@ from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import FINAL_CLOSES, ChunkSettings, predict_chunk
 from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks
-from kronos_tune.predict.job_state import JobProgress, JobProgressCallback
+from kronos_tune.predict.job_state import JobProgress, JobProgressCallback, rank_summary
 from kronos_tune.predict.output import Precision
 from kronos_tune.predict.parts import write_part
 from kronos_tune.predict.series import LoadedSeries
@@ -67,6 +67,7 @@ class SlotOutcome:
     seconds: float = 0.0      # predicting them (this invocation)
     chunks: int = 0
     chunk_series: int = 0
+    ranks: dict[str, dict[str, float]] | None = None  # with --nproc: per rank, chunks, series and seconds
 
 
 def window_series(windows: list[Window]) -> LoadedSeries:
@@ -148,6 +149,8 @@ def predict_slot(job: SlotJob, universe: Universe, schedule: OriginSchedule, run
         _run_here(job, work, chunks, finished, total, outcome.resumed, make_predictor, forecaster, on_progress)
     outcome.seconds = time.perf_counter() - started
     outcome.predicted = total - outcome.resumed
+    if job.launch.launched:
+        outcome.ranks = rank_summary(work.finished())
     write_origin_files(work, schedule, universe, job, run_path, futures, outcome.chunks)
     work.remove()
     return outcome

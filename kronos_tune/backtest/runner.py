@@ -186,7 +186,8 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                                        _progress_adapter(job.label, schedule, note, on_progress))
             session.predicted += outcome.predicted
             session.predict_seconds += outcome.seconds
-            run.mark("running", **{f"origins_saved_{slot}": len(schedule.origins)})
+            run.mark("running", **{f"origins_saved_{slot}": len(schedule.origins)},
+                     **({f"ranks_{slot}": outcome.ranks} if outcome.ranks else {}))
         result = score_run(config, universe, schedule, run.path, settings)
         result.overlap = overlap
         result.notes = session.notes

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from kronos_tune.predict.chunk_run import ChunkSettings
 from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.output import Precision
 from kronos_tune.predict.series import LoadedSeries
+from kronos_tune.predict.workdir import DoneChunk
 
 
 @dataclass(frozen=True)
@@ -68,3 +70,14 @@ def chunk_settings(config: PredictConfig, name_column: str = "series") -> ChunkS
 def holdout_actuals(series: LoadedSeries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What --holdout scores of a chunk need besides its forecast: names, actual closes, last history closes."""
     return series.names, series.actual_close, series.x[:, -1, FEATURE_COLUMNS.index("close")].astype(float)
+
+
+def rank_summary(finished: dict[int, DoneChunk]) -> dict[str, dict[str, float]]:
+    """Per rank: the chunks and series it finished and its seconds predicting them (the manifest's record)."""
+    ranks: dict[str, dict[str, float]] = {}
+    for done in finished.values():
+        item = ranks.setdefault(str(done.rank), {"chunks": 0, "series": 0, "seconds": 0.0})
+        item["chunks"] += 1
+        item["series"] += done.series
+        item["seconds"] = round(item["seconds"] + done.seconds, 6)
+    return dict(sorted(ranks.items(), key=lambda pair: int(pair[0])))

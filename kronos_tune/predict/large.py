@@ -31,10 +31,11 @@ from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.output import Precision, output_format, widest
 from kronos_tune.predict.parts import assemble, read_part_close, write_part
 from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
+                                           rank_summary,
                                            holdout_actuals)
 from kronos_tune.predict.shards import rank_job, run_ranks, world_size
 from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks
-from kronos_tune.predict.workdir import DoneChunk, MemoryWork, WorkFolder, open_work, temporary_work
+from kronos_tune.predict.workdir import MemoryWork, WorkFolder, open_work, temporary_work
 
 SMALL_RUN_SERIES = 100  # --json embeds the forecasts of runs up to this many series
 
@@ -118,8 +119,11 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
         note("note", describe_chunks(chunk_series, source.expected,
                                      world_size(config.launch) or config.launch.nproc, chosen))
     finished = work.finished()
-    started = time.perf_counter()
     try:
+        # the predictor is built before the clock starts: series/s is the prediction's, as the benchmark's
+        predictor = None if config.launch.launched or len(finished) == _chunk_count(source.expected, chunk_series) \
+            else load()
+        started = time.perf_counter()
         if config.launch.launched:
             actuals: list = []
             outcome = run_ranks(config.launch, rank_job(predictor_spec(config, weights), chunk_settings(config)),
@@ -129,7 +133,7 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
             if outcome is not None:
                 outcome.scores = actuals
         else:
-            outcome = _run_here(config, work, source, finished, load(), on_progress)
+            outcome = _run_here(config, work, source, finished, predictor, on_progress)
     except BaseException:
         if work.left_empty:
             work.remove()  # nothing finished: leave no trace of a job that never started
@@ -169,15 +173,8 @@ def holdout_pairs(work: WorkFolder, actuals: list[tuple[np.ndarray, np.ndarray, 
     return pairs
 
 
-def rank_summary(finished: dict[int, DoneChunk]) -> dict[str, dict[str, float]]:
-    """Per rank: the chunks and series it finished and its seconds predicting them (the manifest's record)."""
-    ranks: dict[str, dict[str, float]] = {}
-    for done in finished.values():
-        item = ranks.setdefault(str(done.rank), {"chunks": 0, "series": 0, "seconds": 0.0})
-        item["chunks"] += 1
-        item["series"] += done.series
-        item["seconds"] = round(item["seconds"] + done.seconds, 6)
-    return dict(sorted(ranks.items(), key=lambda pair: int(pair[0])))
+def _chunk_count(series: int, chunk_series: int) -> int:
+    return -(-series // chunk_series)
 
 
 def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, predictor,
