@@ -7,6 +7,8 @@ stamped at its close time, so 5-minute bars run 09:35 ... 11:30, 13:05 ... 15:00
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, TIME_COLUMN
@@ -192,6 +194,32 @@ def synthetic_universe(
     ``SYN0000``...; rows sorted by symbol, then time); every symbol's rows pass
     ``validate_kline``. The same arguments give the same frame.
     """
+    parts = []
+    symbols = synthetic_universe_symbols(n_symbols, n_rows, seed, n_sectors, start, freq_minutes, market_volatility,
+                                         sector_volatility, idio_volatility, trend_strength, trend_half_life_days)
+    for symbol, sector, stamps, columns in symbols:
+        frame = pd.DataFrame({TIME_COLUMN: stamps.to_numpy(), **columns}, columns=[TIME_COLUMN, *FEATURE_COLUMNS])
+        frame.insert(0, SECTOR_COLUMN, sector)
+        frame.insert(0, SYMBOL_COLUMN, symbol)
+        parts.append(frame)
+    return pd.concat(parts, ignore_index=True)
+
+
+def synthetic_universe_symbols(
+    n_symbols: int,
+    n_rows: int = 2000,
+    seed: int = 0,
+    n_sectors: int | None = None,
+    start: str | pd.Timestamp = "2024-01-02 09:30",
+    freq_minutes: int = 5,
+    market_volatility: float = 0.012,
+    sector_volatility: float = 0.008,
+    idio_volatility: float = 0.015,
+    trend_strength: float = 0.25,
+    trend_half_life_days: float = 2.0,
+) -> Iterator[tuple[str, str, pd.DatetimeIndex, dict[str, np.ndarray]]]:
+    """The symbols of `synthetic_universe` one at a time: (symbol, sector, bar stamps, OHLCV columns), the same
+    numbers, without building the long panel (a caller that keeps arrays per symbol holds only those)."""
     if n_symbols < 1:
         raise KronosError(f"synthetic universe: n_symbols={n_symbols}; ask for at least 1 symbol")
     if n_rows < 1:
@@ -223,14 +251,9 @@ def synthetic_universe(
     volumes = 50_000.0 * rng.lognormal(0.0, 0.7, n_symbols)
     bar_sigma = float(np.sqrt(market_volatility**2 + sector_volatility**2 + idio_volatility**2) * per_bar)
 
-    parts = []
     for i in range(n_symbols):
         own = rng.standard_normal(n_rows) * idio_volatility * per_bar
         log_ret = betas[i] * market + sector_returns[membership[i]] + own
         log_ret[0] = 0.0  # the first bar opens and closes near the start price
         columns = _ohlcv_from_log_returns(log_ret, stamps, rng, float(prices[i]), bar_sigma, float(volumes[i]))
-        frame = pd.DataFrame({TIME_COLUMN: stamps.to_numpy(), **columns}, columns=[TIME_COLUMN, *FEATURE_COLUMNS])
-        frame.insert(0, SECTOR_COLUMN, f"sector{membership[i]:02d}")
-        frame.insert(0, SYMBOL_COLUMN, f"SYN{i:04d}")
-        parts.append(frame)
-    return pd.concat(parts, ignore_index=True)
+        yield f"SYN{i:04d}", f"sector{membership[i]:02d}", stamps, columns

@@ -21,7 +21,7 @@ from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_am
 from kronos_core.data.panels import read_panel, split_panel
 from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
 from kronos_core.errors import KronosError
-from kronos_core.data.synthetic import synthetic_universe
+from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.inputs import read_series_file, unique_names
 
@@ -137,10 +137,15 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
     SYMBOL_ALIASES) or make --synthetic N symbols."""
     if not data:
         count = synthetic if synthetic is not None else 0
-        panel = synthetic_universe(count, n_rows=synthetic_rows, seed=seed)
-        universe = universe_from_panel(panel, f"synthetic universe ({count} symbols)", validate=False)
-        universe.synthetic = True
-        return universe
+        try:
+            # symbol by symbol: arrays only, never the long panel (its table would be the largest thing held)
+            symbols = [SymbolSeries(name, stamps.to_numpy(dtype="datetime64[ns]"),
+                                    np.stack([columns[c] for c in FEATURE_COLUMNS], axis=1).astype(np.float64))
+                       for name, _sector, stamps, columns in synthetic_universe_symbols(count, synthetic_rows, seed)]
+            symbols.sort(key=lambda series: series.name)  # as a panel's symbols are: by name
+        except KronosError as error:
+            raise KronosTuneError(str(error)) from None
+        return Universe(symbols, f"synthetic universe ({count} symbols)", synthetic=True)
     try:
         paths = find_data_files(list(data))
     except KronosError as error:
