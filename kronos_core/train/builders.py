@@ -149,14 +149,17 @@ def optimizer_step(parts: TrainParts, scaler: torch.amp.GradScaler, max_norm: fl
 
 
 def evaluate_sums(parts: TrainParts, x: torch.Tensor, stamp: torch.Tensor, config: TrainConfig,
-                  device: torch.device) -> torch.Tensor:
-    """The evaluation sums of one batch, in eval mode without gradients (the training mode is restored)."""
+                  device: torch.device, per_window: bool = False) -> torch.Tensor:
+    """The evaluation sums of one batch (`per_window`: one row per window), in eval mode without gradients
+    (the training mode is restored)."""
     model = parts.model
     was_training = model.training
     model.eval()
     try:
         batch = parts.steps.prepare(x, stamp)
         with torch.no_grad(), autocast_context(config, device):
+            if per_window:
+                return parts.steps.window_sums(model, batch)
             return parts.steps.eval_sums(model, batch)
     finally:
         model.train(was_training)

@@ -85,6 +85,19 @@ class PredictorSteps:
         return torch.stack([(ce_s1 + ce_s2) / 2, correct_s1.double(), correct_s2.double(),
                             torch.tensor(float(tokens), device=s1_logits.device)]).double()
 
+    @torch.no_grad()
+    def window_sums(self, model: nn.Module, batch: Batch) -> Tensor:
+        """eval_sums of each window of the batch, one row per window ([B, eval_width]): paired comparisons of
+        two models on the same windows, from one batched forward."""
+        s1_logits, s2_logits, s1_target, s2_target = self._forward(model, batch, True)
+        s1_logits, s2_logits = s1_logits.float(), s2_logits.float()
+        ce_s1 = F.cross_entropy(s1_logits.transpose(1, 2), s1_target, reduction="none").sum(1)
+        ce_s2 = F.cross_entropy(s2_logits.transpose(1, 2), s2_target, reduction="none").sum(1)
+        correct_s1 = (s1_logits.argmax(-1) == s1_target).sum(1)
+        correct_s2 = (s2_logits.argmax(-1) == s2_target).sum(1)
+        tokens = torch.full_like(ce_s1, float(s1_target.shape[1]))
+        return torch.stack([(ce_s1 + ce_s2) / 2, correct_s1, correct_s2, tokens], dim=1).double()
+
     @staticmethod
     def eval_metrics(sums: Tensor) -> dict[str, float]:
         loss_sum, correct_s1, correct_s2, tokens = (float(v) for v in sums)
@@ -119,6 +132,16 @@ class TokenizerSteps:
         sq_s1 = ((rec_s1.float() - x) ** 2).sum()
         return torch.stack([sq_all.double(), sq_s1.double(),
                             torch.tensor(float(x.numel()), device=x.device, dtype=torch.float64)])
+
+    @torch.no_grad()
+    def window_sums(self, model: nn.Module, batch: Batch) -> Tensor:
+        """eval_sums of each window of the batch, one row per window ([B, eval_width])."""
+        (rec_s1, rec_all), _, _, _ = model(batch.x)
+        x = batch.x
+        sq_all = ((rec_all.float() - x) ** 2).flatten(1).sum(1)
+        sq_s1 = ((rec_s1.float() - x) ** 2).flatten(1).sum(1)
+        elements = torch.full_like(sq_all, float(x[0].numel()))
+        return torch.stack([sq_all, sq_s1, elements], dim=1).double()
 
     @staticmethod
     def eval_metrics(sums: Tensor) -> dict[str, float]:

@@ -225,6 +225,19 @@ class Trainer:
         with self.clock.phase("eval"):
             return [self._eval_sums(x, stamp).cpu() for x, stamp in self.val_loader]
 
+    def evaluate_by_window(self) -> torch.Tensor:
+        """The evaluation sums of every validation window, one row each in the validation set's order
+        ([windows, eval_width], reduced across ranks: every rank gets all of them), from batched forwards:
+        two models compared window by window. Their column sums are what ``evaluate`` reduces."""
+        with self.clock.phase("eval"):
+            rows = torch.zeros(self.eval_windows, self.steps.eval_width, dtype=torch.float64, device=self.device)
+            for indices, (x, stamp) in zip(self.val_loader.batch_sampler, self.val_loader):
+                sums = evaluate_sums(self.parts, x.to(self.device), stamp.to(self.device), self.config,
+                                     self.device, per_window=True)
+                rows[torch.as_tensor(indices, device=self.device)] = sums
+            self.dist.all_reduce_sum(rows)
+        return rows.cpu()
+
     def evaluate(self) -> dict[str, float]:
         """Validation metrics over all eval windows, reduced across ranks.
 

@@ -32,6 +32,9 @@ class ProtocolOptions:
     (resolution_budget_s). Rounds beyond the budget that a minimum asks for stop at MAX_STRETCH x the budget.
     full: measure every trial the device can run; the default (quick) run leaves out what rarely pays on the
     device (compile and bigger-batch on a CPU; memory savers while memory does not bind) and says how to add each.
+    time_to_target (also on with objective time-to-quality): after the trials, each candidate trains
+    with target_seeds seeds until the baseline's validation loss at the evaluation step, within
+    target_max_factor x that many steps (train/target.py).
     """
 
     steps: int = 8
@@ -65,6 +68,9 @@ class ProtocolOptions:
     resolution_min_rounds: int = 10
     max_rounds: int = 200
     full: bool = False
+    time_to_target: bool = False
+    target_seeds: int = 3
+    target_max_factor: float = 4.0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -185,6 +185,7 @@ class TrialResult:
     peak_bytes_by_phase: dict[str, int] = field(default_factory=dict)
     val_loss: float | None = None
     val_loss_step: int | None = None
+    val_windows: list[list[float]] = field(default_factory=list)  # train: [loss, tokens] per validation window
     projected_train_time_s: float | None = None
     mfu: float | None = None
     warmup_time_s: float | None = None
@@ -201,6 +202,7 @@ class TrialResult:
     trajectory: Trajectory | None = None  # train/decide.trajectory_check: losses vs the baseline's
     deltas: dict[str, Delta] = field(default_factory=dict)
     quality: dict[str, Any] | None = None  # the guard's verdict (train singles and combined)
+    time_to_target: dict[str, Any] | None = None  # train --time-to-target: target.TimeToTarget.to_dict()
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None
     nproc: int = 1

@@ -48,6 +48,10 @@ class BenchmarkTask(ABC):
     def run_trial(self, run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
         """Measure one trial (in its own worker processes)."""
 
+    def after_trials(self, run: RunContext) -> list[TrialResult]:
+        """Work after the last trial (train: the time-to-target comparison); the results it added to."""
+        return []
+
     def report_options(self, specs: Sequence[TrialSpec]) -> dict[str, Any]:
         """What the report's options add from the planned trials."""
         return {}

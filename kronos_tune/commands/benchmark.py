@@ -162,7 +162,8 @@ def register(app: typer.Typer) -> None:
         warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, metavar="N", help="At least N warm-up steps (train runs at least 2, then until the step time settles).")] = None,
         trial_budget: Annotated[Optional[float], typer.Option("--trial-budget", metavar="SECONDS", help="Measuring time per trial before it stops adding steps (default 10 s CPU, 20 s CUDA).")] = None,
         trial_timeout: Annotated[Optional[float], typer.Option("--trial-timeout", metavar="SECONDS", help="Watchdog: a trial running longer is killed and recorded as timeout (default: the preset's).")] = None,
-        objective: Annotated[str, typer.Option("--objective", metavar="speed|memory", help="speed: memory savers only when memory binds; memory: recommend saving memory.")] = "speed",
+        objective: Annotated[str, typer.Option("--objective", metavar="speed|memory|time-to-quality", help="speed: memory savers only when memory binds; memory: recommend saving memory; time-to-quality: recommend by the time to the baseline's val loss (runs --time-to-target).")] = "speed",
+        time_to_target: Annotated[bool, typer.Option("--time-to-target", help="Train: after the trials, train each candidate with 3 seeds until the baseline's val loss at the evaluation step and report the time to that target (minutes; not in the quick run).")] = False,
         skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="TRIAL", help="Trial to leave out (repeatable or comma-separated).")] = None,
         only: Annotated[Optional[list[str]], typer.Option("--only", metavar="TRIAL", help="Run only these single changes (plus the baseline).")] = None,
         cpu_ddp: Annotated[bool, typer.Option("--cpu-ddp", help="DDP trial on the CPU: 2 gloo processes via torchrun.")] = False,
@@ -203,6 +204,7 @@ def register(app: typer.Typer) -> None:
             cpu_ddp=cpu_ddp, budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
             predict_repeats=steps or defaults.predict_repeats, predict_series=predict_series,
             agreement_series=agreement_series, min_spearman=min_spearman, full=full, design=design,
+            time_to_target=time_to_target,
             block_s=defaults.block_s if block is None else block)
         console = make_console(stderr=json_out)
         if not console.is_terminal:

@@ -7,8 +7,9 @@ at the end, on the same validation windows, and reports both losses with the cha
 
 The noise is the evaluation's own: each validation batch gives a loss at the start and at the end, the
 change is their token-weighted mean (the difference of the two reported losses), and its 95% interval is
-the normal approximation over the batches' paired differences. Only the training command does this; the
-benchmark's trials do not (two extra evaluations would change what they time).
+the normal approximation over the batches' paired differences (``paired_interval``). The benchmark compares
+each trial with its baseline by the same statistic, over validation windows (kronos_tune/benchmark/quality.py);
+it does not evaluate a trial's start (two extra evaluations would change what it times).
 """
 
 from __future__ import annotations
@@ -91,6 +92,21 @@ def _mean(pairs: list[list[float]]) -> float:
     return sum(loss * w for loss, w in pairs) / weight
 
 
+def paired_interval(before: list[list[float]], after: list[list[float]]) -> tuple[float, float, float] | None:
+    """The weighted mean change after - before of paired [loss, weight] parts (evaluation batches, or the
+    benchmark's validation windows) and its 95% interval (low, high): the normal approximation over the parts'
+    paired differences. None when the parts do not pair (other counts or weights) or there is only one."""
+    paired = len(before) == len(after) and all(b[1] == a[1] for b, a in zip(before, after))
+    if not paired or len(after) < 2:
+        return None
+    total = sum(w for _, w in after)
+    diffs = [(a[0] - b[0], a[1] / total) for b, a in zip(before, after)]
+    change = sum(d * share for d, share in diffs)
+    n = len(diffs)
+    spread = math.sqrt(n / (n - 1) * sum((share * (d - change)) ** 2 for d, share in diffs))
+    return change, change - Z_95 * spread, change + Z_95 * spread
+
+
 def measure(trainer: Trainer, folder: Path) -> Movement | None:
     """The movement from the recorded start to the model as it is now (None: no start was recorded)."""
     try:
@@ -98,13 +114,6 @@ def measure(trainer: Trainer, folder: Path) -> Movement | None:
     except (OSError, ValueError):
         return None
     before, after = start["batches"], _batches(trainer)
-    low = high = None
-    paired = len(before) == len(after) and all(b[1] == a[1] for b, a in zip(before, after))
-    if paired and len(after) > 1:
-        total = sum(w for _, w in after)
-        diffs = [(a[0] - b[0], a[1] / total) for b, a in zip(before, after)]
-        change = sum(d * share for d, share in diffs)
-        n = len(diffs)
-        spread = math.sqrt(n / (n - 1) * sum((share * (d - change)) ** 2 for d, share in diffs))
-        low, high = change - Z_95 * spread, change + Z_95 * spread
+    interval = paired_interval(before, after)
+    low, high = (None, None) if interval is None else interval[1:]
     return Movement(int(start["step"]), _mean(before), trainer.step, _mean(after), low, high, len(after))

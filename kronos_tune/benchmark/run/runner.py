@@ -203,6 +203,10 @@ class ProtocolRun:
                 self.finish(old, write=False)
                 continue
             self.finish(self.run_trial(spec, index))
+        if not self.cancel.is_set():
+            for result in self.bench_task.after_trials(self):  # kept again: the last line of a name wins
+                self.results[result.name] = result
+                append_result(self.out_dir / RESULTS_FILE, result)
 
     def reapply_budget(self) -> None:
         if self.device == "cuda" and self.budget_mode == "memory-fraction" and self.bench_task.probes_in_process:

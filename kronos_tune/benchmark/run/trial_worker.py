@@ -13,6 +13,9 @@ can do to a hung CUDA call or a deadlocked DataLoader. It also gives each
 trial a fresh allocator, cuBLAS state and compile cache, so one trial's
 warm-up never flatters the next.
 
+A ``"kind": "time-to-target"`` job trains one seed of a candidate until the
+target validation loss (train/target.py) and writes how long it took.
+
 JOB.json: ``config`` (TrainConfig keys), ``steps`` (train/measure.py: TrialSteps),
 ``budget_bytes`` (per device), ``result_file`` and ``stack_file``. SIGTERM
 (the launcher's stop) makes every rank stop after the current step. SIGUSR1
@@ -30,6 +33,12 @@ in its third paired block (the second round after the untimed one),
 ``KRONOS_TUNE_PLANT=<trial>:<fraction>`` (the decision benchmark's planted
 effect) makes every other trial's steps that much slower, so the named trial is
 truly ``fraction`` faster per step (work, not a sleep: measure.spin).
+``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>[:<seed>]`` (a test hook
+of the quality guard, benchmarks/quality_guard.py) makes the named trial's
+validation loss worse before its result is written: each window's loss times
+``1 + fraction x (1 + z / 2)``, z a standard normal draw per window (seeded
+when a seed is given), a worsening of ``fraction`` on average with noise of
+its own. Only this worker reads it; the measurement itself is untouched.
 
 Serving (the paired design): with ``commands`` in the job (a FIFO), the worker
 warms up, runs the metered step, emits ``ready`` and then waits for one JSON
@@ -65,6 +74,7 @@ STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
 FAULT_ENV = "KRONOS_TUNE_FAULT"
 PLANT_ENV = "KRONOS_TUNE_PLANT"
+WORSEN_ENV = "KRONOS_TUNE_TEST_WORSEN_VAL_LOSS"
 READY_EVENT, MEASURED_EVENT, BLOCK_EVENT, FINISHED_EVENT = "ready", "measured", "block", "finished"
 FAULT_BLOCK = 3  # the block a hang-block / die-block fault strikes in
 
@@ -135,6 +145,22 @@ def planted_delay(trial: str) -> float:
     return faster / (1 - faster)
 
 
+def worsen_for_test(result: Any, trial: str) -> None:
+    """The test hook KRONOS_TUNE_TEST_WORSEN_VAL_LOSS (module docstring) on `result`'s validation windows and
+    loss; nothing for any other trial or without the variable."""
+    import random
+
+    name, _, rest = os.environ.get(WORSEN_ENV, "").partition(":")
+    fraction, _, seed = rest.partition(":")
+    if not name or name != trial or not result.val_windows:
+        return
+    draw = random.Random(seed) if seed else random.Random()
+    result.val_windows = [[loss * (1 + float(fraction) * (1 + draw.gauss(0.0, 1.0) / 2)), weight]
+                          for loss, weight in result.val_windows]
+    total = sum(weight for _, weight in result.val_windows)
+    result.val_loss = sum(loss * weight for loss, weight in result.val_windows) / total
+
+
 def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; greedy outputs to one .npz
     file, the sampled run's (per-series streams) to another when the job names it."""
@@ -172,6 +198,18 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     return 0
 
 
+def run_time_to_target(job: dict[str, Any], should_stop: StopFlag, rank: int) -> int:
+    """One seed of the time-to-target comparison (train/target.py): train until the target loss, write the run."""
+    from kronos_tune.benchmark.train.target import train_to_target
+
+    config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} time to target")
+    found = train_to_target(config, float(job["target"]), int(job["target_step"]), int(job["max_steps"]),
+                            should_stop)
+    if rank == 0 and not should_stop():
+        write_json(Path(job["result_file"]), found.to_dict())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kronos_tune.benchmark.run.trial_worker")
     parser.add_argument("--job", required=True)
@@ -183,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     should_stop = StopFlag()
     if job.get("kind") == "predict":
         return run_predict(job, should_stop)
+    if job.get("kind") == "time-to-target":
+        return run_time_to_target(job, should_stop, rank)
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
     result_file = Path(job["result_file"])
     meter = make_rank_meter(config.resolved_device(), job.get("budget_bytes"))
@@ -211,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(result_file.with_name(f"{result_file.name}.rank{rank}"), result.to_dict())
         return 1
     if rank == 0:
+        worsen_for_test(result, trial)
         write_json(result_file, result.to_dict())
     return 0
 
@@ -264,6 +305,7 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                                evaluated=result.val_loss_step != evaluated_before)
                 elif kind == "finish":
                     session.run(session.finish)
+                    worsen_for_test(result, job.get("trial", ""))
                     write_json(result_file, result.to_dict())
                     emit_event(FINISHED_EVENT, status=result.status)
                     return 0

@@ -37,6 +37,8 @@ The rule, in order:
    baseline, the eligible singles and the combined trial; the combined trial
    only when it is not slower than the best single; the baseline when
    nothing is faster beyond the noise.
+6. With ``objective = "time-to-quality"`` the time to the baseline's validation
+   loss decides instead (target.py: ``recommend_by_target``).
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ from kronos_tune.benchmark.costs import duration as _duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
 from kronos_tune.benchmark.stats import Comparison, block_ratios, compare, paired_compare
+from kronos_tune.benchmark.train.target import recommend_by_target
 from kronos_tune.benchmark.train.verdicts import PAIRED_FLOOR, Decision, OneTimeCost, Trajectory
 
 DRIFT_STAGE = "drift"
-OBJECTIVES = ("speed", "memory")
+OBJECTIVES = ("speed", "memory", "time-to-quality")
 FLOOR = 0.03  # sequential design: relative step-time change below which nothing is called faster or slower
 NOISY_LIMIT = 0.25  # a resolution (or drift threshold) above this: the machine is too noisy to decide
 DEFAULT_MARGIN = 0.10
@@ -247,6 +250,8 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
                                            if r.stage == "single" and _eligible(r, decision, base_ok)])
     decision = replace(decision, combination=_combination(results, decision))
     source, reason = _recommend(results, decision, context)
+    if context.objective == "time-to-quality":  # the time to the baseline's val loss decides (target.py)
+        source, reason = recommend_by_target(results)
     return replace(decision, source=source, reason=reason)
 
 

@@ -1,5 +1,5 @@
 """One training trial, measured: warm-up until settled, a metered step, measured steps until the median is
-known well enough, and the validation loss at a fixed optimizer step.
+known well enough, and the validation loss at a fixed optimizer step (window by window).
 
 Warm-up covers lazy initialization (allocator growth, cuBLAS handles,
 autotuning, compilation): it runs until a step's time is within a tolerance
@@ -67,6 +67,7 @@ class TrainMeasurement:
     peak_bytes_by_phase: dict[str, int] = field(default_factory=dict)
     val_loss: float | None = None
     val_loss_step: int | None = None
+    val_windows: list[list[float]] = field(default_factory=list)  # [loss, tokens] of each validation window
     tokens_per_step: int | None = None
     samples_per_step: int | None = None
     losses: list[float] = field(default_factory=list)  # every step's training loss, step 1 first
@@ -85,6 +86,14 @@ STOP_REASONS = ("", "interval", "budget", "max-steps")  # why measuring stopped;
 
 class _Stopped(Exception):
     pass
+
+
+def evaluate_windows(trainer: Trainer) -> tuple[float, list[list[float]]]:
+    """The validation loss and [loss, tokens] of every validation window (one batched evaluation): the baseline
+    and a trial are compared window by window on the same windows (quality.py)."""
+    rows = trainer.evaluate_by_window()
+    loss = float(trainer.steps.eval_metrics(rows.sum(0))["val_loss"])
+    return loss, [[float(trainer.steps.eval_metrics(row)["val_loss"]), float(row[-1])] for row in rows]
 
 
 def spin(seconds: float) -> None:
@@ -142,7 +151,7 @@ class TrialSession:
         assert trainer is not None
         record = self._one()
         if self.steps.eval_step is not None and trainer.step == self.steps.eval_step:
-            self.result.val_loss = float(trainer.evaluate()["val_loss"])
+            self.result.val_loss, self.result.val_windows = evaluate_windows(trainer)
             self.result.val_loss_step = trainer.step
             self._one()  # after the evaluation: its cache effects, never timed
         return record

@@ -18,8 +18,7 @@ from kronos_tune.benchmark.train.decide import (
     EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, reference,
 )
 from kronos_tune.benchmark.selection import LEFT_OUT
-from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_rule, \
-    quality_threshold
+from kronos_tune.benchmark.quality import compute_deltas, guard_all
 from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
 from kronos_tune.benchmark.train.verdicts import OneTimeCost
@@ -134,17 +133,9 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
     trials = report.trials
     opts = report.options
     base = reference(trials)
-    probe = _find(trials, NOISE_PROBE)
-    noise = None
-    if base is not None and probe is not None and base.status == "ok" and probe.status == "ok":
-        noise = noise_estimate(base.val_loss, probe.val_loss)
     factor, floor = float(opts.get("noise_factor", 2.0)), float(opts.get("quality_floor", 0.005))
-    threshold = None
-    if base is not None and base.val_loss is not None:
-        threshold = quality_threshold(base.val_loss, noise, factor, floor)
-        for t in trials:
-            if t.stage in ("single", "combined") and t.val_loss is not None:
-                t.quality = quality_guard(base.val_loss, t.val_loss, noise, factor, floor).to_dict()
+    quality = guard_all(trials, base, _find(trials, NOISE_PROBE), factor, floor)
+    threshold = quality["threshold"]
     margin = opts.get("autobatch_margin")
     context = DecisionContext(budget_bytes=report.budget_bytes, objective=opts.get("objective", "speed"),
                               model_has_dropout=model_has_dropout((base.config or {}).get("model_size")
@@ -157,11 +148,7 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
         t.trajectory = decision.trajectories.get(t.name)
         t.deltas = compute_deltas(t, base, threshold, comparison)
     report.quality = {
-        "rule": quality_rule(factor, floor), "noise": noise,
-        "noise_source": NOISE_PROBE if noise is not None else None, "threshold": threshold,
-        "threshold_pct": None if threshold is None or base is None or not base.val_loss else
-        100 * threshold / base.val_loss,
-        "noise_factor": factor, "floor": floor,
+        **quality,
         "val_loss_step": max((t.val_loss_step or 0 for t in trials), default=0) or None,
         "eval_windows": (base.config or {}).get("eval_samples") if base is not None else None,
         "flagged": [t.name for t in trials if not t.quality_passed],

@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from kronos_tune.benchmark.run.context import RunContext
 
 
+def loss_delta_cell(trial: TrialResult, compact: bool = False) -> Cell:
+    """The val-loss change vs the baseline with the 95% interval of the paired windows (quality.py); bad when
+    the guard flags it."""
+    cell = delta_cell(trial.deltas.get("val_loss"), "val_loss")
+    quality = trial.quality or {}
+    if not cell.text or quality.get("low_pct") is None or quality.get("high_pct") is None:
+        return cell
+    text = f"{cell.text}{chr(10) if compact else ' '}[{quality['low_pct']:+.2f}, {quality['high_pct']:+.2f}]"
+    return Cell(text, "bad" if not quality.get("passed", True) else cell.tone)
+
+
 class TrainBenchmark(BenchmarkTask):
     name = "train"
     trial_names = TRAIN_TRIALS
@@ -49,6 +60,11 @@ class TrainBenchmark(BenchmarkTask):
 
         return trials.run_trial(run, spec, work)
 
+    def after_trials(self, run: RunContext) -> list[TrialResult]:
+        from kronos_tune.benchmark.train import target
+
+        return target.measure_candidates(run) if target.wanted(run.options) else []
+
     def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
         summarize_train(report, preset)
 
@@ -60,7 +76,7 @@ class TrainBenchmark(BenchmarkTask):
                 "Δ time [95% CI]": time_delta_cell(trial, compact),
                 "projected total": Cell(fmt_seconds(trial.projected_train_time_s)),
                 "val loss": Cell("–" if trial.val_loss is None else f"{trial.val_loss:.4f}"),
-                "Δ loss": delta_cell(trial.deltas.get("val_loss"), "val_loss"),
+                "Δ loss": loss_delta_cell(trial, compact),
                 "losses vs baseline": trajectory_cell(trial),
                 "MFU": Cell("–" if trial.mfu is None else f"{100 * trial.mfu:.1f}%")}
 

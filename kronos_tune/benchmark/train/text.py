@@ -4,10 +4,12 @@ config file, and the notes the terminal prints under the table."""
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
 from kronos_tune.benchmark.train.decide import NOISY_LIMIT
+from kronos_tune.benchmark.train.target import summary_lines
 from kronos_tune.benchmark.train.verdicts import Decision
 
 
@@ -46,8 +48,31 @@ def _designs(report: ProtocolReport, design: str) -> list[TrialResult]:
     return [trial for trial in report.trials if trial.design == design]
 
 
+def quality_resolution_line(report: ProtocolReport) -> str | None:
+    """"changes in val loss under 0.21% could not be seen (...)": the quality resolution of the run (train)."""
+    q = report.quality or {}
+    aa = q.get("aa")
+    if q.get("resolution_pct") is not None and aa:
+        return (f"changes in val loss under {q['resolution_pct']:.2f}% could not be seen in this run (the A/A "
+                f"comparison: the noise-probe against the baseline on the same {aa['windows']} validation "
+                f"windows, {aa['change_pct']:+.2f}% [{aa['low_pct']:+.2f}%, {aa['high_pct']:+.2f}%]"
+                f"{', itself above the floor' if aa.get('flagged') else ''})")
+    if q.get("method") == "windows":
+        return (f"the quality resolution was not measured: the noise-probe (the A/A comparison) has no validation "
+                f"loss, so the guard tolerated the {100 * float(q.get('floor', 0)):g}% floor alone")
+    return None
+
+
 def resolution_line(report: ProtocolReport) -> str | None:
-    """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train)."""
+    """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train),
+    speed, then quality."""
+    speed, quality = _speed_resolution(report), quality_resolution_line(report)
+    if speed and quality:
+        return f"{speed}; {quality}"
+    return speed or quality
+
+
+def _speed_resolution(report: ProtocolReport) -> str | None:
     decision = _decision(report)
     if decision is None:
         return None
@@ -156,25 +181,39 @@ def markdown_lines(report: ProtocolReport) -> list[str]:
     lines += [""] + timing_lines(report)
     if report.headroom:
         lines += ["", f"Memory: {report.headroom['text']}."]
-    noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
-    threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
-    lines += ["", f"Quality guard: {q.get('rule')}. Noise estimate: {noise}; threshold {threshold} (val loss). "
+    lines += ["", f"Quality guard: {q.get('rule')}. {_guard_figures(q)}. "
                   f"Training losses: {q.get('trajectory_rule', '')}."]
+    guarded = [f"{t.name} {t.quality['text']}" for t in report.trials if t.quality and t.quality.get("text")]
+    if guarded:
+        lines += ["", "Val loss vs the baseline, paired per window (95% interval): " + "; ".join(guarded) + "."]
     if q.get("defects"):
         lines += ["", f"**Defects**: {', '.join(q['defects'])} should reproduce the baseline's losses and do not."]
+    reached = summary_lines(report.trials)
+    if reached:
+        lines += ["", "Time to target (each candidate trained with other seeds until the baseline's val loss at "
+                      f"step {q.get('val_loss_step')}; optimizer steps only, median and range over the seeds): "
+                  + "; ".join(reached) + "."]
     if report.flops:
         lines += ["", f"MFU: {report.flops['formula']}; {report.flops['flops_per_token']:.4g} FLOPs per token."]
     return lines
+
+
+def _guard_figures(q: dict[str, Any]) -> str:
+    """The guard's figures in words: the tolerated worsening and what it came from."""
+    threshold = "n/a" if q.get("threshold_pct") is None else f"+{q['threshold_pct']:.2f}%"
+    if q.get("method") == "windows":
+        resolution = "not measured" if q.get("resolution_pct") is None else f"{q['resolution_pct']:.2f}%"
+        return f"tolerated worsening {threshold} (quality resolution {resolution})"
+    noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
+    return f"noise {noise}, threshold {threshold} (the repeat rule: results without per-window losses)"
 
 
 def console_notes(report: ProtocolReport) -> list[str]:
     """The lines the terminal prints under the table: the quality guard, the timing designs, what the quick run
     left out, memory and MFU."""
     q, t = report.quality, report.timing
-    noise = "not measured" if q.get("noise") is None else f"{q['noise']:.5f}"
-    threshold = "n/a" if q.get("threshold") is None else f"{q['threshold']:.5f}"
-    lines = [f"quality guard: {q.get('rule')}; noise {noise}, threshold {threshold}, val loss after "
-             f"{q.get('val_loss_step')} steps on {q.get('eval_windows')} windows"]
+    lines = [f"quality guard: {q.get('rule')}; {_guard_figures(q)}, val loss after {q.get('val_loss_step')} steps "
+             f"on {q.get('eval_windows')} windows; Δ loss shows the 95% interval of the paired windows"]
     decision = _decision(report)
     paired = [trial.name for trial in _designs(report, "paired")]
     sequential = [f"{trial.name} ({trial.design_reason})" for trial in _designs(report, "sequential")]
@@ -194,6 +233,10 @@ def console_notes(report: ProtocolReport) -> list[str]:
     if decision is not None and decision.noisy:
         lines.append(f"too noisy to decide: {_too_noisy(decision)} (limit {100 * NOISY_LIMIT:g}%); the baseline is "
                      f"kept; rerun on a quieter machine")
+    reached = summary_lines(report.trials)
+    if reached:
+        lines.append(f"time to the baseline's val loss at step {q.get('val_loss_step')} (other seeds): "
+                     + "; ".join(reached))
     if report.headroom:
         lines.append(f"memory: {report.headroom['text']}")
     if report.flops:

@@ -26,7 +26,7 @@ from kronos_tune.benchmark.train.measure import TrialSteps, TrainMeasurement
 from kronos_tune.benchmark.run.paired import BASELINE_WORKER, Interleaver, choose_design, steps_per_block
 from kronos_tune.benchmark.train.trial_list import combine
 from kronos_tune.benchmark.selection import left_out
-from kronos_tune.benchmark.quality import quality_guard
+from kronos_tune.benchmark.quality import guard_trial
 from kronos_tune.benchmark.events import TrialStep
 from kronos_tune.benchmark.results import NOISE_PROBE, Spread, TrialResult, TrialSpec
 from kronos_tune.benchmark.run.trial_worker import STEP_EVENT
@@ -376,7 +376,8 @@ def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement,
         spec.name, spec.stage, m.status, dict(spec.changes), m.reason, spec.description, task="train",
         hardware=f"{spec.nproc} x {device_name}{backend}", tokens_per_step=m.tokens_per_step,
         peak_memory_bytes=m.peak_memory_bytes, peak_bytes_by_phase=m.peak_bytes_by_phase, val_loss=m.val_loss,
-        val_loss_step=m.val_loss_step, warmup_time_s=m.warmup_time_s, train_losses=m.losses, config=config,
+        val_loss_step=m.val_loss_step, val_windows=[list(w) for w in m.val_windows],
+        warmup_time_s=m.warmup_time_s, train_losses=m.losses, config=config,
         nproc=spec.nproc, warmup_times_s=list(m.warmup_times_s), timing=dict(m.timing),
         setup_costs_s=dict(run.setup_costs.get(spec.name, {})))
     result.set_kind(spec.kind)
@@ -402,9 +403,8 @@ def train_result(run: RunContext, spec: TrialSpec, m: TrainMeasurement,
                             f"(rank 0), batch_size is per process")
     if m.warmup_time_s is not None and config.get("compile") != "off":
         result.notes.append(f"{len(m.warmup_times_s)} warm-up steps (compilation) took {m.warmup_time_s:.1f} s")
-    base = run.results.get("baseline")
-    if spec.stage not in ("baseline", "drift") and result.val_loss is not None and base is not None \
-            and base.val_loss is not None:
-        result.quality = quality_guard(base.val_loss, result.val_loss, run.noise(), run.options.noise_factor,
-                                       run.options.quality_floor).to_dict()
+    if spec.stage not in ("baseline", "drift"):
+        verdict = guard_trial(run.results.get("baseline"), result, run.results.get(NOISE_PROBE),
+                              run.options.noise_factor, run.options.quality_floor)
+        result.quality = None if verdict is None else verdict.to_dict()
     return result
