@@ -131,9 +131,9 @@ def test_report_md_the_cli_and_the_dashboard_show_one_time_and_one_order(trials)
     assert {name: _ms(text) for name, text in dashboard.items()} == {n: _ms(t) for n, t in markdown.items()}
 
 
-def test_the_picture_stars_the_recommended_point_and_plots_the_estimate(trials, tmp_path) -> None:
-    """pareto.png: each point at its estimate (the order of the table), the star on the recommended trial's
-    point, and the file carries the key of what it shows."""
+def test_the_picture_marks_the_recommended_point_and_plots_the_estimate(trials, tmp_path) -> None:
+    """pareto.png: each point at its estimate (the order of the table), ▶ on the recommended trial's point and
+    ★ on the fastest's (as the results table marks them), and the file carries the key of what it shows."""
     from kronos_tune.benchmark.report.picture import FILES, draw, picture_key, report_scatter, write_picture
     from kronos_tune.figures import new_figure, png_key
 
@@ -150,8 +150,11 @@ def test_the_picture_stars_the_recommended_point_and_plots_the_estimate(trials, 
     points = dict(zip(names, drawn["trial"]))
     assert sorted(points, key=lambda name: points[name][1]) == EXPECTED  # y: time, ms, the estimate's order
     assert points["fused-adamw"][1] == pytest.approx(1000 * 0.347 * 1.037)
-    assert drawn["recommended: dataloader"] == [pytest.approx(points["dataloader"])]
-    assert drawn["recommended: dataloader"][0] != pytest.approx(points["fused-adamw"])  # not the raw-fastest one
+    assert drawn["▶ recommended: dataloader"] == [pytest.approx(points["dataloader"])]
+    assert drawn["▶ recommended: dataloader"][0] != pytest.approx(points["fused-adamw"])  # not the raw-fastest one
+    assert drawn["★ fastest (by the time shown): dataloader"] == [pytest.approx(points["dataloader"])]
+    labels = {text.get_text() for text in axes.texts}
+    assert "▶★ dataloader" in labels and "fused-adamw" in labels  # the marks in the point's own label
     written, line = write_picture(report, tmp_path)
     png = tmp_path / FILES[0]
     assert png in written and png.stat().st_size > 0 and line == f"![step time vs peak memory]({FILES[0]})"

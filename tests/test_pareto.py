@@ -94,11 +94,13 @@ def test_report_writes_the_picture_and_embeds_it(tmp_path: Path, capsys: pytest.
     assert (run / "pareto.png").read_bytes()[:8] == PNG_SIGNATURE
     svg = ElementTree.parse(run / "pareto.svg").getroot()
     texts = {element.text for element in svg.iter() if element.tag.endswith("text") and element.text}
+    names = {text.lstrip("▶★ ") for text in texts}  # a point's label: its marks, then its name
     for trial in trials:
         if trial.name != "checkpointing":
-            assert trial.name in texts, trial.name
+            assert trial.name in names, trial.name
     assert "not drawn: checkpointing (oom)" in " ".join(texts)
-    assert any(text.startswith("recommended: ") for text in texts)
+    chosen = next(text for text in texts if text.startswith("▶ recommended: ")).split(": ")[1]
+    assert {f"▶ {chosen}", f"▶★ {chosen}"} & texts  # the mark is in the recommended point's own label
     markdown = (run / "report.md").read_text()
     assert "![step time vs peak memory](pareto.png)" in markdown
     assert markdown.index("| baseline") < markdown.index("pareto.png")  # under the table

@@ -252,7 +252,7 @@ async def test_whole_protocol_and_recommendation_fit_at_160x50() -> None:
         assert table.region.bottom <= app.screen.region.bottom - 1  # above the footer
         panel = app.query_one(AnswerPanel)
         assert panel.display and panel.region.height >= 5
-        text = panel.render().plain
+        text = panel.plain
         assert "▶ run combined: num_workers = 2, optimizer_impl = fused" in text
         assert "why fastest of the trials that kept the validation loss within the noise" in text
         assert report.recommended.command in " ".join(text.split())
@@ -293,7 +293,7 @@ async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset
         await pilot.pause()
         assert app.answer is not None and app.answer.recommended == "combined" and not app.answer.partial
         assert app.answer.newer_partial == "runs/benchmark/cpu-train-20261130-120000"
-        assert "a later run was cancelled" in app.query_one(AnswerPanel).render().plain
+        assert "a later run was cancelled" in app.query_one(AnswerPanel).plain
         assert "the recommendation stays from the complete run" in log_text(app)
 
         await pilot.press("p")
@@ -314,7 +314,7 @@ async def test_partial_answer_says_what_is_missing() -> None:
         _feed_protocol(app, partial=True)
         await pilot.pause()
         await pilot.pause()
-        text = " ".join(app.query_one(AnswerPanel).render().plain.split())
+        text = " ".join(app.query_one(AnswerPanel).plain.split())
         assert "partial: cancelled before" in text and "this covers only the finished trials" in text
 
 

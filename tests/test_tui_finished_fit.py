@@ -78,9 +78,9 @@ def _assert_all_on_screen(app: DashboardApp, results: list) -> str:
     assert table.scrollable_content_region.height >= table.header_height + len(results)
     assert table.region.bottom <= app.screen.region.bottom - 1  # above the footer
     assert panel.display and panel.region.bottom <= table.region.y  # the recommendation above, not overlapped
-    assert panel.region.height == panel.get_content_height(panel.region.size, panel.region.size,
-                                                           panel.region.width - 4) + 2  # every line of it
-    return " ".join(panel.render().plain.split())
+    assert panel.region.height == panel.content_rows(panel.region.width - 4) + 2  # every line of it
+    assert panel.max_scroll_y == 0  # nothing of it scrolled away
+    return " ".join(panel.plain.split())
 
 
 @pytest.mark.asyncio

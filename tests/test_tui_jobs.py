@@ -141,7 +141,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         assert app.recommended == first / "recommended.toml"
         answer = app.query_one(AnswerPanel)
         assert answer.display and app.answer is not None and app.answer.recommended is not None
-        shown = answer.render().plain
+        shown = answer.plain
         assert app.answer.recommended in shown and str(first / "recommended.toml") in shown
 
         await pilot.press("e")

@@ -76,6 +76,7 @@ async def test_finished_benchmark_marks_the_recommendation() -> None:
         await until(pilot, lambda: isinstance(app.screen, ScatterScreen), "the scatter screen")
         panel = app.screen.query_one(ScatterPanel)
         assert panel.drawn["recommended"][2] == ["combined"]
+        assert "▶★ combined" in panel.drawn["labels"][2]  # its marks in its own label, never by another name
         ok = [r.name for r in results if r.status == "ok" and r.name not in ("noise-probe", "baseline-repeat")]
         assert panel.drawn["trials"][2] == ok
         assert "recommended: combined" in _text(panel.query_one("#scatter-caption").content)
@@ -95,6 +96,9 @@ async def test_without_textual_plotext_a_table_takes_the_plots_place(monkeypatch
         assert not app.screen.query("#scatter-plot")
         table = _text(app.screen.query_one("#scatter-table", Static).content)
         lines = [line.split() for line in table.splitlines() if "GiB" in line]
+        marked = {line[1]: line[0] for line in lines if line[0] in ("▶", "★", "▶★")}
+        assert marked == {"combined": "★"}  # the fastest, marked as the results table marks it; none recommended
+        lines = [line[1:] if line[0] in marked.values() else line for line in lines]
         assert [line[0] for line in lines] == ["checkpointing", "baseline", "noise-probe", "combined", "dataloader"]
         assert [line[0] for line in lines if line[-1] == "◆"] == ["checkpointing", "baseline", "combined"]
         assert lines[0][1:4] == ["1.71", "1.62", "GiB"]  # time per step, peak memory

@@ -6,6 +6,8 @@ and look at the SVGs under tests/__snapshots__/ before committing them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from textual.pilot import Pilot
 
@@ -13,7 +15,8 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
-from test_tui_canned import SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
+from test_tui_canned import GIB, SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
+from test_tui_finished_fit import LONG_REASON
 
 SIZES = [(100, 30), (160, 50)]
 FINISHED_SIZES = [(80, 24), (100, 30), (120, 40), (160, 50)]  # a finished benchmark at every common size
@@ -24,7 +27,8 @@ def canned_app() -> DashboardApp:
     return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False)
 
 
-def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, protocol: bool = False):
+def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, protocol: bool = False,
+         long_answer: bool = False):
     async def run_before(pilot: Pilot) -> None:
         app = pilot.app
         for snapshot in series(count, gpus):
@@ -33,6 +37,11 @@ def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, pr
             app.post_message(ProtocolEvent(TrialFinished(result)))
         if protocol:  # the cpu preset's whole protocol, finished, with its recommendation
             results, report = full_protocol(names=SNAPSHOT_TRIALS)
+            if long_answer:  # a reason as long as the real rule writes, and the memory headroom
+                report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
+                report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16,
+                                   "fits_batch": 240, "text": "2.40 of 8.0 GiB used (30%): batch 16 -> about 240 "
+                                                              "would fit"}
             app.run_state.begin("benchmark train")
             for result in results:
                 app.post_message(ProtocolEvent(TrialFinished(result)))
@@ -85,10 +94,29 @@ def test_run_panel_during_a_trial(snap_compare) -> None:
 @pytest.mark.parametrize("size", FINISHED_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_whole_protocol_with_recommendation(snap_compare, size: tuple[int, int]) -> None:
     """Every trial of the cpu protocol and the recommendation panel at 80x24, 100x30, 120x40 and 160x50: the
-    recommended command whole on screen, the table scrolled to the recommended row where it does not fit (the
-    other rows one PgUp away, as its legend says); ▶ marks the recommended row, ★ the fastest; the Run panel
-    shows the run's end."""
+    recommendation's first lines (what to run, the command) on screen, the table scrolled to the recommended row
+    where it does not fit (the other rows one PgUp away, as its legend says); ▶ marks the recommended row, ★ the
+    fastest; the Run panel shows the run's end."""
     assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, protocol=True))
+
+
+SMALL_SIZES = [(80, 24), (100, 30)]
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_long_recommendation_read_to_its_end(snap_compare, size: tuple[int, int]) -> None:
+    """tab (the footer names it) gives the recommendation the focus and more rows; PgDn scrolls it to its end
+    (the memory line); the table keeps its header and a trial row below it."""
+    assert snap_compare(canned_app(), terminal_size=size, press=["tab", "pagedown", "pagedown", "pagedown"],
+                        run_before=feed(40, gpus=False, protocol=True, long_answer=True))
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_back_to_the_table_and_its_first_rows(snap_compare, size: tuple[int, int]) -> None:
+    """tab twice more (the log, then the results), then PgUp to the top: the table's first rows under the
+    recommendation's first lines."""
+    assert snap_compare(canned_app(), terminal_size=size, press=["tab", "tab", "tab"] + ["pageup"] * 6,
+                        run_before=feed(40, gpus=False, protocol=True, long_answer=True))
 
 
 def test_whole_protocol_with_two_gpus(snap_compare) -> None:

@@ -216,8 +216,10 @@ def register(app: typer.Typer) -> None:
         with cancel_on_signals(cancel) as received, ProtocolProgress(console) as view:
             report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,
                                   on_event=view.on_event, cancel=cancel, overwrite=overwrite, tensorboard=tensorboard)
-        if json_out:
-            typer.echo(json.dumps(report.to_dict(), indent=2))
+        if json_out:  # report.json as written: with the figures every view shows (`shown`)
+            from kronos_tune.benchmark.report.estimate import report_dict
+
+            typer.echo(json.dumps(report_dict(report), indent=2))
         else:
             render(console, report)
         if report.cancelled:

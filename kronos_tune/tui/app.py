@@ -35,6 +35,9 @@ from kronos_tune.tui.widgets import (
 if TYPE_CHECKING:  # the protocol imports torch: loaded when the first job needs it, not at start-up
     from kronos_tune.benchmark import ProtocolOptions, ProtocolReport
 
+PALETTE_IN_FOOTER_WIDTH = 100
+
+
 class DashboardApp(ResultsView, App[int]):
     """`kronos-tune dashboard`: live telemetry, the benchmark protocol, autobatch and training in one screen."""
 
@@ -93,6 +96,7 @@ class DashboardApp(ResultsView, App[int]):
         self._show_results()
         self.query_one(ResultsTable).focus()  # arrow keys and PgUp/PgDn scroll the results at once
         self._fit_results()
+        self._fit_footer(self.size.width)
         if self.preset is None:
             self.log_line("no preset: press p to pick one", "warning")
         else:
@@ -106,6 +110,19 @@ class DashboardApp(ResultsView, App[int]):
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
         self._fit_results(event.size)
+        self._fit_footer(event.size.width)
+
+    def _fit_footer(self, width: int) -> None:
+        """Below 100 columns the footer leaves out the command palette's ^p (the help lists it): the keys it
+        names, tab for the next pane included, then fit in 80."""
+        footer = self.query_one(Footer)
+        wide = width >= PALETTE_IN_FOOTER_WIDTH
+        if footer.show_command_palette != wide:
+            footer.show_command_palette = wide
+            footer.refresh(recompose=True)
+
+    def on_descendant_focus(self) -> None:
+        self._fit_results()  # the recommendation takes more rows while it has the focus
 
     def _check_size(self, width: int, height: int) -> None:
         small = too_small(width, height)

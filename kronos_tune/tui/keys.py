@@ -24,18 +24,28 @@ FOOTER_KEYS = {"p", "b", "a", "t", "c", "e", "question_mark", "q"}  # all of the
 KEY_NAMES = {"question_mark": "?", "B,shift+b": "B (shift+b)", "S,shift+s": "S (shift+s)"}
 
 
+# The panes a finished benchmark is read through take turns at the focus (and so at ↑↓ PgUp PgDn): the results,
+# the recommendation, the log. Each pane binds tab itself, so the footer names it while one has the focus.
+PANE_BINDINGS = [Binding("tab", "app.next_pane(1)", "Pane", key_display="tab", tooltip="Focus the next pane"),
+                 Binding("shift+tab", "app.next_pane(-1)", "Previous pane", show=False)]
+
+
 def bindings() -> list[Binding]:
     """Every action's binding, plus ctrl+q going through the same clean quit."""
     return [Binding(keys, action, label, show=keys in FOOTER_KEYS, tooltip=text)
             for keys, action, label, text in ACTIONS] + [Binding("ctrl+q", "quit", "Quit", show=False)]
 
 
-# Keys the focused results table answers itself (no app binding): listed in the help all the same.
+# Keys the focused pane answers itself (no app binding): listed in the help all the same.
 TABLE_KEYS: tuple[tuple[str, str], ...] = (
-    ("↑ ↓, PgUp PgDn, ctrl+Home ctrl+End", "Move through the results (the table has the focus; Tab moves it)"),
+    ("tab, shift+tab", "Move the focus: the results, the recommendation, the log (the focused one has a bright "
+                       "border and answers the keys below)"),
+    ("↑ ↓, PgUp PgDn, ctrl+Home ctrl+End", "Move through the results, or scroll the recommendation or the log "
+                                           "(whichever has the focus)"),
     ("← →, Home End", "Scroll the results sideways (columns that do not fit)"),
     ("mouse wheel", "Scroll the results or the log under the pointer; shift+wheel scrolls sideways"),
     ("click a header", "Sort the results by that column (again: reverse)"),
+    ("ctrl+p", "The command palette: every action by name"),
 )
 
 

@@ -11,7 +11,7 @@ from textual.geometry import Size
 from kronos_tune.tui.answer import Answer, answer_from, is_complete
 from kronos_tune.tui.format import duration, rate
 from kronos_tune.tui.model import ResultsModel, best_trial
-from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
+from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, columns
 from kronos_tune.tui.widgets.scatter import ScatterScreen
 
 if TYPE_CHECKING:
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from kronos_tune.benchmark import ProtocolReport, TrialResult
     from kronos_tune.benchmark.report.pareto import Scatter
     from kronos_tune.tui.model import RunState
+
+
+TABLE_FLOOR = 7  # rows the results table keeps beside a long recommendation: border, header, 3 trials, scrollbar
+TABLE_FLOOR_FOCUSED = 5  # ... while the recommendation has the focus: 1 trial
+ANSWER_FLOOR = 4  # the recommendation's rows at the least: border and 2 lines
 
 
 class ResultsView:
@@ -36,19 +41,36 @@ class ResultsView:
     run_state: RunState
 
     def _fit_results(self, size: Size | None = None) -> None:
-        """The results table takes the rows it needs within what the recommendation and the smallest telemetry
-        and run | log rows (5 each) leave: while a benchmark runs at most half the screen (the run panel's
-        curves keep their room); once it has finished with an answer, all of that, so every row of a finished
-        run stays on screen with the recommendation (160x50: 25+ rows). At 100x30 it scrolls instead of
-        pushing panels away."""
+        """Share the rows the status line, the footer and the smallest telemetry and run | log (5 each) leave
+        between the recommendation and the results table. The recommendation takes every line it has unless
+        that would leave the table fewer than TABLE_FLOOR rows (3 trials, or 1 while the recommendation has
+        the focus): then it is cut to what is left and scrolls (80x24, 100x30). The table takes the rows it
+        needs in the rest: while a benchmark runs at most half the screen (the run panel's curves keep their
+        room); once it has finished with an answer, all of it, so every row of a finished run stays on screen
+        with the recommendation (160x50: 25+ rows); where they do not fit it scrolls."""
         width, height = size or self.size
-        used = 2 + 10  # status line and footer; telemetry and run | log at their smallest
-        answer = self.query_one(AnswerPanel)
+        room = height - 2 - 10  # status line and footer; telemetry and run | log at their smallest
+        answer, table = self.query_one(AnswerPanel), self.query_one(ResultsTable)
+        answer_rows = 0
         if answer.display:
-            used += answer.get_content_height(Size(width, height), Size(width, height), max(1, width - 4)) + 2
+            floor = TABLE_FLOOR_FOCUSED if answer.has_focus else TABLE_FLOOR
+            answer_cap = max(ANSWER_FLOOR, room - floor)
+            answer.styles.max_height = answer_cap
+            answer_rows = min(answer_cap, answer.content_rows(max(1, width - 4)) + 2)
         finished = answer.display and not self.run_state.busy
-        cap = height - used if finished else round(0.5 * height)
-        self.query_one(ResultsTable).styles.max_height = max(5, min(height - used, cap))
+        cap = room - answer_rows if finished else round(0.5 * height)
+        table.styles.max_height = max(TABLE_FLOOR_FOCUSED, min(room - answer_rows, cap))
+        if table.row_count:  # a shorter table still shows the row under its cursor
+            self.call_after_refresh(lambda: table.move_cursor(row=table.cursor_row, scroll=True))
+
+    def action_next_pane(self, step: int = 1) -> None:
+        """Tab (step 1) / shift+tab (-1): the focus to the next pane a benchmark is read through (the results,
+        the recommendation where one is shown, the log); the recommendation takes more rows while it has it."""
+        panes = [pane for pane in (self.query_one(ResultsTable), self.query_one(AnswerPanel),
+                                   self.query_one(LogPane)) if pane.display]
+        index = next((i for i, pane in enumerate(panes) if pane is self.focused), -1)
+        panes[(index + step) % len(panes)].focus()
+        self.call_after_refresh(self._fit_results)
 
     def _trial_finished(self, result: TrialResult) -> None:
         self.results.add(result)

@@ -60,15 +60,23 @@ def spread_text(spread: Any, fmt: Any, compact: bool = False) -> str:
 
 
 def time_delta_cell(result: TrialResult, compact: bool = False) -> Cell:
-    """The step-time change vs the baseline with its 95% interval; ~ when the rule does not call it."""
-    cell = delta_cell(result.deltas.get("step_time_s"), "step_time_s")
+    """The step-time change vs the baseline (the two step times shown) with its 95% interval; ~ when the rule
+    does not call it. The rule compares time per token: where the trial's batch differs, the interval is put on
+    the same per-step footing as the change, and the per-token change the rule decided on follows."""
+    delta = result.deltas.get("step_time_s")
+    cell = delta_cell(delta, "step_time_s")
     comparison = result.comparison
-    if not cell.text or comparison is None or comparison.low is None or comparison.high is None:
+    if delta is None or comparison is None or comparison.low is None or comparison.high is None \
+            or not comparison.ratio > 0:
         return cell
-    low, high = 100 * (comparison.low - 1), 100 * (comparison.high - 1)
+    per_step = (1 + delta.pct / 100) / comparison.ratio  # the trial's step over a baseline-sized one
+    low, high = 100 * (comparison.low * per_step - 1), 100 * (comparison.high * per_step - 1)
     sep = "\n" if compact else " "
-    tone = "warn" if comparison.verdict == "unresolved" else cell.tone
-    return Cell(f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]", tone)
+    tone = {"faster": "good", "slower": "bad", "unresolved": "warn"}.get(comparison.verdict, cell.tone)
+    text = f"{cell.text}{sep}[{low:+.0f}, {high:+.0f}]"
+    if abs(per_step - 1) > 0.005:
+        text += f"{sep}{'~' if delta.noise else ''}{100 * (comparison.ratio - 1):+.1f}% per token"
+    return Cell(text, tone)
 
 
 def trajectory_cell(result: TrialResult) -> Cell:

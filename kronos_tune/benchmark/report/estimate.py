@@ -10,6 +10,10 @@ dashboard) takes its figure from here, so they cannot contradict each other:
   batch differs (the ratio is per token);
 - the baseline, and a trial without a comparison: its own median.
 
+The rates beside the time (tokens/s, samples/s, series/s) are the baseline's median over the same ratio, and
+every delta a view prints is the change between the two figures it shows (`align_deltas`, run once every
+estimate and projection is set), so a delta never contradicts the figure beside it.
+
 The raw medians stay in report.json (each trial's `step_time_s` / `series_per_s` spread, named "raw" by
 `raw_and_estimate`).
 """
@@ -17,14 +21,20 @@ The raw medians stay in report.json (each trial's `step_time_s` / `series_per_s`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.benchmark.stats import rate_over_ratio
 from kronos_tune.benchmark.tasks import get
 
+RATE_KEYS = ("series_per_s", "tokens_per_s", "samples_per_s")
+# The deltas taken from a figure an estimate or a projection sets (align_deltas); the loss's is the guard's.
+DERIVED_KEYS = ("step_time_s", *RATE_KEYS, "projected_train_time_s", "projected_predict_time_s", "peak_memory_bytes")
 ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
-                   "alternating blocks, else the ratio of medians); the raw medians are in report.json")
+                   "alternating blocks, else the ratio of medians); tokens/s, samples/s and series/s: the "
+                   "baseline's median over that ratio; every delta: the change between the two figures shown "
+                   "(`figures`); the raw medians are in report.json")
 
 
 def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
@@ -53,10 +63,53 @@ def step_time_estimate(result: TrialResult, baseline: TrialResult | None) -> flo
     return None if result.step_time_s is None else float(result.step_time_s.median)
 
 
+def rate_estimate(result: TrialResult, baseline: TrialResult | None, key: str) -> float | None:
+    """A rate (`key`: series/s, tokens/s or samples/s) as every view shows it: the baseline's median over the
+    compared time ratio (which is per token, so no batch scale), else the trial's own median; None when the
+    trial did not measure it."""
+    own = _median(getattr(result, key))
+    if own is None:
+        return None
+    reference = None if baseline is None else _median(getattr(baseline, key))
+    return rate_over_ratio(_ratio(result, baseline), reference, own)
+
+
 def series_rate_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
     """Series per second of a predict trial: the reference's rate over the compared time ratio."""
-    reference = None if baseline is None else _median(baseline.series_per_s)
-    return rate_over_ratio(_ratio(result, baseline), reference, _median(result.series_per_s))
+    return rate_estimate(result, baseline, "series_per_s")
+
+
+def shown_figure(result: TrialResult, key: str, baseline: TrialResult | None) -> float | None:
+    """The figure of `key` (a TrialResult field with a delta) that every view shows for `result`: the estimate
+    for the time and the rates, the field itself otherwise (the projected totals already take the compared
+    ratio, the memory and the loss are measured once)."""
+    if key == "step_time_s":
+        return None if result.step_time_s is None else step_time_estimate(result, baseline)
+    if key in RATE_KEYS:
+        return rate_estimate(result, baseline, key)
+    value = getattr(result, key)
+    return None if value is None else float(value)
+
+
+def shown_delta_pct(result: TrialResult, key: str, baseline: TrialResult | None) -> float | None:
+    """The change of `key` vs the baseline, in percent, from the two figures the views show."""
+    if baseline is None:
+        return None
+    mine, theirs = shown_figure(result, key, baseline), shown_figure(baseline, key, baseline)
+    return None if mine is None or not theirs else 100.0 * (mine / theirs - 1.0)
+
+
+def align_deltas(trials: Sequence[TrialResult]) -> None:
+    """Every delta of DERIVED_KEYS recomputed from the very figures shown beside it (shown_figure), once every
+    estimate is applied; the decision rule's call (`noise`) is kept. A delta whose figure is gone is dropped."""
+    baseline = baseline_of(trials)
+    for trial in trials:
+        for key in [key for key in trial.deltas if key in DERIVED_KEYS]:
+            pct = shown_delta_pct(trial, key, baseline)
+            if pct is None:
+                del trial.deltas[key]
+            else:
+                trial.deltas[key] = replace(trial.deltas[key], pct=pct)
 
 
 def shown_time(result: TrialResult, baseline: TrialResult | None, task: str | None = None) -> float | None:
@@ -79,9 +132,11 @@ def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
 
 
 def fastest(results: Sequence[TrialResult], task: str) -> TrialResult | None:
-    """The fastest trial that ran ok and kept its quality guard, by the estimate; None before any."""
+    """The fastest configuration that ran ok and kept its quality guard, by the estimate (the baseline measured
+    again is no configuration of its own); None before any."""
     baseline = baseline_of(results)
-    ranked = [(speed_key(r, baseline, task), r) for r in results if r.status == "ok" and r.quality_passed]
+    ranked = [(speed_key(r, baseline, task), r) for r in results
+              if r.status == "ok" and r.quality_passed and r.trial_kind.kind != "baseline-repeat"]
     ranked = [(key, r) for key, r in ranked if key is not None]
     return min(ranked, key=lambda item: item[0])[1] if ranked else None
 
@@ -91,15 +146,17 @@ def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[
     key = get(result.task).time_key
     raw = getattr(result, key)
     source = "compared ratio x baseline median" if _ratio(result, baseline) is not None else "own median"
+    figures = {name: shown_figure(result, name, baseline) for name in DERIVED_KEYS}
     return {"key": key, "shown": shown_time(result, baseline),
             "raw_median": None if raw is None else raw.median, "source": source,
             "design": result.comparison.design if result.comparison is not None and source != "own median"
-            else None}
+            else None, "figures": {name: value for name, value in figures.items() if value is not None}}
 
 
 def report_dict(report: Any) -> dict[str, Any]:
     """report.json: the ProtocolReport, each trial's raw spread as it was measured, and `shown`: per trial
-    the figure every view shows and where it comes from (raw_and_estimate)."""
+    the figure every view shows and where it comes from, and `figures`, every figure a delta is taken from
+    (raw_and_estimate)."""
     out = report.to_dict()
     baseline = baseline_of(report.trials)
     out["shown"] = {"rule": ESTIMATE_LEGEND,

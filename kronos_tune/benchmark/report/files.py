@@ -69,6 +69,11 @@ CSV_KEYS = ("name", "stage", "status", "reason", "hardware", "val_loss", "val_lo
 
 
 def report_csv(report: ProtocolReport) -> str:
+    """One row per trial: the raw spreads, and beside each `<key>_shown` the figure the views show (the compared
+    estimate), which its `delta_<key>_pct` is taken from."""
+    from kronos_tune.benchmark.report.estimate import baseline_of, shown_figure
+
+    baseline = baseline_of(report.trials)
     flat_rows = []
     for t in report.trials:
         row: dict[str, Any] = {key: getattr(t, key) for key in CSV_KEYS}
@@ -77,6 +82,7 @@ def report_csv(report: ProtocolReport) -> str:
             spread = getattr(t, key)
             for part in ("median", "min", "max", "n"):
                 row[f"{key}_{part}"] = None if spread is None else getattr(spread, part)
+            row[f"{key}_shown"] = None if spread is None else shown_figure(t, key, baseline)
         for key, delta in t.deltas.items():
             row[f"delta_{key}_pct"], row[f"delta_{key}_noise"] = round(delta.pct, 3), delta.noise
         row["quality_passed"] = None if t.quality is None else t.quality.get("passed")

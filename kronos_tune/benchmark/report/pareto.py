@@ -16,11 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kronos_tune.benchmark.train.decide import DRIFT_STAGE
-from kronos_tune.benchmark.report.estimate import baseline_of, series_rate_estimate, step_time_estimate
+from kronos_tune.benchmark.report.estimate import baseline_of, fastest, series_rate_estimate, step_time_estimate
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.tasks import get
 
 PICTURE_STEM = "pareto"  # pareto.png and pareto.svg in the run folder
+RECOMMENDED_MARK, FASTEST_MARK = "▶", "★"  # one meaning in every view: the table, the panel, both plots
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,22 @@ class Scatter:
     points: list[Point] = field(default_factory=list)
     front: list[Point] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (trial, why it has no point)
-    recommended: str | None = None
+    recommended: str | None = None  # marked ▶ in every view
     budget_bytes: int = 0
+    fastest: str | None = None  # marked ★ in every view: the fastest configuration by the time shown
 
     def point(self, name: str) -> Point | None:
         return next((p for p in self.points if p.name == name), None)
+
+    def marks(self, name: str) -> str:
+        """The marks of a point, as the results table puts them before its name: ▶ recommended, ★ fastest."""
+        return (RECOMMENDED_MARK if name == self.recommended else "") + (FASTEST_MARK if name == self.fastest else "")
+
+    def label(self, name: str) -> str:
+        """A point's name with its marks before it ("▶★ combined"): drawn as one text, a mark never sits by
+        another trial's name."""
+        marks = self.marks(name)
+        return f"{marks} {name}" if marks else name
 
     def caption(self) -> str:
         """One line on what is not drawn (failed, OOM, timed out, skipped trials; several of one kind
@@ -128,6 +140,8 @@ def scatter_of(trials: Sequence[TrialResult], task: str, budget_bytes: int = 0,
             continue
         scatter.points.append(Point(trial.name, float(trial.peak_memory_bytes or 0), seconds, _is_repeat(trial)))
     scatter.front = pareto_front(p for p in scatter.points if not p.repeat)
+    best = fastest(trials, task)
+    scatter.fastest = best.name if best is not None and scatter.point(best.name) is not None else None
     return scatter
 
 

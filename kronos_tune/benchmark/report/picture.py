@@ -1,6 +1,7 @@
-"""The benchmark's picture: time against peak memory per trial, the Pareto front, the recommendation and the
-memory budget, written as pareto.png and pareto.svg into the run folder and embedded in report.md
-(matplotlib, the `plot` extra; without it report.md and the CLI say in one line how to get the picture)."""
+"""The benchmark's picture: time against peak memory per trial, the Pareto front, the recommendation (▶) and
+the fastest trial (★) as the results table marks them, and the memory budget, written as pareto.png and
+pareto.svg into the run folder and embedded in report.md (matplotlib, the `plot` extra; without it report.md
+and the CLI say in one line how to get the picture)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, png_key, save_figure
 from kronos_tune.benchmark.report import pareto as pareto_module
 from kronos_tune.benchmark.report.pareto import (
-    PICTURE_STEM, Scatter, budget_in_view, front_staircase, memory_scale, scatter_of, time_scale,
+    FASTEST_MARK, PICTURE_STEM, RECOMMENDED_MARK, Scatter, budget_in_view, front_staircase, memory_scale,
+    scatter_of, time_scale,
 )
 from kronos_tune.benchmark.results import ProtocolReport
 
@@ -101,10 +103,11 @@ def draw(figure: object, scatter: Scatter, title: str) -> None:
     right = 1.12 * max(memories + ([scatter.budget_bytes] if show_budget else [])) / mem_div
     top = 1.12 * max(p.seconds for p in scatter.points) * t_mul
     xs, ys = xy(scatter.points)
-    places = _label_places([(x / right, y / top, p.name) for x, y, p in zip(xs, ys, scatter.points)])
-    for point, x, y, place in zip(scatter.points, xs, ys, places):
+    labels = [scatter.label(p.name) for p in scatter.points]  # the marks in the name: never by another
+    places = _label_places([(x / right, y / top, label) for x, y, label in zip(xs, ys, labels)])
+    for point, label, x, y, place in zip(scatter.points, labels, xs, ys, places):
         moved = place[1] < y / top - LINE / 2  # pushed down past other names: a thin line back to the point
-        axes.annotate(point.name, (x, y), xytext=place, textcoords="axes fraction", fontsize=8, va="bottom",
+        axes.annotate(label, (x, y), xytext=place, textcoords="axes fraction", fontsize=8, va="bottom",
                       color="dimgrey" if point.repeat else "black",
                       arrowprops={"arrowstyle": "-", "color": "lightgrey", "linewidth": 0.6} if moved else None)
     if scatter.front:
@@ -115,8 +118,12 @@ def draw(figure: object, scatter: Scatter, title: str) -> None:
                      zorder=2)  # rings: a front of one point has no line to show
     chosen = scatter.point(scatter.recommended) if scatter.recommended else None
     if chosen is not None:
-        axes.scatter(*xy([chosen]), s=260, marker="*", facecolors="none", edgecolors="tab:green",
-                     linewidths=1.6, zorder=4, label=f"recommended: {chosen.name}")
+        axes.scatter(*xy([chosen]), s=200, marker=">", facecolors="none", edgecolors="tab:green",
+                     linewidths=1.6, zorder=4, label=f"{RECOMMENDED_MARK} recommended: {chosen.name}")
+    best = scatter.point(scatter.fastest) if scatter.fastest else None
+    if best is not None:
+        axes.scatter(*xy([best]), s=300, marker="*", facecolors="none", edgecolors="tab:purple",
+                     linewidths=1.2, zorder=4, label=f"{FASTEST_MARK} fastest (by the time shown): {best.name}")
     budget = f"memory budget {scatter.budget_bytes / 2**30:.1f} GiB"
     if show_budget:
         axes.axvline(scatter.budget_bytes / mem_div, color="tab:red", linestyle="--", linewidth=1.2, label=budget)

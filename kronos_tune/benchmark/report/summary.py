@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+from kronos_tune.benchmark.report.estimate import align_deltas
 from kronos_tune.benchmark.results import ProtocolReport
 from kronos_tune.benchmark.tasks import get
 from kronos_tune.presets import Preset
@@ -23,4 +24,5 @@ def summarize(report: ProtocolReport, preset: Preset | None) -> ProtocolReport:
     summary.missing = [name for name in summary.planned if name not in names]
     summary.partial = bool(summary.cancelled or summary.missing)
     get(summary.task).decide(summary, preset)
+    align_deltas(summary.trials)  # every delta from the figures shown beside it, once all estimates are set
     return summary

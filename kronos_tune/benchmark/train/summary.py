@@ -143,10 +143,11 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
                               **({} if margin is None else {"margin": float(margin)}))
     decision = decide(trials, context)
     for t in trials:
-        comparison = decision.comparisons.get(t.name)
-        t.comparison = comparison
+        t.comparison = decision.comparisons.get(t.name)
         t.trajectory = decision.trajectories.get(t.name)
-        t.deltas = compute_deltas(t, base, threshold, comparison)
+        _projected_total(t, base, decision.costs.get(t.name))
+    for t in trials:  # after every projection: a delta is taken from the figures it stands beside
+        t.deltas = compute_deltas(t, base, threshold, t.comparison)
     report.quality = {
         **quality,
         "val_loss_step": max((t.val_loss_step or 0 for t in trials), default=0) or None,
@@ -156,8 +157,6 @@ def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
                             f"{EQUIVALENT_TOLERANCE:g} relative (float error), close within 2%, else approximate; "
                             f"a change promised equivalent or close that is not is a defect"),
         "defects": [name for name, check in decision.trajectories.items() if check.defect]}
-    for t in trials:
-        _projected_total(t, base, decision.costs.get(t.name))
     report.timing = {"rule": TIMING_RULE, "threshold_pct": 100 * decision.threshold,
                      "drift_pct": None if decision.drift is None else 100 * decision.drift,
                      "drift_sources": decision.drift_sources, "noisy": decision.noisy,

@@ -5,10 +5,14 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import RichLog
 
+from kronos_tune.tui.keys import PANE_BINDINGS
+
 LEVEL_STYLES = {"info": "", "warning": "yellow", "error": "bold red", "ok": "green"}
 
 
 class LogPane(RichLog):
+    BINDINGS = PANE_BINDINGS
+
     def __init__(self) -> None:
         super().__init__(id="log", classes="panel", wrap=True, markup=False, highlight=False, max_lines=2000,
                          min_width=20)

@@ -14,7 +14,9 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
+from kronos_tune.benchmark.report.pareto import FASTEST_MARK as BEST_MARK, RECOMMENDED_MARK
 from kronos_tune.tui.format import duration, gib, rate
+from kronos_tune.tui.keys import PANE_BINDINGS
 from kronos_tune.tui.model import Column
 
 if TYPE_CHECKING:
@@ -22,23 +24,22 @@ if TYPE_CHECKING:
 
 STATUS_STYLES = {"ok": "green", "oom": "bold red", "failed": "bold red", "skipped": "dim", "cancelled": "yellow"}
 NOTE_WIDTH = 44  # the reason column is cut at this width (the log pane has every reason whole)
-RECOMMENDED_MARK = "▶"
-BEST_MARK = "★"
-LEGEND = "▶ recommended · ★ fastest (by the time shown) · ↑↓ PgUp/PgDn scroll"
+LEGEND = "▶ recommended · ★ fastest (by the time shown) · ↑↓ PgUp/PgDn scroll · tab: next pane"
 TONE_STYLES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 
 
-ESTIMATED = {"step_time_s": "step_time_estimate", "series_per_s": "series_rate_estimate"}
+ESTIMATED = ("step_time_s", "series_per_s", "tokens_per_s", "samples_per_s")  # the compared estimate's keys
 
 
 def shown_value(result: TrialResult, key: str, baseline: TrialResult | None = None) -> Any:
-    """The figure a cell shows: the compared estimate for the time and rate (the same one the delta, the
-    full run, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else the field itself."""
+    """The figure a cell shows: the compared estimate for the time and the rates (the figures the delta beside
+    it is taken from, and the full run, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else
+    the field itself."""
     if key not in ESTIMATED or getattr(result, key) is None:
         return getattr(result, key)
-    from kronos_tune.benchmark.report import estimate
+    from kronos_tune.benchmark.report.estimate import shown_figure
 
-    return getattr(estimate, ESTIMATED[key])(result, baseline)
+    return shown_figure(result, key, baseline)
 
 
 def figure(result: TrialResult, key: str, render: Callable[[Any], str], baseline: TrialResult | None = None
@@ -134,6 +135,8 @@ def row_cells(result: TrialResult, task: str, best: str | None = None, recommend
 class ResultsTable(DataTable):
     """Rebuilt from the model's sorted rows whenever a trial finishes or the order changes. One line per row
     (a long note is cut here; the log has it whole), so the table's height is its row count."""
+
+    BINDINGS = PANE_BINDINGS
 
     def __init__(self) -> None:
         super().__init__(id="results", cursor_type="row", zebra_stripes=True)

@@ -1,6 +1,7 @@
 """The results as a scatter (`g`): time against peak memory per trial, the Pareto front, the recommendation
-and the budget, as in the report's pareto.png. Drawn with textual-plotext; where it is not installed, a small
-table of the same points. The data comes ready from kronos_tune.benchmark.report.pareto."""
+(▶) and the fastest trial (★) as the results table marks them, and the budget, as in the report's pareto.png.
+Drawn with textual-plotext; where it is not installed, a small table of the same points. The data comes ready
+from kronos_tune.benchmark.report.pareto."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Static
 
+from kronos_tune.benchmark.report.pareto import FASTEST_MARK, RECOMMENDED_MARK
 from kronos_tune.tui.format import gib
 
 if TYPE_CHECKING:
     from kronos_tune.benchmark.report.pareto import Point, Scatter
 
 FRONT_MARK = "◆"
-RECOMMENDED_MARK = "▶"
 EMPTY = "No finished trials yet: run the benchmark (b or B); the points appear as trials finish."
 
 
@@ -57,6 +58,10 @@ def caption(scatter: Scatter) -> Text:
     if scatter.recommended:
         text.append(f"\n{RECOMMENDED_MARK} recommended: ", style="bold green")
         text.append(scatter.recommended)
+    if scatter.fastest:
+        text.append(f"{'   ' if scatter.recommended else chr(10)}{FASTEST_MARK} fastest (by the time shown): ",
+                    style="bold cyan")
+        text.append(scatter.fastest)
     if scatter.budget_bytes:
         where = "the red line" if budget_in_view(scatter) else "far right of every point, off the chart"
         text.append(f"\nmemory budget {gib(scatter.budget_bytes)} ({where})", style="dim")
@@ -75,8 +80,8 @@ def points_table(scatter: Scatter) -> Table:
     table.add_column("front", justify="center")
     on_front = {p.name for p in scatter.front}
     for point in sorted(scatter.points, key=lambda p: (p.memory_bytes, p.seconds)):
-        mark = RECOMMENDED_MARK + " " if point.name == scatter.recommended else ""
-        table.add_row(Text(mark + point.name, style="dim" if point.repeat else ""), f"{point.seconds * t_mul:.3g}",
+        table.add_row(Text(scatter.label(point.name), style="dim" if point.repeat else ""),
+                      f"{point.seconds * t_mul:.3g}",
                       gib(point.memory_bytes, 2), FRONT_MARK if point.name in on_front else "")
     return table
 
@@ -172,8 +177,12 @@ class ScatterPanel(Vertical):
                         label="baseline again")
         chosen = scatter.point(scatter.recommended) if scatter.recommended else None
         if chosen is not None:
-            plt.scatter(*self._series("recommended", [chosen], mem_div, t_mul), marker="★", color="green",
-                        label="recommended")
+            plt.scatter(*self._series("recommended", [chosen], mem_div, t_mul), marker=RECOMMENDED_MARK,
+                        color="green", label="recommended")
+        best = scatter.point(scatter.fastest) if scatter.fastest else None
+        if best is not None and best is not chosen:
+            plt.scatter(*self._series("fastest", [best], mem_div, t_mul), marker=FASTEST_MARK, color="cyan",
+                        label="fastest")
         right = max(p.memory_bytes for p in scatter.points)
         if budget_in_view(scatter):
             plt.vertical_line(scatter.budget_bytes / mem_div, color="red")
@@ -184,12 +193,13 @@ class ScatterPanel(Vertical):
         width = self.plot.size.width or self.size.width  # type: ignore[union-attr]
         height = self.plot.size.height or self.size.height  # type: ignore[union-attr]
         cell = (right / max(20, width - 12), top / max(5, height - 4))  # one column and one row, in data units
-        places = label_places([(p.name, p.memory_bytes / mem_div, p.seconds * t_mul) for p in scatter.points],
-                              cell, right)
+        labels = {p.name: scatter.label(p.name) for p in scatter.points}  # marks in the name itself
+        places = label_places([(labels[p.name], p.memory_bytes / mem_div, p.seconds * t_mul)
+                               for p in scatter.points], cell, right)
         self.drawn["labels"] = ([x for x, _ in places.values()], [y for _, y in places.values()], list(places))
         for point in scatter.points:
-            x, y = places[point.name]
-            plt.text(point.name, x, y, alignment="left", color="gray" if point.repeat else None)
+            x, y = places[labels[point.name]]
+            plt.text(labels[point.name], x, y, alignment="left", color="gray" if point.repeat else None)
         plt.xlim(0, right)
         plt.ylim(0, top)
         plt.xlabel(f"peak memory [{mem_unit}]")
