@@ -41,6 +41,8 @@ class RunPanel(Panel):
             return [(0, Text("idle: b benchmark (train), B benchmark (predict), a autobatch, "
                              "t train recommended", style="dim"))]
         state = Text.assemble((run.phase, PHASE_STYLES.get(run.phase, "")), "  ", run.outcome)
+        whole = state.copy() if state.cell_len > width else None
+        state.truncate(width, overflow="ellipsis")  # one row: a long outcome must not push the progress out
         lines: list[Line] = [(0, state)]
         if run.trial is not None:
             trial = Text.assemble(("trial ", "bold"), f"{run.trial_index}/{run.trial_total} ", (run.trial, "cyan"))
@@ -48,7 +50,7 @@ class RunPanel(Panel):
         if run.note:  # what the job does right now when it has no steps to show (autobatch probes...)
             lines.append((0, Text.assemble(("now ", "bold"), run.note)))
         if not run.step and not run.steps_target:
-            return lines
+            return lines + ([(5, whole)] if whole is not None else [])
         if run.count_known and run.steps_target:
             label = f"{run.step_label} {run.step}/{run.steps_target}"
             progress = Text.assemble((label.ljust(LABEL_WIDTH), "bold"),
@@ -69,4 +71,6 @@ class RunPanel(Panel):
                                     value=duration(step_time), style="magenta")))
         lines.append((4, spark_line(run.speed_unit, LABEL_WIDTH, run.tokens_per_s, width, 0.0, None,
                                     value=rate(speed), style="green")))
+        if whole is not None:  # the outcome in full, below, when the panel has the rows
+            lines.append((5, whole))
         return lines
