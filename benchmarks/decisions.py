@@ -19,8 +19,13 @@ effects. ``--load periodic`` starts a process that keeps one core busy for
 10 s, then idles 10 s, for the whole benchmark.
 
 ``--protocol-runs N`` runs `kronos-tune benchmark --preset P` N times (under
-the same load, with KRONOS_TUNE_PLANT when ``--plant`` is given) and tallies
-the verdicts, the stated resolution, the recommendation and the wall time.
+the same load, with KRONOS_TUNE_PLANT when ``--plant`` is given) and prints a
+table, one row per run: the wall time, the baseline's step time, the A/A
+comparison (noise-probe: its change, interval and verdict), the resolution,
+whether the run was too noisy, the planted trial's change, interval, verdict
+and its effect in ms, and the recommendation; then the tallies "planted effect
+found: k of N" (called faster in a run not too noisy) and "A/A not called
+different: j of N". ``--json`` also writes the per-run rows and the tallies.
 Timings taken on a busy machine say little: run it on a quiet one.
 """
 
@@ -167,7 +172,7 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
     from kronos_tune.benchmark.train.decide import PAIRED_FLOOR
     from kronos_tune.benchmark.run.paired import steps_per_block
     from kronos_tune.benchmark.options import ProtocolOptions
-    from kronos_tune.benchmark.stats import paired_compare
+    from kronos_tune.benchmark.stats import aa_compare, paired_compare
 
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="kronos-bench-decisions-"))
@@ -188,7 +193,7 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
                             if design == "paired":
                                 ratios = paired_once(run, base, trial, effect, budget_s, steps, label)
                                 if index == 0:
-                                    reach = paired_compare(ratios, PAIRED_FLOOR).reach
+                                    reach = aa_compare(ratios, PAIRED_FLOOR).reach  # as decide.py does
                                     resolution = reach if reach is not None else float("inf")
                                     continue
                                 found = paired_compare(ratios, max(PAIRED_FLOOR, resolution or 0.0))
@@ -209,13 +214,64 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
     return rows
 
 
+def _run_row(index: int, wall: float, report: dict[str, Any], planted: str | None) -> dict[str, Any]:
+    """One protocol run as a row of the table: the A/A comparison, the planted trial's, the resolution."""
+    trials = {t["name"]: t for t in report["trials"]}
+    timing = report.get("timing") or {}
+    base_step = ((trials.get("baseline") or {}).get("step_time_s") or {}).get("median")
+    row: dict[str, Any] = {"run": index, "wall_s": wall, "baseline_step_s": base_step,
+                           "recommended": (report.get("recommended") or {}).get("source"),
+                           "resolution_pct": timing.get("resolution_pct"), "noisy": bool(timing.get("noisy")),
+                           "verdicts": {name: (t.get("comparison") or {}).get("verdict")
+                                        for name, t in trials.items() if t.get("comparison")}}
+    for key, name in (("aa", "noise-probe"), ("planted", planted)):
+        comparison = (trials.get(name) or {}).get("comparison") if name else None
+        row[key] = None if not comparison else {key_: comparison.get(key_) for key_ in ("ratio", "low", "high",
+                                                                                          "verdict")}
+    return row
+
+
+def _change(comparison: dict[str, Any] | None) -> str:
+    if not comparison:
+        return "-"
+    interval = ("" if comparison["low"] is None else
+                f" [{100 * (comparison['low'] - 1):+.1f}, {100 * (comparison['high'] - 1):+.1f}]")
+    return f"{100 * (comparison['ratio'] - 1):+.1f}%{interval} {comparison['verdict']}"
+
+
+def protocol_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[list[str], dict[str, Any]]:
+    """The lines of the protocol runs' table and its tallies: the planted effect found (called faster in a run
+    that was not too noisy) and the A/A not called different (neither faster nor slower)."""
+    lines = [f"{'run':>3} {'wall':>6} {'step':>7} {'A/A (noise-probe)':>30} {'resolution':>10} {'noisy':>5} "
+             f"{'planted ' + (planted or '-'):>36} {'effect':>8}  recommended"]
+    found = not_different = 0
+    for row in rows:
+        aa, hit = row["aa"], row["planted"]
+        found += bool(hit and hit["verdict"] == "faster" and not row["noisy"])
+        not_different += bool(aa and aa["verdict"] not in ("faster", "slower"))
+        step = row["baseline_step_s"]
+        effect = "-" if not hit or step is None else f"{1000 * step * (1 - hit['ratio']):.0f} ms"
+        resolution = "-" if row["resolution_pct"] is None else f"{row['resolution_pct']:.1f}%"
+        lines.append(f"{row['run']:>3} {row['wall_s']:>5.0f}s {'-' if step is None else f'{1000 * step:.0f} ms':>7} "
+                     f"{_change(aa):>30} {resolution:>10} {'yes' if row['noisy'] else 'no':>5} "
+                     f"{_change(hit):>36} {effect:>8}  {row['recommended']}")
+    tallies = {"runs": len(rows), "planted": planted, "planted_found": found, "aa_not_different": not_different,
+               "resolution_pct": sorted(r["resolution_pct"] for r in rows if r["resolution_pct"] is not None)}
+    if planted:
+        lines.append(f"planted effect found (called faster, run not too noisy): {found} of {len(rows)}")
+    lines.append(f"A/A not called different (noise-probe neither faster nor slower): {not_different} of {len(rows)}")
+    lines.append("effect: the baseline's step time x (1 - the planted trial's ratio); wall: the whole benchmark run")
+    return lines, tallies
+
+
 def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: list[str],
-                  say: Any = print) -> dict[str, Any]:
-    """`kronos-tune benchmark --preset P` `count` times; the verdicts, resolutions and wall times."""
+                  say: Any = print) -> list[dict[str, Any]]:
+    """`kronos-tune benchmark --preset P` `count` times; one row per run that finished (_run_row)."""
     env = dict(os.environ)
     if plant:
         env["KRONOS_TUNE_PLANT"] = plant
-    runs = []
+    planted = plant.rpartition(":")[0] if plant else None
+    rows = []
     for index in range(count):
         folder = out / f"run-{index + 1}"
         started = time.perf_counter()
@@ -225,29 +281,10 @@ def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: 
         if done.returncode != 0:
             say(f"  run {index + 1}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
             continue
-        report = json.loads(done.stdout)
-        verdicts = {t["name"]: (t.get("comparison") or {}).get("verdict") for t in report["trials"]
-                    if t.get("comparison")}
-        timing = report.get("timing") or {}
-        runs.append({"wall_s": wall, "recommended": (report.get("recommended") or {}).get("source"),
-                     "verdicts": verdicts, "resolution_pct": timing.get("resolution_pct"),
-                     "noisy": timing.get("noisy")})
-        say(f"  run {index + 1}: {wall:.0f} s, recommended {runs[-1]['recommended']}, resolution "
-            f"{timing.get('resolution_pct')}, verdicts {verdicts}")
-    faster: dict[str, int] = {}
-    for item in runs:
-        for name, verdict in item["verdicts"].items():
-            if verdict == "faster":
-                faster[name] = faster.get(name, 0) + 1
-    walls = [item["wall_s"] for item in runs]
-    return {"runs": len(runs), "called_faster": faster,
-            "recommended": {name: sum(r["recommended"] == name for r in runs) for name in
-                            {r["recommended"] for r in runs}},
-            "noise_probe_same": sum(r["verdicts"].get("noise-probe") == "same" for r in runs),
-            "too_noisy": sum(bool(r["noisy"]) for r in runs),
-            "resolution_pct": sorted(r["resolution_pct"] for r in runs if r["resolution_pct"] is not None),
-            "wall_s": {"median": _median(walls), "min": min(walls, default=float("nan")),
-                       "max": max(walls, default=float("nan"))}}
+        rows.append(_run_row(index + 1, wall, json.loads(done.stdout), planted))
+        say(f"  run {index + 1}: {wall:.0f} s, recommended {rows[-1]['recommended']}, resolution "
+            f"{rows[-1]['resolution_pct']}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--plant", help="NAME:FRACTION: that trial truly that much faster per step")
     parser.add_argument("--out", type=Path, help="--protocol-runs: the folder of the runs")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                        help="--protocol-runs: the rest of the line goes to kronos-tune benchmark (e.g. --only X)")
     args = parser.parse_args(argv)
     loads = {"none": ["none"], "periodic": ["periodic"], "both": ["none", "periodic"]}[args.load]
     if args.load_only:
@@ -282,8 +321,13 @@ def main(argv: list[str] | None = None) -> int:
             with background_load(load):
                 print(f"{args.protocol_runs} x kronos-tune benchmark --preset {args.preset}, load {load}"
                       + (f", planted {args.plant}" if args.plant else ""), flush=True)
-                summary[load] = protocol_runs(args.protocol_runs, args.preset, args.plant, out / load, [])
-        print(json.dumps(summary, indent=2))
+                rows = protocol_runs(args.protocol_runs, args.preset, args.plant, out / load, args.extra,
+                                     say=lambda line: print(line, flush=True))
+            lines, tallies = protocol_table(rows, args.plant.rpartition(":")[0] if args.plant else None)
+            print(f"\nload {load}:\n" + "\n".join(lines), flush=True)
+            summary[load] = {"rows": rows, **tallies}
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return 0
     repeats, budget = (3, 2.0) if args.quick else (args.repeats, args.budget)
     rows = run_comparisons(loads, repeats, budget, args.block, args.seed,

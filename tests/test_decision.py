@@ -179,3 +179,11 @@ def test_trajectory_classes() -> None:
     approx = _trial("bf16", [1.0], losses=[7.0, 6.8, 6.3])
     assert trajectory_check(approx, base, None, False).measured == "approximate"
     assert not trajectory_check(approx, base, None, False).defect
+
+
+def test_the_t_quantile_matches_the_tables_without_scipy() -> None:
+    from kronos_tune.benchmark.stats import t_quantile
+
+    # two-sided 95% critical values of Student's t (tables): 1, 3, 5, 9, 30 degrees of freedom
+    for df, table in ((1, 12.706), (3, 3.182), (5, 2.571), (9, 2.262), (30, 2.042)):
+        assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-3)

@@ -24,15 +24,23 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
   exact and distribution-free (it assumes only that noise is symmetric,
   which randomizing and counterbalancing the order of the blocks makes
   true); a round more than five robust standard deviations off the others
-  (its two blocks straddled a change of load) is set aside first. ``resolution``
-  is how far an A/A comparison's interval reaches from 1: the smallest change
-  such a run can tell from noise.
+  (its two blocks straddled a change of load) is set aside first.
+- ``aa_compare``: the A/A comparison (the baseline against itself), whose
+  interval's reach from 1 is the run's ``resolution``: the smallest change
+  such a run can tell from noise. Its interval is a trimmed one (the
+  Tukey-McLaughlin interval of the 20%-trimmed mean of the log ratios, its
+  spread from the winsorized variance): the rounds at each end are trimmed
+  and the spread is charged for the trimming, so one outlying round (a load
+  burst that the five-sigma rule did not catch, or any round at all when the
+  A/A has only ten) cannot carry the interval's edge, as it does with the
+  signed-rank interval whenever its cut is smaller than the number of rounds.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -302,6 +310,71 @@ def paired_compare(ratios: Sequence[float], threshold: float, confidence: float 
               f"{100 * confidence:g}% Wilcoxon signed-rank interval")
     called = "unresolved" if found.low is None else verdict(found.ratio, found.low, found.high, threshold)
     return Comparison(found.ratio, found.low, found.high, threshold, called, found.n, found.n, method, "paired")
+
+
+# The A/A comparison: a trimmed interval ----------------------------------------------------------------------
+
+AA_TRIM = 0.2  # the share of rounds trimmed at each end of the A/A's log ratios
+
+
+def _t_cdf_by_angle(theta: float, df: int) -> float:
+    """P(T <= sqrt(df) tan(theta)) for Student's t with `df` degrees of freedom (theta in [0, pi/2)): with
+    x = sqrt(df) tan(theta) the density becomes a constant x cos(theta)**(df - 1), smooth enough for Simpson."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
+    steps = 200
+    width = theta / steps
+    total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * math.cos(i * width) ** (df - 1)
+                for i in range(steps + 1))
+    return 0.5 + scale * total * width / 3
+
+
+@lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """The `p` quantile (p >= 0.5) of Student's t with `df` degrees of freedom (no scipy: `kronos-tune report`
+    runs without the optional packages)."""
+    low, high = 0.0, math.pi / 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        if _t_cdf_by_angle(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
+def trimmed_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE,
+                     trim: float = AA_TRIM) -> PairedEstimate:
+    """The trimmed mean of the log ratios (floor(trim x n) rounds left out at each end) with the
+    Tukey-McLaughlin interval: standard error = the winsorized standard deviation / ((1 - 2 trim) sqrt(n)),
+    Student's t with (n - 2 x trimmed - 1) degrees of freedom; on the ratio scale (no interval below
+    MIN_PAIRS rounds). Every round counts: none is set aside before trimming."""
+    logs = np.sort(np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float)))
+    n = int(logs.size)
+    if n == 0:
+        raise ValueError("trimmed_estimate needs at least one positive ratio")
+    cut = int(math.floor(trim * n))
+    centre = float(np.mean(logs[cut:n - cut]))
+    if n < MIN_PAIRS:
+        return PairedEstimate(math.exp(centre), None, None, n)
+    winsorized = np.clip(logs, logs[cut], logs[n - cut - 1])
+    error = float(np.std(winsorized, ddof=1)) / ((1 - 2 * trim) * math.sqrt(n))
+    reach = t_quantile(1 - (1 - confidence) / 2, n - 2 * cut - 1) * error
+    return PairedEstimate(math.exp(centre), math.exp(centre - reach), math.exp(centre + reach), n)
+
+
+def aa_compare(ratios: Sequence[float], floor: float, confidence: float = CONFIDENCE,
+               what: str = "block") -> Comparison | None:
+    """The A/A comparison (two workers of one configuration, paired): the trimmed estimate of its ratios against
+    `floor` alone, so that a bias between the workers beyond the floor shows; its ``reach`` is the run's
+    resolution. None without ratios."""
+    if not ratios:
+        return None
+    found = trimmed_estimate(ratios, confidence)
+    trimmed = int(math.floor(AA_TRIM * found.n))
+    method = (f"paired A/A: {100 * AA_TRIM:g}%-trimmed mean of {found.n} {what} ratios (trial / neighbouring "
+              f"baseline; {trimmed} round(s) trimmed at each end), {100 * confidence:g}% Tukey-McLaughlin interval")
+    called = "unresolved" if found.low is None else verdict(found.ratio, found.low, found.high, floor)
+    return Comparison(found.ratio, found.low, found.high, floor, called, found.n, found.n, method, "paired")
 
 
 def rate_over_ratio(ratio: float | None, reference_rate: float | None, own_rate: float | None) -> float | None:

@@ -15,7 +15,9 @@ The rule, in order:
    centre is at least ``max(PAIRED_FLOOR, resolution)`` below 1, the
    resolution being how far the A/A comparison's interval (the noise-probe
    against the baseline, interleaved the same way) reaches from 1: the
-   smallest change this run can tell from noise. A sequential comparison (the
+   smallest change this run can tell from noise. That interval is a trimmed
+   one (``stats.aa_compare``), so one outlying A/A round cannot widen it and
+   with it erase every effect the run measured. A sequential comparison (the
    trial alone, against the baseline's own measurement) is decided from the
    ratio of medians with a bootstrap interval against ``max(FLOOR, drift)``,
    drift being how far the baseline's own re-measurements moved. A run whose
@@ -44,13 +46,14 @@ The rule, in order:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.costs import duration as _duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
-from kronos_tune.benchmark.stats import Comparison, block_ratios, compare, paired_compare
+from kronos_tune.benchmark.stats import Comparison, aa_compare, block_ratios, compare, paired_compare
 from kronos_tune.benchmark.train.target import recommend_by_target
 from kronos_tune.benchmark.train.verdicts import PAIRED_FLOOR, Decision, OneTimeCost, Trajectory
 
@@ -117,23 +120,27 @@ def drift_estimate(results: list[TrialResult]) -> tuple[float | None, list[str]]
     return max(abs(_median(r) / reference_median - 1) for r in repeats), [r.name for r in repeats]
 
 
-def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: float) -> Comparison | None:
-    """The paired verdict from a result's raw blocks (per-token ratios), or None when it has no full round."""
+def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: float,
+                      rule: Callable[[list[float], float], Comparison | None] = paired_compare
+                      ) -> Comparison | None:
+    """The paired verdict from a result's raw blocks (per-token ratios), or None when it has no full round;
+    `rule`: stats.paired_compare for a change, stats.aa_compare for the A/A comparison."""
     ratios = block_ratios(result.blocks)
     if not ratios:
         return None
     factor = _scale(result, base)
-    return paired_compare([r * factor for r in ratios], threshold)
+    return rule([r * factor for r in ratios], threshold)
 
 
 def resolution_of(results: list[TrialResult], context: DecisionContext) -> tuple[float | None, Comparison | None]:
-    """The run's resolution: how far the A/A comparison's interval (the noise-probe's paired blocks against the
-    baseline's) reaches from 1; with that comparison, its verdict against the floor alone, so that two workers
-    of one configuration that differ beyond the floor show as such (None, None: no paired A/A)."""
+    """The run's resolution: how far the A/A comparison's trimmed interval (the noise-probe's paired blocks
+    against the baseline's, stats.aa_compare) reaches from 1; with that comparison, its verdict against the
+    floor alone, so that two workers of one configuration that differ beyond the floor show as such (None,
+    None: no paired A/A)."""
     probe = next((r for r in results if r.name == NOISE_PROBE and r.status in ("ok", "cancelled")), None)
     if probe is None or probe.design != "paired":
         return None, None
-    aa = paired_comparison(probe, reference(results), context.paired_floor)  # against the floor: a bias shows
+    aa = paired_comparison(probe, reference(results), context.paired_floor, aa_compare)  # a bias shows
     return (None if aa is None else aa.reach), aa
 
 
