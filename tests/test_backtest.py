@@ -94,6 +94,12 @@ def test_curve_stats():
     assert stats.turnover == pytest.approx(1.0)
     losing = curve_stats([-0.1, -0.1], [2.0, 0.0], periods_per_year=2)
     assert losing.max_drawdown == pytest.approx(1 - 0.81)  # counted from the starting capital
+    # the Sharpe ratio's interval (Lo 2002): per period SR +- 1.96 sqrt((1 + SR^2 / 2) / n), annualized by 2
+    per_period = np.mean(returns) / np.std(returns, ddof=1)
+    half = 1.959964 * math.sqrt((1 + per_period**2 / 2) / 4)
+    assert (stats.sharpe_low, stats.sharpe_high) == pytest.approx(((per_period - half) * 2, (per_period + half) * 2))
+    assert stats.periods == 4 and stats.few_periods
+    assert not curve_stats([0.01, -0.01] * 15, [1.0] * 30, periods_per_year=252).few_periods
 
 
 def test_ranking_agreement():

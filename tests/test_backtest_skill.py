@@ -155,7 +155,9 @@ def test_compare_verdict_and_its_tests(compared):
     result, run = compared
     report = json.loads((run / "backtest.json").read_text())
     verdict = report["compare"]["verdict"]
-    assert verdict.startswith("exact fp32 temperature=3 vs exact fp32: MAE +")
+    # both settings predict with random weights (the run has no checkpoint): the verdict says so first
+    assert verdict.startswith("random weights: not a finding: exact fp32 temperature=3 vs exact fp32: MAE +")
+    assert report["compare"]["test"]["verdict"] == verdict
     test = report["compare"]["test"]
     for key in ("mae_dm", "ic_diff", "rank_ic_diff"):
         assert 0.0 <= test[key]["p"] <= 1.0 and test[key]["lag"] == 1 and test[key]["n"] == 14
@@ -163,7 +165,8 @@ def test_compare_verdict_and_its_tests(compared):
     assert test["mae_change"] > 0 and test["mae_dm"]["p"] < 0.05 and "worse on MAE" in verdict
     # each setting against persistence, in the file and the table's verdict lines
     for row in report["rows"]:
-        assert row["skill"]["verdict"].startswith(f"{row['title']} vs persistence: MAE ")
+        assert row["skill"]["verdict"].startswith(f"random weights: not a finding: {row['title']} vs persistence: "
+                                                  f"MAE ")
     saved = pd.concat([pd.read_csv(p) for p in sorted((run / "predictions" / "a").glob("*.csv"))])
     assert report["skill"]["persistence_mae_return"] == pytest.approx(saved[REALIZED].abs().mean(), rel=1e-12)
     assert report["conventions"]["significance"]["lag"].endswith("= 1 (every in bars): origins whose horizons "
@@ -171,10 +174,58 @@ def test_compare_verdict_and_its_tests(compared):
     # the picture's pieces: from 0 at the first origin, dates only for daily origins, the models by name
     assert _from_zero(result.scores[0].net_equity)[0] == 0.0
     assert len(_from_zero(result.scores[0].net_equity)) == len(result.schedule.origins) + 1
-    assert picture_title(result) == "backtest: 12 symbols x 14 origins; random tiny"
+    assert picture_title(result) == "backtest: 168 symbol-origins predicted (12 symbols, 14 origins); random tiny"
     table = pd.read_csv(run / "origins.csv")
     for column in ("persistence_mae_return", "drift_ic", "drift_mae_return", "random_walk_crps"):
         assert table[column].notna().all()
+
+
+def _rendered(result) -> tuple[str, list[str]]:
+    from rich.console import Console
+
+    from kronos_tune.commands.backtest import results_table, verdict_lines
+
+    console = Console(record=True, width=400)
+    console.print(results_table(result))
+    return console.export_text(), verdict_lines(result)
+
+
+def test_random_weights_and_few_periods_say_so_in_every_view(compared):
+    result, run = compared
+    text, verdicts = _rendered(result)
+    lines = text.splitlines()
+    # the header counts what was predicted; each model column says random weights under its title
+    assert lines[0].strip() == "backtest: 168 symbol-origins predicted (12 symbols, 14 origins)"
+    assert text.count("random weights: not a finding") >= 3  # two columns and the caption
+    assert "drift" in text and "synthetic: planted trends" in text
+    assert verdicts and all(line.startswith("random weights: not a finding: ") for line in verdicts)
+    # 14 rebalances: annualized rows say they extrapolate, the Sharpe ratio has its interval
+    assert "annualized return (14 periods: extrapolated)" in text
+    sharpe = next(line for line in lines if line.startswith(" Sharpe [95 %] (14 periods: extrapolated)"))
+    curve = result.scores[0].curve
+    assert f"{curve.sharpe:.2f} [{curve.sharpe_low:.1f}, {curve.sharpe_high:.1f}]" in sharpe
+    assert curve.sharpe_low < curve.sharpe < curve.sharpe_high
+    report = json.loads((run / "backtest.json").read_text())
+    assert report["periods"] == 14 and report["sharpe_low"] == pytest.approx(curve.sharpe_low)
+    assert any(c.startswith("exact fp32, exact fp32 temperature=3: random weights: not a finding")
+               for c in report["caveats"])
+    assert any("14 rebalances (fewer than 30)" in c for c in report["caveats"])
+    # no sample paths: the random-walk band's figures are still shown, as backtest.json holds them
+    band = report["naive"]["random_walk_band"]
+    coverage = next(line for line in lines if line.startswith(" coverage P10-P90"))
+    assert f"{100 * band['coverage_p10_p90']:.2f} %" in coverage
+    assert "needs --sample-count 2+" in next(line for line in lines if line.startswith(" CRPS skill"))
+
+
+def test_a_checkpoint_carries_no_random_caveat_and_gaps_are_counted(compared):
+    result, _ = compared
+    trained = replace(result, config=replace(result.config, checkpoint="runs/train/mini-1/best"))
+    text, verdicts = _rendered(trained)
+    assert "random weights" not in text and not any("random weights" in line for line in verdicts)
+    origins = [replace(o, members=o.members[:6]) if o.index == 0 else o for o in result.schedule.origins]
+    gapped = replace(result, schedule=replace(result.schedule, origins=origins))
+    assert gapped.counted() == ("162 symbol-origins predicted (12 symbols, 14 origins; not every symbol at every "
+                                "origin)")
 
 
 def test_picture_labels_are_dates_for_daily_origins(compared):

@@ -17,8 +17,9 @@ import pandas as pd
 
 from kronos_core.files import write_text_atomic
 from kronos_tune.backtest.calibration import conventions
-from kronos_tune.backtest.portfolio import LONG_ONLY, LONG_SHORT
-from kronos_tune.backtest.scoring import BacktestResult, SettingScores, curve_difference, every_in_bars
+from kronos_tune.backtest.portfolio import FEW_PERIODS, LONG_ONLY, LONG_SHORT
+from kronos_tune.backtest.scoring import (SYNTHETIC_NOTE, BacktestResult, SettingScores, curve_difference,
+                                         every_in_bars, with_caveat)
 from kronos_tune.backtest.significance import conventions as significance_conventions
 from kronos_tune.backtest.skill import CONVENTIONS as SKILL_CONVENTIONS
 
@@ -46,6 +47,10 @@ CONVENTIONS = {
     "hit_rate": "share of (symbol, origin) whose predicted return has the realized return's sign",
     "returns": "predicted close (mean of the sample paths) / last close - 1 at the end of the horizon",
     "portfolio": "after costs: cost_bps per unit of turnover subtracted at every rebalance",
+    "sharpe_low/high": "95 % interval of the Sharpe ratio: the per-period ratio +- 1.96 x sqrt((1 + SR^2 / 2) / "
+                       "periods) (Lo 2002, independent returns), annualized",
+    "periods": f"rebalances the portfolio figures rest on; below {FEW_PERIODS} an annualized figure is an "
+               f"extrapolation (caveats)",
     "agreement": "per-origin Spearman correlation of the two settings' predicted returns",
 }
 
@@ -64,6 +69,8 @@ def headline(scores: SettingScores) -> dict[str, Any]:
         "hit_rate": scores.hit_rate, "mae_return": scores.mae_return,
         "cumulative_return": scores.curve.cumulative_return, "annualized_return": scores.curve.annualized_return,
         "annualized_volatility": scores.curve.annualized_volatility, "sharpe": scores.curve.sharpe,
+        "sharpe_low": scores.curve.sharpe_low, "sharpe_high": scores.curve.sharpe_high,
+        "periods": scores.curve.periods,
         "max_drawdown": scores.curve.max_drawdown, "turnover": scores.curve.turnover,
         "benchmark_cumulative_return": scores.benchmark.cumulative_return,
         "benchmark_annualized_return": scores.benchmark.annualized_return,
@@ -86,10 +93,27 @@ def naive_dict(result: BacktestResult) -> dict[str, Any]:
     }
 
 
-def skill_dict(scores: SettingScores, title: str) -> dict[str, Any] | None:
+def skill_dict(scores: SettingScores, title: str, caveat: str | None = None) -> dict[str, Any] | None:
     if scores.skill is None:
         return None
-    return {**scores.skill.to_dict(), "verdict": scores.skill.verdict(title)}
+    return {**scores.skill.to_dict(), "verdict": with_caveat(scores.skill.verdict(title), caveat)}
+
+
+def caveats(result: BacktestResult) -> list[str]:
+    """What the figures are not, one line each: random weights, annualizing few periods, planted structure."""
+    out = []
+    randoms = [title for scores, title in zip(result.scores, result.config.titles([s.setting for s in result.scores]))
+               if result.random_weights(scores.setting)]
+    if randoms:
+        out.append(f"{', '.join(randoms)}: random weights: not a finding: their IC, tests and portfolio measure "
+                   f"nothing about forecasting skill")
+    periods = result.scores[0].curve.periods if result.scores else 0
+    if 0 < periods < FEW_PERIODS:
+        out.append(f"annualized figures rest on {periods} rebalances (fewer than {FEW_PERIODS}): an extrapolation, "
+                   f"not a yearly rate; the Sharpe ratio's 95 % interval says how little it pins down")
+    if result.synthetic:
+        out.append(SYNTHETIC_NOTE)
+    return out
 
 
 def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str, Any] | None:
@@ -105,7 +129,7 @@ def calibration_dict(scores: SettingScores, result: BacktestResult) -> dict[str,
 def row(scores: SettingScores, result: BacktestResult, title: str) -> dict[str, Any]:
     """One setting's line of the side-by-side table."""
     band = scores.calibration
-    skill = skill_dict(scores, title)
+    skill = skill_dict(scores, title, result.caveat(scores.setting))
     return {"title": title, "label": scores.setting.label(), "model": result.config.model_name(scores.setting),
             **headline(scores), **({} if band is None else {"calibration": band.overall}),
             **({} if skill is None else {"skill": skill})}
@@ -139,10 +163,11 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
         "rows": [row(scores, result, title) for scores, title in zip(result.scores, titles)],
         "training_span": result.overlap.to_dict(),
         "conventions": conventions_dict(result),
+        "caveats": caveats(result),
     }
     if result.naive is not None:
         report["naive"] = naive_dict(result)
-        report["skill"] = skill_dict(main, titles[0])
+        report["skill"] = skill_dict(main, titles[0], result.caveat(main.setting))
     if result.overlap.origins_in_span:
         report["in_sample_origins"] = result.overlap.origins_in_span
     calibration = calibration_dict(main, result)
@@ -159,8 +184,9 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
             **curve_difference(main, other),
         }
         if result.comparison is not None:
-            report["compare"]["test"] = result.comparison.to_dict()
-            report["compare"]["verdict"] = result.comparison.verdict()
+            verdict = with_caveat(result.comparison.verdict(), result.comparison_caveat())
+            report["compare"]["test"] = {**result.comparison.to_dict(), "verdict": verdict}
+            report["compare"]["verdict"] = verdict
         calibration = calibration_dict(other, result)
         if calibration is not None:
             report["compare"]["calibration"] = calibration

@@ -75,8 +75,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
 def picture_title(result: BacktestResult) -> str:
     """Universe, origins and the models compared ('random mini vs mini-2026/best')."""
     models = dict.fromkeys(result.config.model_name(s.setting) for s in result.scores)
-    return f"backtest: {len(result.schedule.used_symbols)} symbols x {len(result.schedule.origins)} origins; " \
-           + " vs ".join(models)
+    return f"backtest: {result.counted()}; " + " vs ".join(models)
 
 
 def _from_zero(equity) -> list[float]:

@@ -8,7 +8,11 @@ prediction horizon, so a period's return is sum(weight x realized return).
 Turnover of a rebalance is sum |w_new - w_old| over symbols (the first one
 builds the book from cash: its turnover is the gross exposure); weights do
 not drift between rebalances. Cost of a period = turnover x cost_bps / 10,000,
-subtracted from its return. Annualizing uses the rebalances per year.
+subtracted from its return. Annualizing uses the rebalances per year; below
+FEW_PERIODS periods an annualized figure is an extrapolation, so the Sharpe
+ratio comes with its 95 % interval (Lo 2002: the per-period ratio's standard
+error sqrt((1 + SR^2 / 2) / n) for independent returns) and every view says
+how few periods it rests on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from kronos_tune.backtest.metrics import PREDICTED, REALIZED
 
 LONG_SHORT = "long-short"
 LONG_ONLY = "long-only"
+FEW_PERIODS = 30  # fewer rebalances than this: annualized figures are extrapolations
+SHARPE_Z = 1.959964  # two-sided 95 % of the normal distribution
 
 
 def target_weights(predictions: pd.DataFrame, top_k: int, long_only: bool) -> pd.Series:
@@ -76,6 +82,25 @@ class CurveStats:
     sharpe: float        # mean / std of period returns x sqrt(periods per year), zero risk-free rate
     max_drawdown: float  # largest fall from a running peak of the equity curve, as a positive fraction
     turnover: float      # mean turnover per rebalance
+    periods: int = 0     # rebalances the figures rest on
+    sharpe_low: float = math.nan   # the Sharpe ratio's 95 % interval (sharpe_interval)
+    sharpe_high: float = math.nan
+
+    @property
+    def few_periods(self) -> bool:
+        """Too few rebalances for an annualized figure to be more than an extrapolation."""
+        return self.periods < FEW_PERIODS
+
+
+def sharpe_interval(sharpe: float, periods: int, periods_per_year: float) -> tuple[float, float]:
+    """The 95 % interval of an annualized Sharpe ratio from `periods` returns: the per-period ratio plus or minus
+    1.96 x sqrt((1 + SR^2 / 2) / n) (Lo 2002, independent returns), annualized like the ratio itself."""
+    if periods < 2 or not math.isfinite(sharpe) or periods_per_year <= 0:
+        return math.nan, math.nan
+    scale = math.sqrt(periods_per_year)
+    per_period = sharpe / scale
+    error = math.sqrt((1.0 + per_period**2 / 2.0) / periods)
+    return (per_period - SHARPE_Z * error) * scale, (per_period + SHARPE_Z * error) * scale
 
 
 def equity_curve(returns: pd.Series | list[float]) -> pd.Series:
@@ -97,5 +122,6 @@ def curve_stats(returns: list[float], turnovers: list[float], periods_per_year: 
     sharpe = float(series.mean()) / std * math.sqrt(periods_per_year) if n > 1 and std > 0 else math.nan
     peaks = pd.concat([pd.Series([1.0]), equity], ignore_index=True).cummax().iloc[1:].to_numpy()
     drawdown = float(np.max(1.0 - equity.to_numpy() / peaks))
+    low, high = sharpe_interval(sharpe, n, periods_per_year)
     return CurveStats(cumulative, annualized, volatility, sharpe, max(drawdown, 0.0),
-                      float(pd.Series(turnovers, dtype=np.float64).mean()))
+                      float(pd.Series(turnovers, dtype=np.float64).mean()), n, low, high)

@@ -24,6 +24,11 @@ from kronos_tune.backtest.store import has_band, origin_path, read_origin
 from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
 
+RANDOM_WEIGHTS_CAVEAT = "random weights: not a finding"
+SYNTHETIC_NOTE = ("synthetic data: sector trends (AR(1), half-life 2 trading days) are planted in it, so a forecast "
+                  "that follows recent returns (drift) can score on it: the generator's structure, not a finding "
+                  "(docs/skill.md)")
+
 
 @dataclass(frozen=True)
 class BandCalibration:
@@ -112,6 +117,34 @@ class BacktestResult:
         if self.session_predict_seconds <= 0:
             return None
         return self.session_predicted / self.session_predict_seconds
+
+    def random_weights(self, setting: PredictionSetting) -> bool:
+        """Whether `setting` predicted with random weights (no checkpoint of its own or of the run)."""
+        return setting.checkpoint is None and self.config.checkpoint is None
+
+    def caveat(self, setting: PredictionSetting) -> str | None:
+        """What every portfolio and significance line of `setting` must carry: its random weights, or None."""
+        return RANDOM_WEIGHTS_CAVEAT if self.random_weights(setting) else None
+
+    def comparison_caveat(self) -> str | None:
+        """The --compare verdict's caveat: both settings with random weights (a trained model against random
+        weights is a comparison that means something)."""
+        if self.scores and all(self.random_weights(s.setting) for s in self.scores):
+            return RANDOM_WEIGHTS_CAVEAT
+        return None
+
+    def counted(self) -> str:
+        """'3,789 symbol-origins predicted (479 symbols, 8 origins)': what was predicted, not symbols x origins
+        (a symbol too short for an origin is not predicted there)."""
+        symbols, origins = len(self.schedule.used_symbols), len(self.schedule.origins)
+        gaps = "; not every symbol at every origin" if self.schedule.predictions < symbols * origins else ""
+        return (f"{self.schedule.predictions:,} symbol-origins predicted ({symbols:,} symbols, {origins:,} "
+                f"origins{gaps})")
+
+
+def with_caveat(line: str, caveat: str | None) -> str:
+    """`line` led by its caveat ('random weights: not a finding: ...'), or as it is."""
+    return line if caveat is None else f"{caveat}: {line}"
 
 
 def _forecast_fields(predictions: list[pd.DataFrame], config: BacktestConfig,

@@ -68,16 +68,24 @@ def _ratio_cell(skill) -> str:
     return f"{_num(skill.mae_ratio, 3)} (p {format_p(dm.p)})" if dm.reason is None else f"{_num(skill.mae_ratio, 3)}"
 
 
+def _sharpe_cell(h: dict) -> str:
+    if not math.isfinite(h.get("sharpe_low", math.nan)):
+        return _num(h["sharpe"], 2)
+    return f"{_num(h['sharpe'], 2)} [{h['sharpe_low']:.1f}, {h['sharpe_high']:.1f}]"
+
+
 def _columns(result: BacktestResult) -> tuple[list[str], list[dict]]:
-    """Column titles and one dict of figures per column: each setting, then persistence and drift."""
+    """Column titles and one dict of figures per column: each setting, then persistence and drift. A setting with
+    random weights says so under its title; so does drift on synthetic data, whose trends are planted."""
     from kronos_tune.backtest.outputs import headline
 
-    titles = result.config.titles([scores.setting for scores in result.scores])
+    titles = [title if result.caveat(scores.setting) is None else f"{title}\n{result.caveat(scores.setting)}"
+              for title, scores in zip(result.config.titles([s.setting for s in result.scores]), result.scores)]
     columns = [{**headline(s), "skill": s.skill, "band": None if s.calibration is None else s.calibration.overall}
                for s in result.scores]
     if result.naive is not None:
         naive = result.naive
-        titles += ["persistence", "drift"]
+        titles += ["persistence", "drift\nsynthetic: planted trends" if result.synthetic else "drift"]
         columns += [{"mae_return": naive.drift_skill.persistence_mae,
                      "band": None if naive.band is None else naive.band.overall},
                     {**headline(naive.drift), "skill": naive.drift_skill}]
@@ -94,11 +102,23 @@ def _cell(render):
     return cell
 
 
+def _annualized(name: str, periods: int) -> str:
+    """A row's name, saying so when its figure annualizes fewer than FEW_PERIODS rebalances."""
+    from kronos_tune.backtest.portfolio import FEW_PERIODS
+
+    return name if periods >= FEW_PERIODS else f"{name} ({periods} periods: extrapolated)"
+
+
 def results_table(result: BacktestResult) -> Table:
-    title = f"backtest: {len(result.schedule.used_symbols)} symbols x {len(result.schedule.origins)} origins"
+    from kronos_tune.backtest.outputs import caveats
+
+    title = f"backtest: {result.counted()}"
     if result.overlap.origins_in_span:
         title += f" ({result.overlap.origins_in_span} IN-SAMPLE, --allow-overlap)"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    notes = caveats(result)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="\n".join(notes) if notes else None, caption_justify="left")
+    periods = result.scores[0].curve.periods
     table.add_column("score")
     titles, columns = _columns(result)
     if result.naive is not None and result.naive.band is not None:
@@ -117,9 +137,10 @@ def results_table(result: BacktestResult) -> Table:
             ("MAE of returns", lambda h: _num(h["mae_return"], 5)),
             ("MAE / persistence (DM p)", lambda h: _ratio_cell(h["skill"])),
             ("cumulative return, after costs", lambda h: _pct(h["cumulative_return"])),
-            ("annualized return", lambda h: _pct(h["annualized_return"])),
-            ("annualized volatility", lambda h: _pct(h["annualized_volatility"], signed=False)),
-            ("Sharpe", lambda h: _num(h["sharpe"], 2)),
+            (_annualized("annualized return", periods), lambda h: _pct(h["annualized_return"])),
+            (_annualized("annualized volatility", periods),
+             lambda h: _pct(h["annualized_volatility"], signed=False)),
+            (_annualized("Sharpe [95 %]", periods), _sharpe_cell),
             ("max drawdown", lambda h: _pct(h["max_drawdown"], signed=False)),
             ("turnover / rebalance", lambda h: _num(h["turnover"], 3)),
             ("equal-weight universe", lambda h: _pct(h["benchmark_cumulative_return"]))]
@@ -131,21 +152,25 @@ def results_table(result: BacktestResult) -> Table:
         table.add_row("ranking agreement (Spearman)", "", _num(result.agreement.spearman.mean),
                       *([""] * (len(columns) - 2)))
     bands = [h.get("band") for h in columns]
-    if any(band is not None for band in bands[:len(result.scores)]):
+    if any(band is not None for band in bands):  # the random-walk band's figures even without sample paths
         for name, render in BAND_ROWS:
             table.add_row(name, *("-" if band is None else render(band) for band in bands))
         if result.naive is not None:
-            skills = [_num(s.skill.crps_skill, 3) if s.skill is not None else "-" for s in result.scores]
+            skills = ["-" if s.skill is None else "needs --sample-count 2+" if s.calibration is None
+                      else _num(s.skill.crps_skill, 3) for s in result.scores]
             table.add_row("CRPS skill vs random-walk band", *skills, "(reference)", "-")
     return table
 
 
 def verdict_lines(result: BacktestResult) -> list[str]:
     """Each setting against persistence, then (with --compare) B against A, one line each."""
+    from kronos_tune.backtest.scoring import with_caveat
+
     titles = result.config.titles([scores.setting for scores in result.scores])
-    lines = [scores.skill.verdict(title) for scores, title in zip(result.scores, titles) if scores.skill is not None]
+    lines = [with_caveat(scores.skill.verdict(title), result.caveat(scores.setting))
+             for scores, title in zip(result.scores, titles) if scores.skill is not None]
     if result.comparison is not None:
-        lines.append(result.comparison.verdict())
+        lines.append(with_caveat(result.comparison.verdict(), result.comparison_caveat()))
     return lines
 
 
