@@ -252,7 +252,8 @@ def write_train_config(folder: Path) -> Path:
 def test_a_missing_symbol_column_is_one_line_in_every_command(tmp_path: Path, capsys):
     path = tmp_path / "sp500_like.csv"
     write_sp500_like(path, shorts=0)
-    expected = (f"error: {path}: no symbol column 'Ticker' (found: date, symbol, open, high, low, close, volume); "
+    # the columns as the file spells them, not lower-cased
+    expected = (f"error: {path}: no symbol column 'Ticker' (found: Date, Symbol, Open, High, Low, Close, Volume); "
                 f"pass the column that names each series with --symbol-column")
     assert refused(capsys, "predict", *COMMON, "--data", path, "--symbol-column", "Ticker", "--lookback", 30,
                    "--pred-len", 3) == expected

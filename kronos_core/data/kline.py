@@ -16,8 +16,9 @@ import numpy as np
 
 # TIME_COLUMN_ALIASES, lower_columns and time_column are also imported from here.
 from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, TIME_COLUMN_ALIASES, absolute_ns,  # noqa: F401
-                                     file_name, first_data_line, format_stamp, ignored_columns_note, lower_columns,
-                                     order_rows, parse_timestamps, read_table, row_label, time_column, time_values)
+                                     file_name, first_data_line, format_stamp, found_columns, ignored_columns_note,
+                                     lower_columns, order_rows, parse_timestamps, read_table, row_label, time_column,
+                                     time_values)
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
@@ -347,7 +348,7 @@ def read_kline(path: str | Path) -> pd.DataFrame:
     # Checked here (not only in validate_kline) so the message lists the file's own columns.
     for col in PRICE_COLUMNS:
         if col not in names:
-            found = ", ".join(names)
+            found = found_columns(raw, names)
             raise KronosError(f"{path}: missing price column '{col}' (found: {found}); add or rename it")
     present = [c for c in FEATURE_COLUMNS if c in names]
     used.update(present)

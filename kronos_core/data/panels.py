@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, check_values, fill_volume_amount
-from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, ignored_columns_note,
-                                     lower_columns, order_rows, parse_timestamps, read_table, row_label, time_values)
+from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, found_columns,
+                                     ignored_columns_note, lower_columns, order_rows, parse_timestamps, read_table,
+                                     row_label, time_values)
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
@@ -45,13 +46,14 @@ def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL) ->
     names = lower_columns(raw, path)
     key = symbol_col.strip().lower()
     if key not in names:
-        raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {', '.join(names) or 'none'}); "
+        raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {found_columns(raw, names)}); "
                           f"pass the column that names each series with --symbol-column")
     notes: list[str] = []
     stamps, column, used = time_values(raw, names, path, notes)
     for name in PRICE_COLUMNS:
         if name not in names:
-            raise KronosError(f"{path}: missing price column '{name}' (found: {', '.join(names)}); add or rename it")
+            raise KronosError(f"{path}: missing price column '{name}' (found: {found_columns(raw, names)}); add or "
+                              f"rename it")
     present = [c for c in FEATURE_COLUMNS if c in names]
     ignored = ignored_columns_note(names, {key, *used, *present}, path)
     if ignored is not None:

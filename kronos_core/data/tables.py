@@ -94,11 +94,18 @@ def file_name(frame: pd.DataFrame, name: str) -> str:
     return frame.attrs.get("file_columns", {}).get(name, name)
 
 
-def time_column(names: Sequence[str], source: object) -> str:
-    """The first accepted spelling of the time column among ``names``."""
+def found_columns(frame: pd.DataFrame | None, names: Sequence[str]) -> str:
+    """The columns of an error's "(found: ...)" as the file spells them (`frame` after lower_columns)."""
+    shown = [name if frame is None else file_name(frame, name) for name in names]
+    return ", ".join(shown) or "none"
+
+
+def time_column(names: Sequence[str], source: object, frame: pd.DataFrame | None = None) -> str:
+    """The first accepted spelling of the time column among ``names`` (`frame`: to name the file's columns as
+    it spells them when there is none)."""
     found = next((a for a in TIME_COLUMN_ALIASES if a in names), None)
     if found is None:
-        raise KronosError(f"{source}: no time column (found: {', '.join(names) or 'none'}); "
+        raise KronosError(f"{source}: no time column (found: {found_columns(frame, names)}); "
                           f"name it one of {', '.join(TIME_COLUMN_ALIASES)}")
     return found
 
@@ -106,11 +113,11 @@ def time_column(names: Sequence[str], source: object) -> str:
 def locate_time_column(frame: pd.DataFrame, names: Sequence[str], source: object, notes: list[str]) -> str:
     """`time_column`, or else a first column without a name whose values are dates (a written index)."""
     if any(alias in names for alias in TIME_COLUMN_ALIASES) or not names or not names[0].startswith(UNNAMED_PREFIX):
-        return time_column(names, source)
+        return time_column(names, source, frame)
     try:
         parse_timestamps(frame[names[0]].head(50), str(source))
     except KronosError:
-        return time_column(names, source)
+        return time_column(names, source, frame)
     notes.append(f"{source}: the first column has no name; read it as the time column (a written index)")
     return names[0]
 

@@ -19,7 +19,7 @@ import pandas as pd
 from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
                                     time_column, validate_kline)
 from kronos_core.data.panels import read_panel, split_panel
-from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
+from kronos_core.data.tables import SYMBOL_COLUMN_NAMES, found_columns
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_tune.errors import KronosTuneError
@@ -74,9 +74,9 @@ def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
     names = lower_columns(panel, source)
     symbol_col = next((a for a in SYMBOL_ALIASES if a in names), None)
     if symbol_col is None:
-        raise KronosTuneError(f"{source}: no symbol column (found: {', '.join(names)}); name it one of "
+        raise KronosTuneError(f"{source}: no symbol column (found: {found_columns(panel, names)}); name it one of "
                               f"{', '.join(SYMBOL_ALIASES)}, or give a folder with one file per symbol")
-    time_col = time_column(names, source)
+    time_col = time_column(names, source, panel)
     if panel[symbol_col].isna().any():
         row = int(np.argmax(panel[symbol_col].isna().to_numpy()))
         raise KronosTuneError(f"{source}: empty {symbol_col} at row {row}; fill or drop that row")
