@@ -48,3 +48,18 @@ def test_the_cli_refuses_it_in_one_line_before_any_folder(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert caught.value.code == 2 and len(err.strip().splitlines()) == 1 and "2010-06-05 or 2010-05-06" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_date_in_the_flag_is_not_blamed_on_the_config_file(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_train_toml())
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "--config", str(config), "--train-until", "2010-13-45", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert caught.value.code == 2 and err.startswith("error: train_until '2010-13-45' (--train-until) is neither")
+    assert str(config) not in err
+    # the same value written in the file names the file
+    config.write_text(tiny_train_toml(train_until="2010-13-45"))
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config), "--out", str(tmp_path / "run")])
+    assert capsys.readouterr().err.startswith(f"error: {config}: train_until '2010-13-45'")

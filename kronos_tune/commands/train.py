@@ -302,6 +302,10 @@ def register(app: typer.Typer) -> None:
             raise KronosTuneError(f"train: --resume {resume} continues in its own folder; leave out --out {out}")
         if resume is not None:
             check_resume_folder(resume)
+        if train_until is not None:  # the flag's own value: its error names the flag, not the config file
+            from kronos_core.train.data_span import parse_train_until
+
+            parse_train_until(train_until)
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
                      "device": device, "symbol_column": symbol_column, "train_until": train_until}
         base, source = build_config(preset, config, resume, overrides)
