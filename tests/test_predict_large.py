@@ -122,7 +122,7 @@ def test_the_forecast_does_not_depend_on_row_order_or_file_format(tmp_path: Path
         pd.testing.assert_frame_equal(pd.read_parquet(other), first)
     assert list(first["Code"].unique()) == [f"S{k:03d}" for k in range(7)]  # name order, the file's column name
     assert any("reversed.parquet is not sorted by Code" in n and "read whole" in n for n in notes)
-    assert any("CSV panels are read whole" in n for n in notes)
+    assert any("a CSV panel cannot be read in symbol batches: the panel is read whole" in n for n in notes)
 
 
 def test_symbol_batches_are_whole_symbols_and_read_like_the_whole_file(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def _symbol_column(schema_names: list[str], wanted: str) -> str | None:
 def sorted_panels(paths: list[Path], symbol_col: str) -> tuple[SortedPanels | None, str]:
     """The files as one sorted stream, or None and the reason it cannot be read in symbol batches."""
     if any(p.suffix.lower() != ".parquet" for p in paths):
-        return None, "CSV panels are read whole"
+        return None, "a CSV panel cannot be read in symbol batches"
     import pyarrow.compute as pc
 
     spans = []
