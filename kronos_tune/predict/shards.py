@@ -26,7 +26,8 @@ from kronos_core.predict.spec import PredictorSpec
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import ChunkSettings
 from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
-from kronos_tune.predict.series import LoadedSeries, save_series
+from kronos_tune.predict.job_inputs import write_chunk_inputs
+from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 
 JOB_FILE = "job.json"
@@ -67,19 +68,9 @@ def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tu
     describes; `on_series` sees each chunk's series as its inputs are written, `on_event` every event of the
     ranks (the benchmark times its runs from them); `module`: the ranks' entry (default RANKS_MODULE). None on
     a node other than the one running rank 0."""
-    chunks = series_total = resumed_series = 0
-    name_column = "series"
-    for index, series in source:
-        chunks, series_total, name_column = index + 1, series_total + len(series), series.name_column
-        if index in finished:
-            resumed_series += len(series)
-        elif not work.inputs(index).is_file():
-            save_series(work.inputs(index), series)
-        if on_series is not None:
-            on_series(series)
-    todo = [k for k in range(chunks) if k not in finished]
-    job = {**job, "work": str(work.path), "chunks": chunks,
-           "settings": {**job["settings"], "name_column": name_column}}
+    prepared = write_chunk_inputs(job, work, source, finished, on_series)
+    job, chunks, todo = prepared.job, prepared.chunks, prepared.todo
+    series_total, resumed_series = prepared.series_total, prepared.resumed_series
     job_file = work.path / JOB_FILE
     job_file.write_text(json.dumps(job, indent=1))
     command = torchrun_command(spec, module or RANKS_MODULE, [str(job_file)])
