@@ -164,6 +164,15 @@ def predict_command(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="torchrun: restart the ranks this many times after a failure (they continue from "
                                "the finished chunks).")] = 0,
+    runner: Annotated[str, typer.Option(
+        "--runner", help="Who predicts the chunks: torchrun (this process, or torchrun's ranks with --nproc/--nnodes) "
+                         "or ray (Ray Data actors; pip install \"kronos-tune[ray]\").")] = "torchrun",
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="--runner ray: the cluster, HOST:PORT of its head, ray://HOST:PORT, auto or local "
+                              "(default: $RAY_ADDRESS, else a Ray started on this machine).")] = None,
+    ray_actors: Annotated[Optional[int], typer.Option(
+        "--ray-actors", help="--runner ray: actors in the pool, one GPU (CUDA) or CPU each (default: one per GPU or "
+                             "CPU of the cluster).")] = None,
     holdout: Annotated[bool, typer.Option(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
     symbol_column: Annotated[Optional[str], typer.Option(
@@ -215,7 +224,8 @@ def predict_command(
         skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
         calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
-        resume=resume, chunk_series=chunk_series, max_restarts=max_restarts,
+        resume=resume, chunk_series=chunk_series, max_restarts=max_restarts, runner=runner,
+        ray_address=ray_address, ray_actors=ray_actors,
     )
     if config_file is not None:
         values = merge_predict_file(values, given_flags(ctx), read_predict_file(config_file))

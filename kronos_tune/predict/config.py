@@ -58,6 +58,7 @@ def check_input_spec(config: InputSpec) -> None:
 DEVICES = ("auto", "cpu", "cuda")
 AMP_CHOICES = ("none", "bf16", "fp16")
 DEFAULT_MAX_CONTEXT = 512
+RUNNERS = ("torchrun", "ray")
 RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
 
 
@@ -92,11 +93,19 @@ class PredictConfig(InputSpec):
     resume: bool = False               # continue the job whose work folder sits beside --out
     chunk_series: int | None = None    # series per chunk of a --out job (None: chunks.DEFAULT_CHUNK_SERIES)
     max_restarts: int = 0              # torchrun restarts a failed group this many times (it continues)
+    runner: str = "torchrun"           # who predicts the chunks: this process or torchrun's ranks, or Ray actors
+    ray_address: str | None = None     # --runner ray: the cluster (None: $RAY_ADDRESS, else a Ray here)
+    ray_actors: int | None = None      # --runner ray: actors in the pool (None: one per GPU or CPU of the cluster)
 
     @property
     def launch(self) -> LaunchSpec:
         return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
                           self.rdzv_backend, self.max_restarts)
+
+    @property
+    def elsewhere(self) -> bool:
+        """The chunks are predicted by other processes (torchrun's ranks or Ray's actors), not this one."""
+        return self.launch.launched or self.runner == "ray"
 
 
 # Checks before any work ----------------------------------------------------------------------
@@ -123,7 +132,7 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
     if config.amp not in AMP_CHOICES:
         raise KronosTuneError(f"--amp {config.amp}: choose one of {', '.join(AMP_CHOICES)}")
-    if config.device == "cuda" and not _cuda_visible():
+    if config.device == "cuda" and config.runner != "ray" and not _cuda_visible():  # Ray's actors hold the GPUs
         raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
     if config.amp == "fp16" and resolve_device(config.device) == "cpu":
         raise KronosTuneError("--amp fp16 needs a CUDA device; use --amp bf16 or none on CPU")
@@ -177,10 +186,32 @@ def check_job_flags(config: PredictConfig) -> None:
         raise KronosTuneError(f"--max-restarts {config.max_restarts}: must be 0 or more")
     if config.max_restarts and not config.launch.launched:
         raise KronosTuneError(f"--max-restarts {config.max_restarts} restarts torchrun's ranks; add --nproc N "
-                              f"(or the --nnodes flags), or leave it out")
+                              f"(or the --nnodes flags), or leave it out"
+                              + ("; Ray restarts a dead actor itself" if config.runner == "ray" else ""))
+    check_runner(config)
     if config.launch.multi_node and config.out is None:
         raise KronosTuneError(f"--nnodes {config.nnodes} needs --out FILE on storage every node shares (its work "
                               f"folder holds the ranks' parts)")
+
+
+def check_runner(config: PredictConfig) -> None:
+    """--runner and the Ray flags; with Ray: installed, and a cluster address that answers."""
+    if config.runner not in RUNNERS:
+        raise KronosTuneError(f"--runner {config.runner}: choose one of {', '.join(RUNNERS)}")
+    if config.runner != "ray":
+        for flag, value in (("--ray-address", config.ray_address), ("--ray-actors", config.ray_actors)):
+            if value is not None:
+                raise KronosTuneError(f"{flag} {value} applies to --runner ray; add it, or leave {flag} out")
+        return
+    if config.launch.launched:
+        raise KronosTuneError("--runner ray with --nproc/--nnodes/--rdzv-*: Ray places its actors itself (size the "
+                              "pool with --ray-actors N); leave the torchrun flags out")
+    if config.ray_actors is not None and config.ray_actors < 1:
+        raise KronosTuneError(f"--ray-actors {config.ray_actors}: must be at least 1")
+    from kronos_tune.predict.ray_setup import check_address, require_ray
+
+    require_ray()
+    check_address(config.ray_address)
 
 
 def resolve_max_context(config: PredictConfig) -> int:

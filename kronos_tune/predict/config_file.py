@@ -18,6 +18,7 @@ wins over the file::
     kv_cache = true         # false: recompute the whole window for every token (the reference method)
     nproc = 1               # processes on this node (one per GPU); > 1 shards the series with torchrun
     chunk_series = 64       # series per chunk (predict's unit of work, resume and sharing); absent: from the job
+    runner = "torchrun"     # or "ray": Ray Data actors predict the chunks (ray_address, ray_actors; docs/ray.md)
 
 Unknown keys and values of the wrong type are one line naming the file and the key (kronos_core.validate).
 """
@@ -72,6 +73,9 @@ class PredictFileKeys:
     calendar: str | None = None
     out: str | None = None
     chunk_series: int | None = None
+    runner: Literal["torchrun", "ray"] | None = None
+    ray_address: str | None = None
+    ray_actors: int | None = None
 
 
 def _training_keys() -> set[str]:

@@ -211,7 +211,8 @@ def _run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: 
     sharded = config.launch.launched
     if sharded:
         check_shards(config.launch, "cuda" if device.startswith("cuda") else "cpu")
-        # Loaded here too, on the CPU, so a bad checkpoint fails in one line before any rank starts.
+    if config.elsewhere:
+        # Loaded here too, on the CPU, so a bad checkpoint fails in one line before any rank or actor starts.
         load_predictor(replace(config, device="cpu", amp="none", cuda_graphs=None), note, weights)
     holder: list[KronosPredictor] = []
 
@@ -230,6 +231,7 @@ def _run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: 
     common = dict(max_context=max_context, random_weights=config.checkpoint is None, notes=notes,
                   peak_gpu_bytes=peak_gpu, weights={label: source.to_dict() for label, source in weights.items()},
                   device=(f"{device.split(':')[0]} x {config.launch.nproc} processes per node" if sharded
+                          else f"{device.split(':')[0]}, Ray actors" if config.runner == "ray"
                           else str(predictor.device if predictor is not None else device)))
     if outcome is None:  # another node writes the output
         return PredictResult(series_names=[], frames=[], seconds=time.perf_counter() - started,

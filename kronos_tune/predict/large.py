@@ -33,6 +33,7 @@ from kronos_tune.predict.parts import assemble, read_part_close, write_part
 from kronos_tune.predict.job_state import (JobOutcome, JobProgress, JobProgressCallback, chunk_settings,
                                            rank_summary,
                                            holdout_actuals)
+from kronos_tune.predict.ray_runner import run_ray
 from kronos_tune.predict.shards import rank_job, run_ranks, world_size
 from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks
 from kronos_tune.predict.workdir import MemoryWork, WorkFolder, open_work, temporary_work
@@ -95,7 +96,7 @@ def open_job(config: PredictConfig, weights: dict[str, PretrainedSource], chunk_
     """Where the finished chunks go: the work folder beside --out, a temporary one for a sharded run without
     --out (the ranks write files), or memory for a run in this process without --out."""
     identity = job_identity(config, weights, chunk_series)
-    if config.out is None and not config.launch.launched:
+    if config.out is None and not config.elsewhere:
         return MemoryWork(int(identity["chunk_series"]))
     if config.out is None:
         return temporary_work(identity)
@@ -115,21 +116,25 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
     if config.out is not None:
         note("note", f"work folder: {work.path} (finished chunks are kept there until --out is written"
                      + ("; it must be on storage every node shares" if config.launch.multi_node else "") + ")")
-    if config.out is not None or config.launch.launched:  # the unit kept and shared: said
+    if config.out is not None or config.elsewhere:  # the unit kept and shared: said
         note("note", describe_chunks(chunk_series, source.expected,
                                      world_size(config.launch) or config.launch.nproc, chosen))
     finished = work.finished()
     try:
         # the predictor is built before the clock starts: series/s is the prediction's, as the benchmark's
-        predictor = None if config.launch.launched or len(finished) == _chunk_count(source.expected, chunk_series) \
+        predictor = None if config.elsewhere or len(finished) == _chunk_count(source.expected, chunk_series) \
             else load()
         started = time.perf_counter()
-        if config.launch.launched:
+        if config.elsewhere:
             actuals: list = []
-            outcome = run_ranks(config.launch, rank_job(predictor_spec(config, weights), chunk_settings(config)),
-                                work, chunked(source.batches, work.chunk_series), finished, note, on_progress,
-                                on_series=(lambda series: actuals.append(holdout_actuals(series)))
-                                if config.holdout else None)
+            job = rank_job(predictor_spec(config, weights), chunk_settings(config))
+            on_series = (lambda series: actuals.append(holdout_actuals(series))) if config.holdout else None
+            if config.runner == "ray":
+                outcome = run_ray(job, work, chunked(source.batches, work.chunk_series), finished, note, on_progress,
+                                  on_series, address=config.ray_address, actors=config.ray_actors)
+            else:
+                outcome = run_ranks(config.launch, job, work, chunked(source.batches, work.chunk_series), finished,
+                                    note, on_progress, on_series=on_series)
             if outcome is not None:
                 outcome.scores = actuals
         else:
