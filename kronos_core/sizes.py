@@ -56,6 +56,20 @@ SIZES: dict[str, SizeSpec] = {
 LARGE_PUBLISHED_PARAMS = 499_200_000
 
 
+def non_embedding_params(model: dict) -> int:
+    """Parameters of a predictor built from `model` (a size's or a config.json's keywords) outside its
+    embedding tables, from the layer shapes alone: what FLOPs per token are counted from, without torch.
+    tests/test_flops.py checks it against the built model for every size."""
+    d, ff, layers = model["d_model"], model["ff_dim"], model["n_layers"]
+    vocab = 2 ** model["s1_bits"] + 2 ** model["s2_bits"]
+    attention = 4 * (d * d + d)  # q, k, v and out projections, with biases
+    block = attention + 3 * d * ff + 2 * d  # + the gated feed-forward (no biases) + two RMSNorms
+    fusion = 2 * d * d + d  # the s1/s2 embeddings' fusion projection
+    dependency = attention + d  # the dependency layer's cross-attention and norm
+    heads = d * vocab + vocab  # the s1 and s2 output projections
+    return fusion + layers * block + d + dependency + heads
+
+
 def size_spec(name: str) -> SizeSpec:
     if name not in SIZES:
         raise KronosError(f"unknown model size '{name}'; choose one of {', '.join(SIZES)}")

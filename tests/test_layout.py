@@ -246,6 +246,7 @@ def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
     from kronos_tune.cli import main
 
     run = write_gpu_run(tmp_path / "run", preset="cpu")
+    copied = write_gpu_run(tmp_path / "copied", preset="cpu")  # results.jsonl and run.json only, never reported
     with pytest.raises(SystemExit) as done:  # the first rebuild writes report.json (its FLOPs per token counted)
         main(["report", str(run)])
     assert done.value.code == 0 and json.loads((run / "report.json").read_text())["flops"]["flops_per_token"] > 0
@@ -253,9 +254,12 @@ def test_help_bad_flags_and_report_start_without_torch(tmp_path: Path) -> None:
     commands = every_command_path()
     assert {"train", "autobatch", "benchmark", "report"} <= {path[0] for path in commands} and ["config", "keys"] in commands
     helps = [["--help"]] + [path + ["--help"] for path in commands]
-    argvs = helps + [list(a) for a in BAD_FLAGS] + [["report", str(run)]]
+    argvs = helps + [list(a) for a in BAD_FLAGS] + [["report", str(run)], ["report", str(copied)]]
     expected = [(argv, 0 if argv in helps or argv[0] == "report" else 2, False) for argv in argvs]
     assert torch_after(argvs, tmp_path) == expected
     assert {name: (run / name).read_bytes() for name in written} == written  # the same files, without torch
+    # The copied run's first report, written in the torch-free interpreter, holds the same FLOPs section.
+    assert (json.loads((copied / "report.json").read_text())["flops"]
+            == json.loads(written["report.json"])["flops"])
     assert not (tmp_path / "runs").exists()  # no run folder for a run refused up front
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from kronos_core.sizes import SIZES
 from kronos_tune.presets import Preset
+from kronos_tune.profiling.flops import size_train_flops_per_token
 from kronos_tune.benchmark.costs import one_time_s, workload_time_s
 from kronos_tune.benchmark.train.decide import (
     EQUIVALENT_TOLERANCE, FLOOR, NOISY_LIMIT, PAIRED_FLOOR, DecisionContext, decide, reference,
@@ -98,17 +99,10 @@ def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, An
 
 def _flops_per_token(spec: dict[str, Any], shape: dict[str, int], known: dict[str, Any] | None) -> float:
     """The figure `known` (the flops section a rebuilt run's report.json carried) has for this model shape and
-    window, else counted on a meta-device model: reading a report then needs no torch."""
+    window, else the size's closed form: reading a report needs no torch."""
     if known and known.get("flops_per_token") and all(known.get(key) == value for key, value in shape.items()):
         return known["flops_per_token"]
-    import torch
-
-    from kronos_core.model import Kronos
-    from kronos_tune.profiling.flops import train_flops_per_token
-
-    with torch.device("meta"):
-        model = Kronos(**spec)
-    return train_flops_per_token(model, shape["tokens_per_window"])
+    return size_train_flops_per_token(spec, shape["tokens_per_window"])
 
 
 def headroom(report: ProtocolReport) -> dict[str, Any] | None:
