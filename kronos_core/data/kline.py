@@ -311,14 +311,16 @@ def _panel_hint(names: Sequence[str], raw: pd.DataFrame) -> str:
     return f"; or, as the file has a '{spelled}' column, read it as a panel (--symbol-column {spelled})"
 
 
-def read_kline(path: str | Path) -> pd.DataFrame:
+def read_kline(path: str | Path, date_format: str | None = None) -> pd.DataFrame:
     """Read one K-line file (.csv or .parquet) into a validated frame.
 
     Column names are matched case-insensitively after stripping spaces, in any
     order; the time column may be named timestamps, timestamp, date, datetime
     or time, or have no name at all as the first column (a written index);
     separate ``date`` and ``time`` columns are joined; a Parquet
-    datetime index also works; YYYYMMDD integers are read as dates, other
+    datetime index also works; text stamps are read with ``date_format`` when given (strptime directives),
+    dates written day and month first the one way they allow (kronos_core.data.day_month);
+    YYYYMMDD integers are read as dates, other
     numbers are refused since their unit is unknown; mixed UTC offsets are converted to UTC.
     Other columns are ignored. Rows newest first are put in time order and rows repeating the row
     before them exactly are dropped (see kronos_core.data.tables).
@@ -344,7 +346,7 @@ def read_kline(path: str | Path) -> pd.DataFrame:
         raw = raw.reset_index(names=TIME_COLUMN)
     names = lower_columns(raw, path)
     notes: list[str] = []
-    stamps, column, used = time_values(raw, names, path, notes)
+    stamps, column, used = time_values(raw, names, path, notes, date_format)
     # Checked here (not only in validate_kline) so the message lists the file's own columns.
     for col in PRICE_COLUMNS:
         if col not in names:
@@ -360,7 +362,7 @@ def read_kline(path: str | Path) -> pd.DataFrame:
     first_line = first_data_line(path)
     if len(raw) == 0:
         raise KronosError(f"{source}: no data rows; give at least one K-line")
-    ts = parse_timestamps(stamps, source, first_line, column=column, notes=notes)
+    ts = parse_timestamps(stamps, source, first_line, column=column, notes=notes, date_format=date_format)
     frame = pd.DataFrame({TIME_COLUMN: ts.reset_index(drop=True), **{c: raw[c].to_numpy() for c in present}})
     values, found_warnings = check_values(frame, source, first_line)
     matrix = np.stack([values[c] for c in present], axis=1)

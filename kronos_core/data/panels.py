@@ -30,18 +30,19 @@ pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 SYMBOL = "symbol"  # the symbol column's name in what read_panel returns
 
 
-def read_panel(path: str | Path, symbol_col: str = SYMBOL) -> pd.DataFrame:
+def read_panel(path: str | Path, symbol_col: str = SYMBOL, date_format: str | None = None) -> pd.DataFrame:
     """Read a panel file (.csv or .parquet): columns ``symbol``, ``timestamps`` and the feature columns the file
     has (float64), rows grouped by symbol and in time order (see the module doc). ``attrs``: ``source``,
     ``notes`` (one line per thing done to the file), ``warnings`` (suspicious but usable values, one line
-    each over the whole file), ``symbol_column`` (as the file spells it)."""
+    each over the whole file), ``symbol_column`` (as the file spells it). ``date_format``: as for read_kline."""
     path = Path(path)
     if not path.is_file():
         raise KronosError(f"{path}: file not found; check the path")
-    return panel_from_table(read_table(path), path, symbol_col)
+    return panel_from_table(read_table(path), path, symbol_col, date_format)
 
 
-def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL) -> pd.DataFrame:
+def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL,
+                     date_format: str | None = None) -> pd.DataFrame:
     """`read_panel` on a table already read from `path` (all of it, or whole symbols of it)."""
     names = lower_columns(raw, path)
     key = symbol_col.strip().lower()
@@ -49,7 +50,7 @@ def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL) ->
         raise KronosError(f"{path}: no symbol column '{symbol_col}' (found: {found_columns(raw, names)}); "
                           f"pass the column that names each series with --symbol-column")
     notes: list[str] = []
-    stamps, column, used = time_values(raw, names, path, notes)
+    stamps, column, used = time_values(raw, names, path, notes, date_format)
     for name in PRICE_COLUMNS:
         if name not in names:
             raise KronosError(f"{path}: missing price column '{name}' (found: {found_columns(raw, names)}); add or "
@@ -66,7 +67,8 @@ def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL) ->
         row = int(np.argmax(missing))
         raise KronosError(f"{source}: empty {file_name(raw, key)} at {row_label(row, first_line)}; "
                           "fill or drop that row")
-    ts = parse_timestamps(stamps, source, first_line, column=column, notes=notes).reset_index(drop=True)
+    ts = parse_timestamps(stamps, source, first_line, column=column, notes=notes,
+                          date_format=date_format).reset_index(drop=True)
     frame = pd.DataFrame({TIME_COLUMN: ts, **{c: raw[c].to_numpy() for c in present}})
     values, found_warnings = check_values(frame, source, first_line)
     codes, uniques = pd.factorize(symbols, sort=False)

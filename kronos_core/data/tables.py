@@ -8,6 +8,8 @@ one KronosError line naming the file, the line and what to do):
   pandas reads as ``Unnamed: 0``): read as the time column when its values are dates;
 - columns we do not use (``Adj Close``, a written index next to a named time column, ...): ignored, named;
 - YYYYMMDD integers: dates (other numbers are refused, their unit is unknown);
+- dates with the day and month first (01/07/2024): read the one way every date allows, refused when they all
+  read both ways unless a format is given (kronos_core.data.day_month, ``--date-format``);
 - tz-aware stamps with several UTC offsets (exchange-local time across a daylight-saving change):
   converted to UTC; some stamps with an offset and some without: refused (the row that differs);
 - rows newest first: put in time order; in a panel, each symbol's rows sorted by time (said when they were
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kronos_core.data.day_month import AmbiguousDayMonth, day_first, parse_with_format
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError, one_line
 
@@ -110,23 +113,26 @@ def time_column(names: Sequence[str], source: object, frame: pd.DataFrame | None
     return found
 
 
-def locate_time_column(frame: pd.DataFrame, names: Sequence[str], source: object, notes: list[str]) -> str:
+def locate_time_column(frame: pd.DataFrame, names: Sequence[str], source: object, notes: list[str],
+                       date_format: str | None = None) -> str:
     """`time_column`, or else a first column without a name whose values are dates (a written index)."""
     if any(alias in names for alias in TIME_COLUMN_ALIASES) or not names or not names[0].startswith(UNNAMED_PREFIX):
         return time_column(names, source, frame)
     try:
-        parse_timestamps(frame[names[0]].head(50), str(source))
+        parse_timestamps(frame[names[0]].head(50), str(source), date_format=date_format)
+    except AmbiguousDayMonth:
+        pass  # dates still; which reading is judged on the whole column
     except KronosError:
         return time_column(names, source, frame)
     notes.append(f"{source}: the first column has no name; read it as the time column (a written index)")
     return names[0]
 
 
-def time_values(raw: pd.DataFrame, names: Sequence[str], source: object,
-                notes: list[str]) -> tuple[pd.Series, str, set[str]]:
+def time_values(raw: pd.DataFrame, names: Sequence[str], source: object, notes: list[str],
+                date_format: str | None = None) -> tuple[pd.Series, str, set[str]]:
     """The raw stamps (separate ``date`` and ``time`` columns joined, as many exports write them), the column
     as the file names it (for messages), and the names of the columns they came from."""
-    time_col = locate_time_column(raw, names, source, notes)
+    time_col = locate_time_column(raw, names, source, notes, date_format)
     column = file_name(raw, time_col)
     if time_col == "date" and "time" in names:
         stamps = raw["date"].astype(str).str.strip() + " " + raw["time"].astype(str).str.strip()
@@ -152,7 +158,7 @@ def _offsets(text: pd.Series) -> pd.Series:
 
 
 def _mixed_offsets(values: pd.Series, source: str, column: str, first_line: int | None,
-                   notes: list[str] | None) -> pd.Series:
+                   notes: list[str] | None, dayfirst: bool = False) -> pd.Series:
     """Stamps with several UTC offsets, as UTC; stamps with and without an offset in one column are refused."""
     text = values.astype(str).str.strip()
     offsets = _offsets(text)
@@ -160,7 +166,8 @@ def _mixed_offsets(values: pd.Series, source: str, column: str, first_line: int 
     # Rows that are no date at all (and missing ones) are reported as such by the caller, not here.
     plain = np.flatnonzero(values.notna().to_numpy() & ~has)
     if len(plain):
-        dates = pd.to_datetime(values.iloc[plain], errors="coerce", format="mixed").notna().to_numpy()
+        dates = pd.to_datetime(values.iloc[plain], errors="coerce", format="mixed",
+                               dayfirst=dayfirst).notna().to_numpy()
         plain = plain[dates]
     dated = np.union1d(np.flatnonzero(has), plain)
     if len(plain) and len(plain) < len(dated):
@@ -170,9 +177,9 @@ def _mixed_offsets(values: pd.Series, source: str, column: str, first_line: int 
                           f"({row_label(row, first_line)}: {text.iloc[row][:40]!r} {kind}); give every stamp "
                           "an offset or none")
     try:
-        parsed = pd.to_datetime(values, utc=True)
+        parsed = pd.to_datetime(values, utc=True, dayfirst=dayfirst)
     except (ValueError, TypeError, OverflowError):
-        parsed = pd.to_datetime(values, utc=True, errors="coerce", format="mixed")
+        parsed = pd.to_datetime(values, utc=True, errors="coerce", format="mixed", dayfirst=dayfirst)
     if notes is not None:
         seen = list(dict.fromkeys(offsets.dropna()))
         shown = ", ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
@@ -181,9 +188,11 @@ def _mixed_offsets(values: pd.Series, source: str, column: str, first_line: int 
 
 
 def parse_timestamps(values: pd.Series, source: str, first_line: int | None = None, column: str = TIME_COLUMN,
-                     notes: list[str] | None = None) -> pd.Series:
+                     notes: list[str] | None = None, date_format: str | None = None) -> pd.Series:
     """A time column as datetime64 (see the module doc), or KronosError naming `column` and the first bad row.
-    What was done to the values (mixed offsets converted) is appended to `notes`."""
+    What was done to the values (mixed offsets converted) is appended to `notes`. `date_format` (strptime
+    directives, --date-format) reads text stamps; without it, dates written day and month first are read
+    the only way the column allows (kronos_core.data.day_month)."""
     if pd.api.types.is_datetime64_any_dtype(values):
         parsed = values
     elif pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
@@ -196,15 +205,18 @@ def parse_timestamps(values: pd.Series, source: str, first_line: int | None = No
                 f"{source}: column '{column}' holds numbers, not dates; "
                 "write dates like 2024-01-02 09:35:00 (or YYYYMMDD)"
             )
+    elif date_format is not None:
+        parsed = parse_with_format(values, date_format, source, column, first_line)
     else:
         error: Exception | None = None
+        dayfirst = day_first(values, source, column, first_line)
         try:
-            parsed = pd.to_datetime(values)
+            parsed = pd.to_datetime(values, dayfirst=dayfirst)
         except (ValueError, TypeError, OverflowError) as first:
             error = first
             if not _is_mixed_zones(first):
                 try:
-                    parsed, error = pd.to_datetime(values, errors="coerce", format="mixed"), None
+                    parsed, error = pd.to_datetime(values, errors="coerce", format="mixed", dayfirst=dayfirst), None
                 except (ValueError, TypeError, OverflowError) as second:
                     error = second
         if error is not None:
@@ -213,7 +225,7 @@ def parse_timestamps(values: pd.Series, source: str, first_line: int | None = No
                     f"{source}: column '{column}' could not be parsed as dates ({one_line(error, typed=False)}); "
                     "use one format like 2024-01-02 09:35:00"
                 ) from None
-            parsed = _mixed_offsets(values, source, column, first_line, notes)
+            parsed = _mixed_offsets(values, source, column, first_line, notes, dayfirst)
     parsed = pd.Series(parsed, index=values.index, name=TIME_COLUMN)
     bad = parsed.isna().to_numpy()
     if bad.any():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_core.data.day_month import check_date_format
 from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.sizes import SIZES
 from kronos_core.train.data_span import parse_train_until
@@ -62,6 +63,7 @@ class TrainConfig:
     predictor_dir: str | None = None
     data: list[str] = field(default_factory=lambda: [SYNTHETIC])
     symbol_column: str | None = None  # data files are panels (one long table); this column names each series
+    date_format: str | None = None    # strptime directives of the files' text dates (None: read as they allow)
     synthetic_series: int = 8
     synthetic_rows: int = 2000
     train_until: str | None = None    # train on bars up to this date, or this fraction of the timeline
@@ -262,6 +264,14 @@ class TrainConfig:
         if self.symbol_column is not None and (self.is_synthetic or not self.symbol_column.strip()):
             raise self._fail("symbol_column", "needs panel files in data" if self.is_synthetic else "is empty",
                              "give data = [\"panel.csv\"] or leave symbol_column out")
+        if self.date_format is not None:
+            if self.is_synthetic:
+                raise self._fail("date_format", "needs data files", "give data = [\"prices.csv\"] or leave "
+                                 "date_format out")
+            try:
+                check_date_format(self.date_format, "date_format")
+            except KronosError as error:
+                raise KronosError(f"{self._source}: {error}") from None
         if self.train_until is not None:
             try:
                 parse_train_until(self.train_until)

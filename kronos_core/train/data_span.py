@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kronos_core.data.day_month import DAY_MONTH, readings
 from kronos_core.data.kline import TIME_COLUMN, wall_clock_ns
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
@@ -35,8 +36,6 @@ SPAN_FILE = "data_span.json"
 SPAN_FORMAT = 1
 _DATE_ONLY = re.compile(r"^\s*(\d{8}|\d{4}[-/.]\d{1,2}[-/.]\d{1,2})\s*$")
 _NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
-# Day and month first, in either order (05/06/2010, 18.05.2010, 05-06-10): pandas guesses which one is the day.
-_DAY_MONTH = re.compile(r"^\s*(?P<a>\d{1,2})(?P<sep>[/.-])(?P<b>\d{1,2})((?P=sep)(?P<year>\d{2,4}))?(?=$|[\sT])")
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,10 @@ def _where(paths: list[Path], synthetic: bool) -> str:
 def refuse_ambiguous_date(text: str, where: str) -> None:
     """Raise KronosError for a date written day and month first (05/06/2010: 5 June or 6 May?), saying how to
     write it; `where` names the setting ("train_until '05/06/2010' (--train-until)")."""
-    match = _DAY_MONTH.match(text)
+    match = DAY_MONTH.match(text)
     if match is None:
         return
-    a, b, year = int(match["a"]), int(match["b"]), match["year"] or "YYYY"
-    if len(year) == 2:
-        year = f"20{year}"
-    readings = [f"{year}-{month:02d}-{day:02d}" for day, month in ((a, b), (b, a)) if 1 <= month <= 12]
-    said = " or ".join(dict.fromkeys(readings)) or f"{year}-MM-DD"
+    said = " or ".join(readings(int(match["a"]), int(match["b"]), match["year"]))
     raise KronosError(f"{where}: day and month first (DD/MM or MM/DD) is ambiguous; write the year first: "
                       f"{said} (YYYY-MM-DD, or YYYYMMDD)")
 

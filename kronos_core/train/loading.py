@@ -44,11 +44,11 @@ def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
     frames: list[pd.DataFrame] = []
     for path in find_data_files(config.data):
         if config.symbol_column is None:
-            frame = read_kline(path)
+            frame = read_kline(path, config.date_format)
             _say(frame.attrs.get("notes", ()))
             frames.append(frame)
             continue
-        panel = read_panel(path, config.symbol_column)
+        panel = read_panel(path, config.symbol_column, config.date_format)
         _say([*panel.attrs.get("notes", ()), *panel.attrs.get("warnings", ())])
         for symbol, frame in split_panel(panel):
             frame.attrs["symbol"] = symbol

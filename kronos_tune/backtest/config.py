@@ -176,6 +176,7 @@ class BacktestConfig(InputSpec):
             # Only when set, so runs made before --calendar existed still resume.
             **({"calendar": self.calendar} if self.calendar is not None else {}),
             **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
+            **({"date_format": self.date_format} if self.date_format is not None else {}),
             **({"allow_overlap": True} if self.allow_overlap else {}),
         }
 

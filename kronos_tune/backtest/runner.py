@@ -150,7 +150,8 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         note("note", f"--synthetic without --origins: {origins_wanted} origins")
     weights = _resolve_weights(config, note)  # a hub id that is not cached fails here, before any data or folder
     rows = synthetic_rows(config, origins_wanted or 1)
-    universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column)
+    universe = load_universe(config.data, config.synthetic, rows, config.seed, note, config.symbol_column,
+                             config.date_format)
     overlap = check_spans(config, universe.synthetic, note)
     schedule = schedule_out_of_sample(lambda count: _schedule(config, universe, count), origins_wanted, overlap, note)
     if overlap.marking() is not None:

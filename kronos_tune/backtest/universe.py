@@ -112,12 +112,13 @@ def _panel_column(path: Path) -> str | None:
     return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_ALIASES), None)
 
 
-def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCallback) -> Universe:
+def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCallback,
+                        date_format: str | None = None) -> Universe:
     """Panel files: every symbol of every file (a symbol in two files is refused), sorted by name."""
     symbols: dict[str, SymbolSeries] = {}
     where: dict[str, Path] = {}
     for path in paths:
-        panel = read_panel(path, symbol_column)
+        panel = read_panel(path, symbol_column, date_format)
         for message in panel.attrs.get("notes", ()):
             on_note("note", message)
         for message in panel.attrs.get("warnings", ()):
@@ -132,9 +133,10 @@ def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCall
 
 
 def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows: int, seed: int,
-                  on_note: NoteCallback, symbol_column: str | None = None) -> Universe:
+                  on_note: NoteCallback, symbol_column: str | None = None,
+                  date_format: str | None = None) -> Universe:
     """Read --data (per-symbol files, panel files with `symbol_column`, or one file with a symbol column of
-    SYMBOL_ALIASES) or make --synthetic N symbols."""
+    SYMBOL_ALIASES) or make --synthetic N symbols; `date_format`: how the files write their dates."""
     if not data:
         count = synthetic if synthetic is not None else 0
         try:
@@ -151,13 +153,13 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
     except KronosError as error:
         raise KronosTuneError(f"--data: {error}") from None
     if symbol_column is not None:
-        return universe_from_files(paths, symbol_column, on_note)
+        return universe_from_files(paths, symbol_column, on_note, date_format)
     if len(paths) == 1:
         found = _panel_column(paths[0])
         if found is not None:
-            return universe_from_files(paths, found, on_note)
+            return universe_from_files(paths, found, on_note, date_format)
     symbols = []
     for name, path in zip(unique_names(paths), paths):
-        symbols.append(_symbol_series(name, read_series_file(path, on_note)))
+        symbols.append(_symbol_series(name, read_series_file(path, on_note, date_format)))
     source = str(data[0]) if len(data) == 1 else f"{len(paths)} files"
     return Universe(symbols, source)

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, LiveProgress,
-                                         OfflineOption, SampleCountOption, SeedOption, SizeOption, TemperatureOption,
-                                         TopPOption, WindowModeOption, make_console)
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
+                                         DeviceOption, LiveProgress, OfflineOption, SampleCountOption, SeedOption,
+                                         SizeOption, TemperatureOption, TopPOption, WindowModeOption, make_console)
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -221,6 +221,7 @@ def backtest_command(
     symbol_column: Annotated[Optional[str], typer.Option(
         "--symbol-column", help="--data files are panels; this column names each symbol (default: a column "
                                 "named symbol, ticker, code, instrument or stock).")] = None,
+    date_format: DateFormatOption = None,
     synthetic: Annotated[Optional[int], typer.Option(
         "--synthetic", help="A synthetic universe of N symbols (market + sector factors) instead of files.")] = None,
     origins: Annotated[Optional[int], typer.Option(
@@ -292,7 +293,7 @@ def backtest_command(
         setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
         periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
-        offline=offline, symbol_column=symbol_column, allow_overlap=allow_overlap)
+        offline=offline, symbol_column=symbol_column, allow_overlap=allow_overlap, date_format=date_format)
     check_data_paths(config)  # a missing --data path: one line before torch loads
     from kronos_tune.backtest.outputs import JSON_NAME
     from kronos_tune.backtest.runner import run_backtest

@@ -31,6 +31,11 @@ CalendarOption = Annotated[Optional[str], typer.Option(
     "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. XSHG, "
                        "XSHE, XHKG, XNYS; needs the \\[calendars] extra. Default: each series' own bar grid.")]
 
+DateFormatOption = Annotated[Optional[str], typer.Option(
+    "--date-format", help="How the --data files write their dates, as strptime directives, e.g. '%d/%m/%Y %H:%M'. "
+                          "Needed when every date reads both day and month first (01/07/2024); default: each "
+                          "file's dates read the one way they allow.")]
+
 
 # Redirected output without COLUMNS: wide enough that no table cell or progress line is cut (Rich would use 80).
 REDIRECTED_WIDTH = 400

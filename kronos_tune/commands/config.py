@@ -23,6 +23,8 @@ DESCRIPTIONS: dict[str, str] = {
                      "left out: random init",
     "data": "CSV/Parquet files or folders of K-lines, or [\"synthetic\"]",
     "symbol_column": "data files are panels (one long table of many symbols); this column names each series",
+    "date_format": "strptime directives of the data files' text dates (e.g. \"%d/%m/%Y %H:%M\"); left out: dates "
+                   "written day and month first are read the one way they allow, refused when both fit",
     "train_until": "train on bars up to this date (2010-05-14 or 20100514: that whole day; 2010-05-14 15:00: "
                    "up to that bar), or this fraction of the data's timeline (0.75); year first, day/month "
                    "forms are refused; recorded in data_span.json for the backtest's leakage check",

@@ -15,9 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DeviceOption, OfflineOption,
-                                         SampleCountOption, SeedOption, SizeOption, TemperatureOption, TopPOption,
-                                         WindowModeOption, make_console)
+from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
+                                         DeviceOption, OfflineOption, SampleCountOption, SeedOption, SizeOption,
+                                         TemperatureOption, TopPOption, WindowModeOption, make_console)
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
     from typer._click.core import ParameterSource
@@ -179,6 +179,7 @@ def predict_command(
         "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
     skip_short: Annotated[bool, typer.Option(
         "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
+    date_format: DateFormatOption = None,
     window_mode: WindowModeOption = "refill",
     cuda_graphs: Annotated[Optional[bool], typer.Option(
         "--cuda-graphs/--no-cuda-graphs", help="Replay the cached one-token steps as CUDA graphs (default: on with "
@@ -220,7 +221,7 @@ def predict_command(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
-        max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column,
+        max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column, date_format=date_format,
         skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
         calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),

@@ -39,7 +39,7 @@ from kronos_core.errors import KronosWarning
 from kronos_core.launch import LaunchSpec
 from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
-from kronos_tune.commands.common import LiveProgress, OfflineOption, make_console
+from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
@@ -270,6 +270,7 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Optional[Path], typer.Option("--config", help="TOML file of TrainConfig keys (kronos-tune config keys).", dir_okay=False)] = None,
         data: Annotated[Optional[list[str]], typer.Option("--data", help="CSV/Parquet file or folder (repeatable), or 'synthetic'.")] = None,
         symbol_column: Annotated[Optional[str], typer.Option("--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
+        date_format: DateFormatOption = None,
         what: Annotated[Optional[str], typer.Option("--what", help="tokenizer, predictor or both (tokenizer, then predictor on it).")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Stop at this optimizer step (global count); past the schedule, a new run gets more epochs.")] = None,
         resume: Annotated[Optional[Path], typer.Option("--resume", help="Folder of a run to continue where it stopped.")] = None,
@@ -306,14 +307,20 @@ def register(app: typer.Typer) -> None:
             from kronos_core.train.data_span import parse_train_until
 
             parse_train_until(train_until)
+        if date_format is not None:  # as --train-until: the flag's error names the flag
+            from kronos_core.data.day_month import check_date_format
+
+            check_date_format(date_format)
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
-                     "device": device, "symbol_column": symbol_column, "train_until": train_until}
+                     "device": device, "symbol_column": symbol_column, "train_until": train_until,
+                     "date_format": date_format}
         base, source = build_config(preset, config, resume, overrides)
         base = base.replace(**checked_weights(base, what))
-        if not base.is_synthetic:  # a missing path: one line before torch loads and before any folder is made
+        if not base.is_synthetic:  # a missing path or dates read two ways: one line before any folder is made
+            from kronos_core.data.file_dates import check_file_dates
             from kronos_core.data.kline import find_data_files
 
-            find_data_files(base.data)
+            check_file_dates(find_data_files(base.data), base.date_format)
         if base.train_until is not None:  # reads the data: a cut outside it is one line before any folder is made
             # torch: only when the data is read here
             from kronos_core.train.loading import check_validation_split, load_training_data

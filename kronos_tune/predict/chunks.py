@@ -61,7 +61,7 @@ def _streamed(panels: SortedPanels, config: PredictConfig, note: NoteCallback) -
             note(level, message)
 
     try:
-        for frame in symbol_batches(panels, config.symbol_column):
+        for frame in symbol_batches(panels, config.symbol_column, date_format=config.date_format):
             say_read_notes(frame, once)
             frame.attrs = {"symbol_column": frame.attrs.get("symbol_column")}  # the notes are said above
             try:

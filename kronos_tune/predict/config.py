@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from kronos_core.data.day_month import check_date_format
 from kronos_core.data.kline import find_data_files
 from kronos_core.errors import KronosError
 from kronos_core.launch import LaunchSpec
@@ -24,7 +25,8 @@ from kronos_tune.predict.times import exchange_calendar
 class InputSpec:
     """size: random weights of a named size; checkpoint + tokenizer: published-format folders or Hugging Face
     hub ids (OWNER/NAME[@REVISION], kronos_core.hub); offline: never download one.
-    data: files (or folders); synthetic: that many generated series instead."""
+    data: files (or folders); synthetic: that many generated series instead. date_format: how the files write
+    their dates (strptime directives; None: read as they allow, kronos_core.data.day_month)."""
 
     lookback: int
     pred_len: int
@@ -34,6 +36,7 @@ class InputSpec:
     data: tuple[Path, ...] = ()
     synthetic: int | None = None
     offline: bool = False
+    date_format: str | None = None
 
 
 def check_input_spec(config: InputSpec) -> None:
@@ -50,6 +53,14 @@ def check_input_spec(config: InputSpec) -> None:
             raise KronosTuneError(f"--size: {error}") from None
     if config.data and config.synthetic is not None:
         raise KronosTuneError("give either --data or --synthetic N, not both")
+    if config.date_format is not None:
+        if not config.data:
+            raise KronosTuneError(f"--date-format {config.date_format!r} says how --data files write their dates; "
+                                  "give them with --data or leave it out")
+        try:
+            check_date_format(config.date_format)
+        except KronosError as error:
+            raise KronosTuneError(str(error)) from None
     for flag, value in (("--lookback", config.lookback), ("--pred-len", config.pred_len)):
         if value < 1:
             raise KronosTuneError(f"{flag} {value}: must be at least 1")

@@ -69,6 +69,7 @@ class PredictFileKeys:
     nproc: int | None = None
     holdout: bool | None = None
     symbol_column: str | None = None
+    date_format: str | None = None
     skip_short: bool | None = None
     calendar: str | None = None
     out: str | None = None

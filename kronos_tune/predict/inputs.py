@@ -46,11 +46,11 @@ class SeriesInput:
     filled: tuple[str, ...] = ()     # volume/amount the file lacked
 
 
-def read_series_file(path: Path, on_note: NoteCallback) -> pd.DataFrame:
+def read_series_file(path: Path, on_note: NoteCallback, date_format: str | None = None) -> pd.DataFrame:
     """One per-series file, what reading did to it (notes) and its warnings each said as one line."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame = read_kline(path)
+        frame = read_kline(path, date_format)
     for message in frame.attrs.get("notes", ()):
         on_note("note", message)
     for warning in caught:
@@ -90,7 +90,7 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
     """Read every --data file (or make --synthetic series) into predictor inputs; errors name the file."""
     if config.data:
         paths = find_data_files(list(config.data))
-        return [_series_input(name, read_series_file(path, on_note), config, str(path))
+        return [_series_input(name, read_series_file(path, on_note, config.date_format), config, str(path))
                 for name, path in zip(unique_names(paths), paths)]
     count = config.synthetic
     if count is None:
@@ -163,7 +163,7 @@ def say_read_notes(panel: pd.DataFrame, on_note: NoteCallback) -> None:
 
 def _from_panels(config: PredictConfig, on_note: NoteCallback) -> LoadedSeries:
     paths = find_data_files(list(config.data))
-    panels = [read_panel(path, config.symbol_column) for path in paths]
+    panels = [read_panel(path, config.symbol_column, config.date_format) for path in paths]
     for read in panels:
         say_read_notes(read, on_note)
     panel = panels[0] if len(panels) == 1 else pd.concat(panels, ignore_index=True)

@@ -94,7 +94,8 @@ def sorted_panels(paths: list[Path], symbol_col: str) -> tuple[SortedPanels | No
     return SortedPanels([s[3] for s in spans], spans[0][4], sum(s[2] for s in spans)), ""
 
 
-def symbol_batches(panels: SortedPanels, symbol_col: str, batch_rows: int = BATCH_ROWS) -> Iterator[pd.DataFrame]:
+def symbol_batches(panels: SortedPanels, symbol_col: str, batch_rows: int = BATCH_ROWS,
+                   date_format: str | None = None) -> Iterator[pd.DataFrame]:
     """`read_panel` results of whole symbols, in symbol order, about `batch_rows` rows each."""
     for path in panels.paths:
         carry: pd.DataFrame | None = None
@@ -106,16 +107,17 @@ def symbol_batches(panels: SortedPanels, symbol_col: str, batch_rows: int = BATC
             symbols = frame[panels.column].astype(str).to_numpy()
             cut = int(np.searchsorted(symbols, symbols[-1], side="left"))  # the last symbol may go on
             if cut > 0:
-                yield _checked(frame.iloc[:cut].reset_index(drop=True), path, symbol_col, offset)
+                yield _checked(frame.iloc[:cut].reset_index(drop=True), path, symbol_col, offset, date_format)
                 offset += cut
             carry = frame.iloc[cut:].reset_index(drop=True)
         if carry is not None and len(carry):
-            yield _checked(carry, path, symbol_col, offset)
+            yield _checked(carry, path, symbol_col, offset, date_format)
 
 
-def _checked(rows: pd.DataFrame, path: Path, symbol_col: str, offset: int) -> pd.DataFrame:
+def _checked(rows: pd.DataFrame, path: Path, symbol_col: str, offset: int,
+             date_format: str | None = None) -> pd.DataFrame:
     try:
-        return panel_from_table(rows, path, symbol_col)
+        return panel_from_table(rows, path, symbol_col, date_format)
     except KronosError as error:
         where = f" (rows counted from row {offset} of the file)" if offset else ""
         raise KronosError(f"{error}{where}") from None
