@@ -193,7 +193,9 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
         note("warning", f"--lookback {config.lookback} is longer than max_context {max_context}: every row sets "
                         f"the normalization, but the predictor only sees the last {max_context} tokens")
     elif config.lookback + config.pred_len > max_context:
-        after = ("re-fills its cache each step after that (slower per step)" if config.window_mode == "refill"
+        after = ("re-runs the whole window for each step after that (one job went from 4 s to 23 s past that "
+                 "point: docs/predict.md; --window-mode shift keeps the cache, approximately)"
+                 if config.window_mode == "refill"
                  else "shifts its cache (approximate)")
         note("note", f"--lookback {config.lookback} + --pred-len {config.pred_len} > max_context {max_context}: "
                      f"the window slides after {max_context - config.lookback} steps and {after}")
