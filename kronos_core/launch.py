@@ -59,6 +59,7 @@ from typing import Any
 import psutil
 
 from kronos_core.errors import KronosError
+from kronos_core.train.signals import STOP_SIGNALS, record_stop_signal
 
 EVENT_PREFIX = "@kronos-event "
 TAIL_LINES = 80  # enough for torchrun's failure summary of a few ranks (7 lines each, 9 around them)
@@ -225,10 +226,11 @@ def run_launch(command: Sequence[str], on_event: Callable[[dict[str, Any]], None
 
     def request(signum: int, frame: Any) -> None:
         requested.append(signum)
+        record_stop_signal(signum)
 
     handlers = {}
     if catch_signals and threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {sig: signal.signal(sig, request) for sig in STOP_SIGNALS}
     stop_sent_at: float | None = None
     exited_at: float | None = None
     scanned_at = -math.inf

@@ -7,7 +7,8 @@ Every command that produces results writes them into one folder per run:
 or into the folder the user names with ``--out``. The folder's ``run.json``
 marks it as a kronos-tune run and says which command made it, with what
 identity (preset, task, measurement options...) and how it ended
-(``running`` | ``complete`` | ``partial`` | ``cancelled`` | ``failed``).
+(``running`` | ``complete`` | ``partial`` | ``cancelled`` | ``failed``); a run stopped by a signal
+(SIGTERM, or SIGHUP: its terminal closed) is ``cancelled`` with ``stopped_by`` naming it.
 
 ``claim_run_dir`` is the one gate every command passes before writing:
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_core.files import write_text_atomic
+from kronos_core.train.signals import stop_signal_name
 from kronos_tune.errors import KronosTuneError
 
 RUN_FILE = "run.json"
@@ -94,6 +96,8 @@ class RunDir:
         if status not in STATUSES:
             raise ValueError(f"run status {status!r}: use one of {STATUSES}")
         self.extra.update(extra)
+        if status == "cancelled" and stop_signal_name() is not None:
+            self.extra.setdefault("stopped_by", stop_signal_name())
         data = {"tool": MARK, "command": self.command, "identity": self.identity, "status": status,
                 **self.extra, "updated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write_text_atomic(self.path / RUN_FILE, json.dumps(data, indent=2, default=str) + "\n")

@@ -1,4 +1,4 @@
-"""Preloaded by the loader workers' forkserver, and only there: that process ignores SIGINT and SIGTERM.
+"""Preloaded by the loader workers' forkserver, and only there: that process ignores SIGINT, SIGTERM and SIGHUP.
 
 Never import this module anywhere else: the importing process would ignore Ctrl-C and SIGTERM from then on.
 
@@ -15,3 +15,5 @@ import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if hasattr(signal, "SIGHUP"):  # a closed terminal hangs up the whole job; the main process decides
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)

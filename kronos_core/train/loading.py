@@ -31,6 +31,7 @@ from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.data_span import DataSpan, cut_frames
+from kronos_core.train.signals import STOP_SIGNALS
 
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
@@ -207,8 +208,8 @@ def _start_context(config: TrainConfig) -> str | None:
 
 
 def init_worker(worker_id: int) -> None:
-    """Every loader's ``worker_init_fn``: the worker ignores SIGINT and SIGTERM (the main process alone
-    decides) and exits when the main process is gone.
+    """Every loader's ``worker_init_fn``: the worker ignores SIGINT, SIGTERM and SIGHUP (the main process
+    alone decides; a closed terminal hangs up the whole job) and exits when the main process is gone.
 
     A terminal's Ctrl-C reaches the whole foreground process group, and launchers (``kill -- -PGID``, a
     batch scheduler's signal to every process of the job) reach the workers too. torch's handler kills a
@@ -224,8 +225,8 @@ def init_worker(worker_id: int) -> None:
     server, which in turn waits for them (they hold its "alive" pipe). So a thread watches the worker's
     parent sentinel (a pipe whose write end the main process holds; forked siblings started later hold
     copies and go first) and ends the worker when it closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     parent = mp.parent_process()
     if parent is not None and parent.sentinel is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), name="exit-with-main", daemon=True).start()

@@ -1,4 +1,9 @@
-"""Ctrl-C / SIGTERM -> stop at the next optimizer-step boundary and save a resumable checkpoint."""
+"""Ctrl-C / SIGTERM / SIGHUP -> stop at the next optimizer-step boundary and save a resumable checkpoint.
+
+SIGHUP (the terminal closed: an ssh session dropped, a window shut) is taken as SIGTERM by every long job,
+so a closed terminal stops it as cleanly as `kill` does. The first stop signal a process took is kept
+(`stop_signal_name`): run.json says which one ended the run (kronos_tune.runs).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,30 @@ import signal
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
+
+
+# The signals that ask a job to stop; SIGHUP is missing on Windows.
+STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM) + (
+    (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+# Those that stop it at once, as SIGTERM (a second Ctrl-C aside): everything but SIGINT.
+TERMINATING_SIGNALS: tuple[int, ...] = tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
+
+_received: list[str] = []  # stop signals this process took, by name, first first
+
+
+def record_stop_signal(signum: int) -> None:
+    """Keep `signum` as one that asked this process to stop (handlers call it)."""
+    _received.append(signal.Signals(signum).name)
+
+
+def stop_signal_name() -> str | None:
+    """The first stop signal this process took since the job began ('SIGHUP', ...), None without one."""
+    return _received[0] if _received else None
+
+
+def forget_stop_signals() -> None:
+    """A new job begins: earlier signals are not its own."""
+    _received.clear()
 
 
 class Stoppable(Protocol):
@@ -33,8 +62,8 @@ class StopForwarder:
 
 @contextlib.contextmanager
 def stop_on_signals(target: Stoppable, second_interrupts: bool = True,
-                    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """While active, the first SIGINT/SIGTERM calls ``target.request_stop()``.
+                    signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """While active, the first SIGINT/SIGTERM/SIGHUP calls ``target.request_stop()``.
 
     With ``second_interrupts`` a second SIGINT raises KeyboardInterrupt at once
     (an impatient user at a terminal); without it, later signals are ignored
@@ -46,12 +75,36 @@ def stop_on_signals(target: Stoppable, second_interrupts: bool = True,
         yield
         return
     received: list[int] = []
+    forget_stop_signals()
 
     def handler(signum: int, frame: Any) -> None:
         if received and second_interrupts and signum == signal.SIGINT:
             raise KeyboardInterrupt
         received.append(signum)
+        record_stop_signal(signum)
         target.request_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def interrupt_on_signals(signals: tuple[int, ...] = TERMINATING_SIGNALS) -> Iterator[None]:
+    """While active (main thread only), SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so a job
+    that stops cleanly on Ctrl-C (finished chunks kept, run.json marked) stops the same way on them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    forget_stop_signals()
+
+    def handler(signum: int, frame: Any) -> None:
+        record_stop_signal(signum)
+        raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:

@@ -4,6 +4,7 @@ and with --compare how much a second prediction setting changes the ranking."""
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -190,6 +191,8 @@ def agreement_line(result: BacktestResult) -> str | None:
 class BacktestProgress(LiveProgress):
     """A Rich bar over symbol-origins with symbols/s; one task per prediction setting."""
 
+    label, unit = "backtest", "symbol-origins"
+
     def __init__(self, console: Console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
@@ -298,16 +301,21 @@ def backtest_command(
     from kronos_tune.backtest.outputs import JSON_NAME
     from kronos_tune.backtest.runner import run_backtest
 
+    from kronos_core.train.signals import interrupt_on_signals, stop_signal_name
+
     try:
-        if as_json:
-            result = run_backtest(config, on_note=on_note)
-        else:
-            with BacktestProgress(console) as view:
-                result = run_backtest(config, on_note=on_note, on_progress=view.update)
+        with interrupt_on_signals():  # SIGTERM and SIGHUP (a closed terminal) stop it as Ctrl-C does
+            if as_json:
+                result = run_backtest(config, on_note=on_note)
+            else:
+                with BacktestProgress(console) as view:
+                    result = run_backtest(config, on_note=on_note, on_progress=view.update)
     except KeyboardInterrupt:
-        console.print("interrupted: finished chunks are kept; continue with --resume --out <the run folder above>",
+        stopped_by = stop_signal_name()
+        console.print(f"{'interrupted' if stopped_by is None else 'stopped by ' + stopped_by}: finished chunks are "
+                      "kept; continue with --resume --out <the run folder above>",
                       markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(130 if stopped_by is None else 128 + signal.Signals[stopped_by].value) from None
 
     if as_json:
         typer.echo((result.run_path / JSON_NAME).read_text(encoding="utf-8").strip())

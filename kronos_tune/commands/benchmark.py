@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kronos_core.train.signals import STOP_SIGNALS, TERMINATING_SIGNALS, forget_stop_signals, record_stop_signal
 from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
@@ -43,7 +44,7 @@ EXIT_TERMINATED = 143
 
 @contextlib.contextmanager
 def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
-    """SIGINT/SIGTERM set `cancel` (the runner kills the trial in flight within seconds and writes the
+    """SIGINT/SIGTERM/SIGHUP set `cancel` (the runner kills the trial in flight within seconds and writes the
     report); a second SIGINT interrupts at once. Yields the list of signals received."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -54,9 +55,11 @@ def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
         if received and signum == signal.SIGINT:
             raise KeyboardInterrupt
         received.append(signum)
+        record_stop_signal(signum)
         cancel.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    forget_stop_signals()
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield received
     finally:
@@ -66,6 +69,8 @@ def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
 
 class ProtocolProgress(LiveProgress):
     """Two Rich bars fed by the protocol's events: trials done, and the steps of the trial in flight."""
+
+    label = "benchmark"
 
     def __init__(self, console: Console) -> None:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -223,4 +228,4 @@ def register(app: typer.Typer) -> None:
         else:
             render(console, report)
         if report.cancelled:
-            raise typer.Exit(EXIT_TERMINATED if signal.SIGTERM in received else EXIT_CANCELLED)
+            raise typer.Exit(EXIT_TERMINATED if set(received) & set(TERMINATING_SIGNALS) else EXIT_CANCELLED)

@@ -51,13 +51,22 @@ def make_console(stderr: bool = False) -> Console:
 
 
 class LiveProgress:
-    """A view over a Rich ``Progress`` (``self.progress``): ``with view:`` shows it while the work runs."""
+    """A view over a Rich ``Progress`` (``self.progress``): ``with view:`` shows it while the work runs, and
+    where the console is not a terminal prints plain progress lines on stderr (progress_lines.py), each
+    starting with ``label`` and counting in ``unit``."""
 
     progress: Any
+    label = ""
+    unit = ""
 
     def __enter__(self) -> Any:
+        from kronos_tune.commands.progress_lines import lines_when_piped
+
         self.progress.start()
+        self._lines = lines_when_piped(self.progress, self.label, self.unit)
+        self._lines.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._lines.stop()
         self.progress.stop()

@@ -18,6 +18,7 @@ from kronos_core.units import format_bytes
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
                                          DeviceOption, OfflineOption, SampleCountOption, SeedOption, SizeOption,
                                          TemperatureOption, TopPOption, WindowModeOption, make_console)
+from kronos_tune.commands.progress_lines import lines_when_piped
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
     from typer._click.core import ParameterSource
@@ -104,6 +105,7 @@ class _JobBar:
 
     def close(self) -> None:
         if self.progress is not None:
+            self.lines.stop()
             self.progress.stop()
 
     def job(self, report: JobProgress) -> None:
@@ -111,8 +113,10 @@ class _JobBar:
             columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("{task.fields[rate]}"))
             self.progress = Progress(*columns, console=self.console, transient=True)
-            self.task = self.progress.add_task("series", total=report.series_total, rate="")
+            self.task = self.progress.add_task("", total=report.series_total, rate="")
             self.progress.start()
+            self.lines = lines_when_piped(self.progress, "predict", "series")
+            self.lines.start()
         assert self.task is not None
         eta = report.eta_s
         rate = f"{report.series_per_s:.1f} series/s" + ("" if eta is None else f", {eta:.0f} s left")

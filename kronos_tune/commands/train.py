@@ -87,6 +87,8 @@ class TrainProgress(LiveProgress):
     """A Rich progress bar fed with step and evaluation dicts (in process, or rank 0's events): step/total,
     loss, lr, tokens/s, the last validation loss, memory, elapsed time and ETA."""
 
+    label, unit = "train", "steps"
+
     def __init__(self, console: Console, label: str, total: int | None, start: int = 0) -> None:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),

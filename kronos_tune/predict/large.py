@@ -11,8 +11,6 @@ number of series. Progress reports series done, series/s and the time left (per 
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +21,7 @@ import pandas as pd
 
 from kronos_core.data.kline import find_data_files
 from kronos_core.hub import PretrainedSource
+from kronos_core.train.signals import interrupt_on_signals
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import predict_chunk
 from kronos_tune.predict.chunks import DEFAULT_CHUNK_SERIES, chunked, open_source
@@ -65,17 +64,10 @@ def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource],
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the loop like Ctrl-C (between chunks nothing is half written either way)."""
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
-    try:
+    """SIGTERM and SIGHUP (a closed terminal) stop the loop like Ctrl-C (between chunks nothing is half written
+    either way)."""
+    with interrupt_on_signals():
         yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
