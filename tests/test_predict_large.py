@@ -216,3 +216,13 @@ def test_a_run_without_out_is_the_same_job_in_memory(tmp_path: Path) -> None:
     assert kept.series_names == sorted(kept.series_names) == list(dict.fromkeys(table["Code"]))
     memory = kept.long_frame()
     np.testing.assert_array_equal(memory["close"].to_numpy(), table["close"].to_numpy())
+
+
+def test_a_resume_with_another_date_format_is_refused(tmp_path: Path) -> None:
+    write_panel(tmp_path / "panel.parquet", 8)
+    with pytest.raises(KronosTuneError):
+        run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "o.parquet"), on_job_progress=StopAfter(1))
+    with pytest.raises(KronosTuneError) as caught:
+        run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / "o.parquet", resume=True,
+                                 date_format="%Y-%m-%d %H:%M:%S"))
+    assert "date_format" in str(caught.value) and "\n" not in str(caught.value)
