@@ -212,6 +212,20 @@ class SelfAttention(_ProjectedAttention):
         out = out.transpose(1, 2).contiguous().view(batch, length, self.d_model)
         return self.resid_dropout(self.out_proj(out))
 
+    def forward_tail(self, x: Tensor, count: int) -> Tensor:
+        """Outputs of the last `count` positions only: keys and values over all of x, queries for the tail.
+        Equal (to rounding) to forward(x)[:, -count:] without a cache or padding."""
+        batch, length, _ = x.shape
+        cos, sin = self.rotary.cos_sin(length, 0)
+        tail = length - count
+        q = RotaryEmbedding.apply(self._heads(self.q_proj(x[:, tail:])), cos[:, :, tail:], sin[:, :, tail:])
+        k = RotaryEmbedding.apply(self._heads(self.k_proj(x)), cos, sin)
+        v = self._heads(self.v_proj(x))
+        causal = torch.ones(count, length, dtype=torch.bool, device=x.device).tril(tail)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        out = out.transpose(1, 2).contiguous().view(batch, count, self.d_model)
+        return self.out_proj(out)
+
 
 class CrossAttention(_ProjectedAttention):
     """Cross-attention with RoPE whose table length follows the query (as published).
@@ -272,6 +286,12 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
         x = x + self.self_attn(self.norm1(x), key_padding_mask=key_padding_mask, cache=cache)
         return x + self.ffn(self.norm2(x))
+
+    def forward_tail(self, x: Tensor, count: int) -> Tensor:
+        """The block's output at the last `count` positions (inference, no padding): a last block whose earlier
+        positions nobody reads skips their queries, attention and feed-forward."""
+        x_tail = x[:, -count:] + self.self_attn.forward_tail(self.norm1(x), count)
+        return x_tail + self.ffn(self.norm2(x_tail))
 
 
 def run_blocks(blocks: nn.ModuleList, x: Tensor, key_padding_mask: Tensor | None = None,

@@ -53,8 +53,13 @@ class KronosTokenizer(nn.Module, PretrainedMixin):
         z = run_blocks(self.encoder, self.embed(x), recompute_every=self.recompute_every)
         return self.quant_embed(z)
 
-    def _decode_latent(self, z: Tensor) -> Tensor:
-        return self.head(run_blocks(self.decoder, z, recompute_every=self.recompute_every))
+    def _decode_latent(self, z: Tensor, last: int | None = None) -> Tensor:
+        if last is None or len(self.decoder) == 0 or torch.is_grad_enabled():
+            out = run_blocks(self.decoder, z, recompute_every=self.recompute_every)
+            return self.head(out if last is None else out[:, -last:])
+        # Only the tail is read: the last block computes its queries, attention and feed-forward for the tail.
+        hidden = run_blocks(self.decoder[:-1], z)
+        return self.head(self.decoder[-1].forward_tail(hidden, min(last, z.shape[1])))
 
     def forward(self, x: Tensor):
         """Training forward: ((rec_from_s1, rec_from_all), bsq_loss, quantized bits, indices)."""
@@ -80,7 +85,8 @@ class KronosTokenizer(nn.Module, PretrainedMixin):
         _, _, indices = self.tokenizer(self._encode_latent(x), half=half, collect_metrics=False)
         return indices
 
-    def decode(self, x, half: bool = False) -> Tensor:
-        """Indices (or [s1_ids, s2_ids] with half=True) -> features [B, T, d_in]."""
+    def decode(self, x, half: bool = False, last: int | None = None) -> Tensor:
+        """Indices (or [s1_ids, s2_ids] with half=True) -> features [B, T, d_in]; with `last`, only the last
+        `last` positions [B, last, d_in] (the causal decoder's tail, at less cost: see _decode_latent)."""
         bits = self.indices_to_bits(x, half)
-        return self._decode_latent(self.post_quant_embed(bits.to(self.post_quant_embed.weight.dtype)))
+        return self._decode_latent(self.post_quant_embed(bits.to(self.post_quant_embed.weight.dtype)), last)

@@ -130,6 +130,24 @@ def test_tokenizer_indices_and_bits_round_trip():
     assert tokenizer.decode([s1, s2], half=True).shape == (3, 20, 6)
 
 
+
+@pytest.mark.parametrize("size", ["tiny", "mini"])
+def test_decoding_only_the_tail_equals_the_whole_decode_cut(size):
+    """decode(last=k) runs the last decoder block for the tail only: the same features as the whole decode's
+    last k positions, to float32 rounding, and a different answer where the tail is wrong."""
+    tokenizer = build_tokenizer(size).eval()
+    torch.manual_seed(3)
+    s1, s2 = tokenizer.encode(torch.randn(4, 40, 6), half=True)
+    with torch.inference_mode():
+        whole = tokenizer.decode([s1, s2], half=True)
+        for last in (1, 7, 40, 64):
+            tail = tokenizer.decode([s1, s2], half=True, last=last)
+            assert tail.shape == (4, min(last, 40), 6)
+            torch.testing.assert_close(tail, whole[:, -last:], rtol=1e-5, atol=1e-5)
+        changed = s1.clone()
+        changed[:, 30] = (changed[:, 30] + 1) % 1024  # a position inside the tail's causal past
+        assert not torch.allclose(tokenizer.decode([changed, s2], half=True, last=7), whole[:, -7:])
+
 def test_tokenizer_training_forward_has_finite_loss_and_gradients():
     tokenizer = build_tokenizer("tiny").train()
     x = torch.randn(4, 16, 6)

@@ -382,7 +382,7 @@ class KronosPredictor:
             start = max(0, total - self.max_context)
             full_s1 = torch.cat([s1, new_s1], dim=1)[:, start:]
             full_s2 = torch.cat([s2, new_s2], dim=1)[:, start:]
-            decoded = self.tokenizer.decode([full_s1, full_s2], half=True)[:, -pred_len:]
+            decoded = self.tokenizer.decode([full_s1, full_s2], half=True, last=pred_len)
         paths = decoded[:count * sample_count].float().reshape(count, sample_count, pred_len, -1)
         self._mark("decode")
         return paths
