@@ -19,7 +19,8 @@ effects. ``--load periodic`` starts a process that keeps one core busy for
 10 s, then idles 10 s, for the whole benchmark.
 
 ``--protocol-runs N`` runs `kronos-tune benchmark --preset P` N times (under
-the same load, with KRONOS_TUNE_PLANT when ``--plant`` is given) and prints a
+the same load, its trials started from benchmarks.planted_trials, with KRONOS_TUNE_PLANT
+when ``--plant`` is given) and prints a
 table, one row per run: the wall time, the baseline's step time, the A/A
 comparison (noise-probe: its change, interval and verdict), the resolution,
 whether the run was too noisy, the planted trial's change, interval, verdict
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -46,6 +46,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks import child_env
+from benchmarks.planted_trials import MODULE as PLANTED_CLI, PLANT_ENV
 
 LOAD_CODE = """import time
 while True:
@@ -267,15 +270,13 @@ def protocol_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[lis
 def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: list[str],
                   say: Any = print) -> list[dict[str, Any]]:
     """`kronos-tune benchmark --preset P` `count` times; one row per run that finished (_run_row)."""
-    env = dict(os.environ)
-    if plant:
-        env["KRONOS_TUNE_PLANT"] = plant
+    env = child_env({PLANT_ENV: plant} if plant else None)  # read by the planted trials' entry point
     planted = plant.rpartition(":")[0] if plant else None
     rows = []
     for index in range(count):
         folder = out / f"run-{index + 1}"
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "kronos_tune.cli", "benchmark", "--preset", preset, "--out",
+        done = subprocess.run([sys.executable, "-m", PLANTED_CLI, "benchmark", "--preset", preset, "--out",
                                str(folder), "--json", *extra], env=env, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if done.returncode != 0:

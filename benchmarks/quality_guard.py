@@ -4,9 +4,9 @@
     python -m benchmarks.quality_guard --runs 3 --plant dataloader:0.02 -- --only dataloader
 
 Each run is ``kronos-tune benchmark --preset P`` (arguments after ``--`` are passed on) with
-``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>``, the trial worker's test hook: the named trial's
-per-window validation losses are made worse by ``fraction`` on average, with noise of their own
-(kronos_tune/benchmark/run/trial_worker.py). From each run's report.json the table shows the stated quality
+``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>``, read by the trials' test entry point: the named
+trial's per-window validation losses are made worse by ``fraction`` on average, with noise of their own
+(benchmarks/planted_trials.py). From each run's report.json the table shows the stated quality
 resolution, the A/A comparison (noise-probe vs baseline: its interval should contain 0, and it is flagged when
 it lies above the floor), the planted trial's interval and whether the guard flagged it, and the run's wall
 time; the last lines count the planted worsenings flagged and the A/A comparisons flagged. Wall times taken on
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import child_env
+from benchmarks.planted_trials import MODULE as PLANTED_CLI, WORSEN_ENV
 
-WORSEN_ENV = "KRONOS_TUNE_TEST_WORSEN_VAL_LOSS"
 
 
 def one_run(preset: str, plant: str, folder: Path, extra: list[str]) -> dict[str, Any]:
     """One benchmark run with the planted worsening; its figures from report.json."""
-    command = [sys.executable, "-m", "kronos_tune.cli", "benchmark", "--preset", preset, "--out", str(folder),
+    command = [sys.executable, "-m", PLANTED_CLI, "benchmark", "--preset", preset, "--out", str(folder),
                *extra]
     started = time.perf_counter()
     done = subprocess.run(command, env=child_env({WORSEN_ENV: plant}), capture_output=True, text=True, check=False)

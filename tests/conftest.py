@@ -64,3 +64,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reference counting still frees whatever is dropped. After the first test the collection here is short too."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture
+def planted_trials(monkeypatch: pytest.MonkeyPatch):
+    """The benchmark's trials start from the test entry point benchmarks.planted_trials, which reads the
+    planted faults, effects and worsenings from the environment (the product's worker reads none); the
+    repository root goes on PYTHONPATH so that the trial processes can import it. Returns that module."""
+    from benchmarks import planted_trials as entry
+    from kronos_tune.benchmark.run import isolation
+
+    monkeypatch.setattr(isolation, "WORKER_MODULE", entry.MODULE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(entry.REPO_ROOT),
+                                                                     os.environ.get("PYTHONPATH")])))
+    return entry

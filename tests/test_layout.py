@@ -162,6 +162,26 @@ def test_logic_packages_import_no_ui_library() -> None:
     assert ui_in_logic(ROOT) == []
 
 
+TEST_KNOB_PREFIXES = ("KRONOS_TUNE_FAULT", "KRONOS_TUNE_PLANT", "KRONOS_TUNE_TEST_", "KRONOS_TEST_", "KRONOS_BENCH_")
+
+
+def test_knobs(root: Path) -> list[str]:
+    """Product modules (kronos_core, kronos_tune) that name a test or benchmark knob: those are read only by the
+    entry points in benchmarks/ (planted_trials, planted_ranks)."""
+    found = []
+    for path in sorted([*(root / "kronos_core").rglob("*.py"), *(root / "kronos_tune").rglob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        found += [f"{path.relative_to(root)} names {knob}" for knob in TEST_KNOB_PREFIXES if knob in text]
+    return found
+
+
+test_knobs.__test__ = False  # a helper, not a test
+
+
+def test_product_code_reads_no_test_knob() -> None:
+    assert test_knobs(ROOT) == []
+
+
 @pytest.fixture()
 def bad_tree(tmp_path: Path) -> Path:
     core, tune = tmp_path / "kronos_core", tmp_path / "kronos_tune"
@@ -180,6 +200,7 @@ def bad_tree(tmp_path: Path) -> Path:
     (tune / "commands").mkdir()
     (tune / "commands" / "__init__.py").write_text("")
     (tune / "commands" / "view.py").write_text("import rich\n")
+    (tune / "worker.py").write_text("import os\nDELAY = os.environ.get('KRONOS_TUNE_PLANT')\n")
     return tmp_path
 
 
@@ -190,6 +211,7 @@ def test_the_checks_fail_on_a_planted_bad_tree(bad_tree: Path) -> None:
                                          "kronos_core.ui imports rich"]
     assert classes_defined_twice(bad_tree) == {"Twice": ["kronos_core.predict.a", "kronos_tune.x"]}
     assert ui_in_logic(bad_tree) == ["kronos_tune.logic imports rich.text", "kronos_tune.logic imports rich.text.Text"]
+    assert test_knobs(bad_tree) == ["kronos_tune/worker.py names KRONOS_TUNE_PLANT"]
 
 
 # Light commands ------------------------------------------------------------------------------------------

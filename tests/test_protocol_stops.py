@@ -118,7 +118,7 @@ def rounds_before_block_3(reason: str) -> int:
                                           ("hang-block", "in serve")],
                          ids=["in-its-first-step", "in-a-paired-block"])
 def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_protocol_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, frame: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted_trials, fault: str, frame: str) -> None:
     """The failures in one run (every trial is a process of its own; one more baseline would add nothing):
     checkpointing blocks ignoring SIGTERM (in its first step, or in its second paired round) and passes its
     watchdog, accumulation crashes at its start; with a hung block, fused-adamw's worker also dies in its second
@@ -126,7 +126,7 @@ def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_pr
     preset = resolve_preset(write_preset(tmp_path / "presets"))
     # the watchdog's deadline runs for each unit of work of a live worker: its start-up and warm-up, every block
     faults = f"{fault}:checkpointing" + (",die-block:fused-adamw" if fault == "hang-block" else "")
-    monkeypatch.setenv("KRONOS_TUNE_FAULT", faults)
+    monkeypatch.setenv(planted_trials.FAULT_ENV, faults)
     last = "dataloader" if fault == "hang-block" else "fused-adamw"
     options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("checkpointing", "accumulation", "fused-adamw", last),

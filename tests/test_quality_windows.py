@@ -11,7 +11,7 @@ import pytest
 
 from kronos_tune.benchmark.quality import compare_windows, guard_all, guard_trial, quality_resolution
 from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
-from kronos_tune.benchmark.run.trial_worker import WORSEN_ENV, worsen_for_test
+from benchmarks.planted_trials import WORSEN_ENV, worsen_for_test
 from kronos_tune.train.moved import paired_interval
 
 BASE_LOSS = 6.8
@@ -150,8 +150,8 @@ def test_window_sums_add_up_to_the_trainers_own_evaluation(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_a_real_tiny_run_flags_the_planted_worsening_and_not_the_aa(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_tiny_run_flags_the_planted_worsening_and_not_the_aa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   planted_trials) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from test_protocol_run import FAST, write_preset
 

@@ -33,7 +33,7 @@ import psutil
 
 from kronos_core.launch import LaunchSpec, launch_command, process_tree, run_launch
 
-WORKER_MARK = "kronos_tune.benchmark.run.trial_worker"
+WORKER_MODULE = "kronos_tune.benchmark.run.trial_worker"  # a test entry point may start trials instead
 LAUNCHER_MARK = "torch.distributed.run"
 STACK_WAIT_S = 2.0
 
@@ -66,7 +66,7 @@ def dump_stacks(pid: int, stack_file: Path, why: str) -> list[int]:
     signalled = []
     for process in processes:
         line = _cmdline(process)
-        if WORKER_MARK in line and LAUNCHER_MARK not in line:
+        if WORKER_MODULE in line and LAUNCHER_MARK not in line:
             try:
                 process.send_signal(signal.SIGUSR1)
                 signalled.append(process.pid)
@@ -101,7 +101,7 @@ def launch_trial(trial: str, processes: int, work: Path, job: dict[str, Any],
     the stack file is removed again when nothing was dumped into it."""
     job_file = work / "job.json"
     job_file.write_text(json.dumps({**job, "trial": trial, "stack_file": str(stack_file)}), encoding="utf-8")
-    command = launch_command(LaunchSpec(nproc=processes), WORKER_MARK, ["--job", str(job_file)])
+    command = launch_command(LaunchSpec(nproc=processes), WORKER_MODULE, ["--job", str(job_file)])
     outcome = run_watched(command, work / "stderr.txt", on_event, cancel, timeout_s, stack_file, deadline=deadline)
     if not outcome.timed_out and stack_file.is_file() and stack_file.stat().st_size == 0:
         stack_file.unlink()  # nothing was dumped: the trial ended on its own

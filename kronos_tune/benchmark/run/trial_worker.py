@@ -26,19 +26,10 @@ event (kronos_core.launch.emit_event, a StepRecord's fields) per optimizer
 step and writes its TrainMeasurement to ``result_file``; a predict trial
 emits ``predict_step`` events. A rank that runs out of memory writes
 ``result_file.rank<r>`` and exits 1 (torchrun then stops the others).
-``KRONOS_TUNE_FAULT=hang:<trial>`` (a test hook) makes the named trial block
-in its first step, as a deadlocked kernel or loader would; ``hang-block:<trial>``
-in its third paired block (the second round after the untimed one),
-``die-block:<trial>`` exits with an error there (several faults: comma-separated).
-``KRONOS_TUNE_PLANT=<trial>:<fraction>`` (the decision benchmark's planted
-effect) makes every other trial's steps that much slower, so the named trial is
-truly ``fraction`` faster per step (work, not a sleep: measure.spin).
-``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>[:<seed>]`` (a test hook
-of the quality guard, benchmarks/quality_guard.py) makes the named trial's
-validation loss worse before its result is written: each window's loss times
-``1 + fraction x (1 + z / 2)``, z a standard normal draw per window (seeded
-when a seed is given), a worsening of ``fraction`` on average with noise of
-its own. Only this worker reads it; the measurement itself is untouched.
+`TrialHooks` (all no-ops here) let a test or benchmark entry point plant a fault,
+an effect or a worsening in a named trial without any of it in this module:
+benchmarks/planted_trials.py starts the trials in place of this module
+(isolation.WORKER_MODULE) and passes hooks read from its own variables.
 
 Serving (the paired design): with ``commands`` in the job (a FIFO), the worker
 warms up, runs the metered step, emits ``ready`` and then waits for one JSON
@@ -59,7 +50,8 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +64,6 @@ from kronos_tune.benchmark.train.measure import TrialSteps, TrialSession
 
 STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
-FAULT_ENV = "KRONOS_TUNE_FAULT"
-PLANT_ENV = "KRONOS_TUNE_PLANT"
-WORSEN_ENV = "KRONOS_TUNE_TEST_WORSEN_VAL_LOSS"
 READY_EVENT, MEASURED_EVENT, BLOCK_EVENT, FINISHED_EVENT = "ready", "measured", "block", "finished"
 FAULT_BLOCK = 3  # the block a hang-block / die-block fault strikes in
 
@@ -117,51 +106,32 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data))
 
 
-def _fault(trial: str) -> str | None:
-    """The fault KRONOS_TUNE_FAULT plants in `trial` ("kind:trial", several joined by commas)."""
-    for item in os.environ.get(FAULT_ENV, "").split(","):
-        kind, _, name = item.strip().partition(":")
-        if kind and name == trial:
-            return kind
+def _no_fault(trial: str) -> str | None:
     return None
 
 
-def _injected_hang(trial: str) -> bool:
-    return _fault(trial) == "hang"
+def _no_delay(trial: str) -> float:
+    return 0.0
 
 
-def planted_delay(trial: str) -> float:
-    """The extra fraction of step time KRONOS_TUNE_PLANT gives `trial`: 0 for the named one, f / (1 - f) for
-    every other, so that the named one is `f` faster per step."""
-    name, _, fraction = os.environ.get(PLANT_ENV, "").rpartition(":")
-    if not name:
-        return 0.0
-    try:
-        faster = float(fraction)
-    except ValueError:
-        return 0.0
-    if name == trial or not 0 < faster < 1:
-        return 0.0
-    return faster / (1 - faster)
+def _nothing(result: Any, trial: str) -> None:
+    return None
 
 
-def worsen_for_test(result: Any, trial: str) -> None:
-    """The test hook KRONOS_TUNE_TEST_WORSEN_VAL_LOSS (module docstring) on `result`'s validation windows and
-    loss; nothing for any other trial or without the variable."""
-    import random
+@dataclass(frozen=True)
+class TrialHooks:
+    """What a test or benchmark entry point plants in a named trial (benchmarks/planted_trials.py); the
+    product runs with none. `fault(trial)`: None, "hang" (block in the first step, SIGTERM ignored),
+    "hang-block" or "die-block" (in the third paired block); `delay(trial)`: extra work per step as a
+    fraction of the step's time (measure.spin); `after_result(result, trial)`: called on rank 0's result
+    before it is written."""
 
-    name, _, rest = os.environ.get(WORSEN_ENV, "").partition(":")
-    fraction, _, seed = rest.partition(":")
-    if not name or name != trial or not result.val_windows:
-        return
-    draw = random.Random(seed) if seed else random.Random()
-    result.val_windows = [[loss * (1 + float(fraction) * (1 + draw.gauss(0.0, 1.0) / 2)), weight]
-                          for loss, weight in result.val_windows]
-    total = sum(weight for _, weight in result.val_windows)
-    result.val_loss = sum(loss * weight for loss, weight in result.val_windows) / total
+    fault: Callable[[str], str | None] = _no_fault
+    delay: Callable[[str], float] = _no_delay
+    after_result: Callable[[Any, str], None] = _nothing
 
 
-def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
+def run_predict(job: dict[str, Any], should_stop: StopFlag, hooks: TrialHooks) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; greedy outputs to one .npz
     file, the sampled run's (per-series streams) to another when the job names it."""
     import numpy as np
@@ -176,7 +146,7 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
 
         if budget < torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory:
             apply_cuda_budget(budget)
-    hang = _injected_hang(job.get("trial", ""))
+    hang = hooks.fault(job.get("trial", "")) == "hang"
 
     def emit(step: Any) -> None:
         if hang:
@@ -210,7 +180,7 @@ def run_time_to_target(job: dict[str, Any], should_stop: StopFlag, rank: int) ->
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, hooks: TrialHooks | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kronos_tune.benchmark.run.trial_worker")
     parser.add_argument("--job", required=True)
     args = parser.parse_args(argv)
@@ -219,15 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     stacks = open(job["stack_file"], "a", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     should_stop = StopFlag()
+    hooks = hooks or TrialHooks()
     if job.get("kind") == "predict":
-        return run_predict(job, should_stop)
+        return run_predict(job, should_stop, hooks)
     if job.get("kind") == "time-to-target":
         return run_time_to_target(job, should_stop, rank)
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
     result_file = Path(job["result_file"])
     meter = make_rank_meter(config.resolved_device(), job.get("budget_bytes"))
     trial = job.get("trial", "")
-    hang = _injected_hang(trial)
+    hang = hooks.fault(trial) == "hang"
     if hang:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a process stuck in a CUDA or NCCL call does
 
@@ -240,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
 
     session = TrialSession(config, meter, TrialSteps.from_dict(job["steps"]), on_record=emit, should_stop=should_stop,
                            meter_always=config.resolved_device() == "cuda",
-                           agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1, delay=planted_delay(trial))
+                           agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1, delay=hooks.delay(trial))
     try:
         if job.get("commands"):
-            return serve(session, job, should_stop, result_file)
+            return serve(session, job, should_stop, result_file, hooks)
         result = session.run(session.open, session.warm_up, session.measure, session.finish)
     finally:
         session.close()
@@ -251,14 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(result_file.with_name(f"{result_file.name}.rank{rank}"), result.to_dict())
         return 1
     if rank == 0:
-        worsen_for_test(result, trial)
+        hooks.after_result(result, trial)
         write_json(result_file, result.to_dict())
     return 0
 
 
-def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, result_file: Path) -> int:
+def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, result_file: Path,
+          hooks: TrialHooks) -> int:
     """The paired design's worker: warm up, then run the commands read from the FIFO (module docstring)."""
-    fault, blocks = _fault(job.get("trial", "")), 0
+    fault, blocks = hooks.fault(job.get("trial", "")), 0
     result = session.run(session.open, session.warm_up)
     if result.status != "ok":  # out of memory or cancelled before the first command
         write_json(result_file, result.to_dict())
@@ -305,7 +277,7 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                                evaluated=result.val_loss_step != evaluated_before)
                 elif kind == "finish":
                     session.run(session.finish)
-                    worsen_for_test(result, job.get("trial", ""))
+                    hooks.after_result(result, job.get("trial", ""))
                     write_json(result_file, result.to_dict())
                     emit_event(FINISHED_EVENT, status=result.status)
                     return 0
