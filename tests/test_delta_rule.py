@@ -162,7 +162,7 @@ def test_the_cli_table_deltas_agree_with_their_figures(report) -> None:
     render(console, report)
     lines = console.export_text().splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["trial"])
-    titles = ["trial", "time/step", "Δ", "full run", "memory", "Δ", "val loss", "Δ"]
+    titles = ["trial", "time/step", "Δ", "projected", "memory", "Δ", "val loss", "Δ"]
     starts, search = [], 0
     for title in titles:  # each column's first character, left to right
         search = lines[at].index(title, search)
@@ -175,7 +175,7 @@ def test_the_cli_table_deltas_agree_with_their_figures(report) -> None:
             cells = [line[start:end].strip() for start, end in zip(starts, starts[1:] + [starts[-1] + 12])]
             rows[cells[0]] = [cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6], cells[7]]
     assert set(rows) == names
-    header = ["trial", "time", "Δ time", "full run", "memory", "Δ mem", "val loss", "Δ loss"]
+    header = ["trial", "time", "Δ time", "projected", "memory", "Δ mem", "val loss", "Δ loss"]
     checked = _columns(header, rows, {"time": "Δ time", "memory": "Δ mem", "val loss": "Δ loss"}, "CLI")
     assert checked >= 10
 
@@ -220,7 +220,7 @@ def test_the_dashboard_deltas_agree_with_their_figures(report) -> None:
     header = labels + [f"Δ {label}" for label in labels]
     pairs = {label: f"Δ {label}" for label in labels if label != "MFU"}
     checked = _columns(header, rows, pairs, "dashboard")
-    assert checked >= 16  # step time, tokens/s, peak mem, val loss, full run of four trials
+    assert checked >= 16  # step time, tokens/s, peak mem, val loss, projected total of four trials
 
 
 def test_the_pictures_points_are_the_times_shown_and_its_marks_the_tables(report) -> None:

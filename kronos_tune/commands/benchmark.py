@@ -111,7 +111,7 @@ def render(console: Console, report: ProtocolReport) -> None:
                 caption=report.device_line + CAPTIONS.get(report.task, ""), caption_justify="left",
                 box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
     short = {"configuration": "trial", "hardware": "hw", "time/step [IQR] n": "time/step",
-             "series/s [IQR] n": "series/s", "projected total": "full run", "max Δ output vs ref": "Δ output",
+             "series/s [IQR] n": "series/s", "projected total": "projected", "max Δ output vs ref": "Δ output",
              "Δ time": "Δ", "Δ mem": "Δ", "Δ loss": "Δ"}
     shown = [i for i, name in enumerate(header) if any(row[i].text not in ("–", "") for row in rows)]
     for i in shown:  # columns with nothing to show (MFU without a peak figure) are left out

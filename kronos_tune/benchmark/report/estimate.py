@@ -2,7 +2,7 @@
 
 A trial's raw median was measured at another time than the baseline's, so two raw medians can disagree
 with the comparison the decision rule makes (the paired design cancels the drift between them). Every
-view (the table's time cell, its delta, the projected full run, the fastest mark, the picture, the
+view (the table's time cell, its delta, the projected total, the fastest mark, the picture, the
 dashboard) takes its figure from here, so they cannot contradict each other:
 
 - a trial compared with the baseline: the baseline's median times the compared ratio (paired: the centre

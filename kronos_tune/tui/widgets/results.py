@@ -33,7 +33,7 @@ ESTIMATED = ("step_time_s", "series_per_s", "tokens_per_s", "samples_per_s")  # 
 
 def shown_value(result: TrialResult, key: str, baseline: TrialResult | None = None) -> Any:
     """The figure a cell shows: the compared estimate for the time and the rates (the figures the delta beside
-    it is taken from, and the full run, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else
+    it is taken from, and the projected total, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else
     the field itself."""
     if key not in ESTIMATED or getattr(result, key) is None:
         return getattr(result, key)
@@ -75,7 +75,7 @@ FIGURES: dict[str, tuple[tuple[str, str, Callable[[Any], str]], ...]] = {
         ("tokens_per_s", "tokens/s", rate),
         ("peak_memory_bytes", "peak mem", gib),
         ("val_loss", "val loss", _loss),
-        ("projected_train_time_s", "full run", duration),
+        ("projected_train_time_s", "projected", duration),
         ("mfu", "MFU", _mfu),
     ),
     "predict": (
@@ -83,7 +83,7 @@ FIGURES: dict[str, tuple[tuple[str, str, Callable[[Any], str]], ...]] = {
         ("tokens_per_s", "tokens/s", rate),
         ("peak_memory_bytes", "peak mem", gib),
         ("speedup", "speed-up", _speedup),
-        ("projected_predict_time_s", "full run", duration),
+        ("projected_predict_time_s", "projected", duration),
         ("output_max_abs_diff", "max diff", lambda v: f"{v:.2g}"),
     ),
 }
