@@ -44,6 +44,17 @@ def test_chunk_size_is_chosen_from_the_job():
     assert "about 8 per process" in describe_chunks(31, 481, 2, chosen=True)
 
 
+def test_the_processes_sharing_a_predict_job_are_its_ranks_or_its_ray_actors():
+    from kronos_tune.predict.config import PredictConfig
+    from kronos_tune.predict.large import job_processes
+
+    job = dict(lookback=32, pred_len=4, synthetic=481)
+    assert job_processes(PredictConfig(**job)) == 1
+    assert job_processes(PredictConfig(**job, nproc=2)) == 2
+    assert job_processes(PredictConfig(**job, runner="ray", ray_actors=4)) == 4
+    assert job_processes(PredictConfig(**job, runner="ray")) == 1  # a pool sized by the cluster: unknown before Ray
+
+
 def test_the_chunk_size_does_not_change_a_sampled_backtest(tmp_path: Path, one_thread):
     # T = 1 and two sample paths: every window draws from its own stream, whatever chunk it lands in
     options = dict(**TINY, synthetic=9, origins=4, top_k=2, setting=PredictionSetting(sample_count=2))

@@ -81,8 +81,16 @@ def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
         existing = WorkFolder.existing(config.out)
         if existing is not None and "chunk_series" in existing.identity:
             return existing.chunk_series, False
-    processes = world_size(config.launch) or config.launch.nproc
-    return choose_chunk_series(expected, processes, resolve_device(config.device), config.sample_count), True
+    return choose_chunk_series(expected, job_processes(config), resolve_device(config.device),
+                               config.sample_count), True
+
+
+def job_processes(config: PredictConfig) -> int:
+    """Processes that share the chunks: torchrun's world, or --ray-actors (a pool sized by the cluster is
+    not known before Ray starts: counted as one, so chunks stay at least as many as one process needs)."""
+    if config.runner == "ray":
+        return config.ray_actors or 1
+    return world_size(config.launch) or config.launch.nproc
 
 
 def open_job(config: PredictConfig, weights: dict[str, PretrainedSource], chunk_series: int | None = None
@@ -111,8 +119,7 @@ def run_job(config: PredictConfig, weights: dict[str, PretrainedSource], note: N
         note("note", f"work folder: {work.path} (finished chunks are kept there until --out is written"
                      + ("; it must be on storage every node shares" if config.launch.multi_node else "") + ")")
     if config.out is not None or config.elsewhere:  # the unit kept and shared: said
-        note("note", describe_chunks(chunk_series, source.expected,
-                                     world_size(config.launch) or config.launch.nproc, chosen))
+        note("note", describe_chunks(chunk_series, source.expected, job_processes(config), chosen))
     finished = work.finished()
     try:
         # the predictor is built before the clock starts: series/s is the prediction's, as the benchmark's
