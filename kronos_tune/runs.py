@@ -78,7 +78,7 @@ def _describe(data: dict[str, Any]) -> str:
 
 @dataclass
 class RunDir:
-    """A claimed run folder. ``mode``: new | resume | overwrite."""
+    """A claimed run folder. ``mode``: new | resume | overwrite | join (another node's run, see claim_run_dir)."""
 
     path: Path
     command: str
@@ -90,6 +90,14 @@ class RunDir:
     @property
     def resumed(self) -> bool:
         return self.mode == "resume"
+
+    def take_fields_of_other_nodes(self) -> None:
+        """Add to this run's fields what other processes recorded in run.json since it was claimed (the ranks
+        another node saw in a run of several nodes), keeping this process's own."""
+        written = read_run_file(self.path) or {}
+        for key, value in written.items():
+            if key not in ("tool", "command", "identity", "status", "updated_at"):
+                self.extra.setdefault(key, value)
 
     def mark(self, status: str, **extra: Any) -> None:
         """Record how the run stands now (status and any extra fields) in run.json, atomically."""
@@ -116,14 +124,21 @@ def _check_writable(folder: Path, flag: str) -> None:
 
 def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, Any], *, resume: bool = False,
                   overwrite: bool = False, flag: str = "--out",
-                  same: tuple[str, ...] | None = None) -> RunDir:
+                  same: tuple[str, ...] | None = None, join: bool = False) -> RunDir:
     """Take `folder` for a run of `command` with `identity`, or raise a one-line KronosTuneError.
 
-    `same`: the identity keys a resumed run must share (default: all of them)."""
+    `same`: the identity keys a resumed run must share (default: all of them). `join`: a run of several
+    nodes, each started with the same folder: a folder that already holds a running run of this command and
+    identity (another node came first) is joined, not refused."""
     path = Path(folder)
     if resume and overwrite:
         raise KronosTuneError("--resume and --overwrite: give one (continue the run, or replace it)")
     existing = read_run_file(path) if path.is_dir() else None
+    if (join and not overwrite and existing is not None and existing.get("command") == command
+            and existing.get("identity") == identity and existing.get("status") == "running"):
+        return RunDir(path, command, identity, "join", existing,
+                      extra={k: v for k, v in existing.items()
+                             if k not in ("tool", "command", "identity", "status", "updated_at")})
     holds_files = path.is_dir() and any(path.iterdir())
     if path.exists() and not path.is_dir():
         raise KronosTuneError(f"{flag} {path}: that is a file, not a folder; give a folder for the run")

@@ -30,3 +30,17 @@ def test_a_resume_with_other_settings_names_only_what_differs_and_keeps_the_run(
                          same=("model", "lookback")).resumed
     with pytest.raises(KronosTuneError, match="that folder holds a 'backtest' run .*, not a 'predict' run"):
         claim_run_dir(folder, "predict", IDENTITY, resume=True)
+
+
+def test_a_second_node_joins_the_running_run_of_the_same_identity_and_nothing_else(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    claim_run_dir(folder, "backtest", IDENTITY, join=True).mark("running", origins=2)  # the first node
+    joined = claim_run_dir(folder, "backtest", IDENTITY, join=True)
+    assert joined.mode == "join" and not joined.resumed and joined.extra["origins"] == 2
+    with pytest.raises(KronosTuneError, match="already holds a 'backtest' run"):
+        claim_run_dir(folder, "backtest", IDENTITY)  # without --nnodes a running run is not joined
+    with pytest.raises(KronosTuneError, match="already holds"):
+        claim_run_dir(folder, "backtest", {**IDENTITY, "lookback": 48}, join=True)  # another run's settings
+    claim_run_dir(folder, "backtest", IDENTITY, join=True).mark("complete", origins=2)
+    with pytest.raises(KronosTuneError, match="already holds"):
+        claim_run_dir(folder, "backtest", IDENTITY, join=True)  # a finished run is not joined

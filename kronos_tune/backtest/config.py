@@ -135,6 +135,11 @@ class BacktestConfig(InputSpec):
     batch_size: int | None = None  # symbol-origins per chunk (None: chosen from the job, chunk_size.py)
     nproc: int = 1                 # processes predicting (torchrun ranks claiming chunks)
     max_restarts: int = 0          # torchrun restarts a failed group this many times (it continues)
+    nnodes: str | None = None      # torchrun's nodes (--out on storage they share; rank 0's node scores)
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_backend: str | None = None
     device: str = "auto"
     setting: PredictionSetting = PredictionSetting()
     compare: PredictionSetting | None = None
@@ -149,7 +154,8 @@ class BacktestConfig(InputSpec):
 
     @property
     def launch(self) -> LaunchSpec:
-        return LaunchSpec(self.nproc, max_restarts=self.max_restarts)
+        return LaunchSpec(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id, self.rdzv_backend,
+                          self.max_restarts)
 
     @property
     def every_bars(self) -> int | str:
@@ -217,9 +223,13 @@ def check_config(config: BacktestConfig, device: str) -> None:
             raise KronosTuneError(f"{flag} {value}: must be at least 1")
     if config.max_restarts < 0:
         raise KronosTuneError(f"--max-restarts {config.max_restarts}: must be 0 or more")
-    if config.max_restarts and config.nproc < 2:
+    if config.max_restarts and not config.launch.launched:
         raise KronosTuneError(f"--max-restarts {config.max_restarts} restarts torchrun's ranks; add --nproc N "
                               f"(2 or more)")
+    if config.launch.multi_node and config.out is None:
+        raise KronosTuneError(f"--nnodes {config.nnodes} needs --out DIR on storage every node shares (the same "
+                              f"folder on each: the chunks are claimed there, and the node that runs rank 0 scores "
+                              f"the run in it)")
     if config.origins is not None and config.origins < 1:
         raise KronosTuneError(f"--origins {config.origins}: ask for at least 1 origin")
     if not math.isfinite(config.cost_bps) or config.cost_bps < 0:

@@ -38,7 +38,7 @@ from kronos_tune.predict.job_state import JobProgress, JobProgressCallback, rank
 from kronos_tune.predict.output import Precision
 from kronos_tune.predict.parts import write_part
 from kronos_tune.predict.series import LoadedSeries
-from kronos_tune.predict.shards import rank_job, run_ranks
+from kronos_tune.predict.shards import rank_job, run_ranks, world_size
 from kronos_tune.predict.workdir import WorkFolder, open_work
 
 NAME_COLUMN = "symbol"
@@ -68,6 +68,7 @@ class SlotOutcome:
     chunks: int = 0
     chunk_series: int = 0
     ranks: dict[str, dict[str, float]] | None = None  # with --nproc: per rank, chunks, series and seconds
+    elsewhere: bool = False   # --nnodes: this node's ranks are done; the node that ran rank 0 writes the origins
 
 
 def window_series(windows: list[Window]) -> LoadedSeries:
@@ -129,7 +130,7 @@ def predict_slot(job: SlotJob, universe: Universe, schedule: OriginSchedule, run
     work = _open_slot_work(job, run_path, total)
     size = outcome.chunk_series = work.chunk_series
     outcome.chunks = -(-total // size)
-    note("note", f"[{job.label}] " + describe_chunks(size, total, job.launch.nproc, job.chunk_series is None)
+    note("note", f"[{job.label}] " + describe_chunks(size, total, _processes(job), job.chunk_series is None)
          .replace(" series", " symbol-origins", 1))
     finished = work.finished()
     outcome.resumed = sum(d.series for d in finished.values())
@@ -143,8 +144,10 @@ def predict_slot(job: SlotJob, universe: Universe, schedule: OriginSchedule, run
         ran = run_ranks(job.launch, rank_job(job.spec, job.settings),
                         work, ((index, window_series(windows)) for index, windows in chunks), finished, note,
                         on_progress, command_name="backtest")
-        if ran is None:
-            raise KronosTuneError("backtest --nnodes: the node running rank 0 scores the run")
+        if ran is None:  # another node ran rank 0: it writes this setting's origin files
+            outcome.elsewhere = True
+            outcome.seconds = time.perf_counter() - started
+            return outcome
     else:
         _run_here(job, work, chunks, finished, total, outcome.resumed, make_predictor, forecaster, on_progress)
     outcome.seconds = time.perf_counter() - started
@@ -160,12 +163,17 @@ def _open_slot_work(job: SlotJob, run_path: Path, total: int) -> WorkFolder:
     """The slot's work folder: reopened when it exists (its identity must match, and its chunk size holds),
     else created with the chunk size chosen now."""
     base = run_path / "predictions" / job.slot
-    size = job.chunk_series or choose_chunk_series(total, job.launch.nproc, _device(job),
+    size = job.chunk_series or choose_chunk_series(total, _processes(job), _device(job),
                                                    job.settings.sample_count)
     existing = WorkFolder.existing(base)
     if existing is not None and job.chunk_series is None:
         size = existing.chunk_series  # the size it started with, whatever the process count is now
     return open_work(base, {**job.identity, "chunk_series": size}, resume=True, join=True)
+
+
+def _processes(job: SlotJob) -> int:
+    """Ranks over every node (this node's count when the node count is a MIN:MAX range)."""
+    return world_size(job.launch) or job.launch.nproc
 
 
 def _device(job: SlotJob) -> str:

@@ -128,8 +128,9 @@ def _label(config: BacktestConfig) -> str:
 
 def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                  on_progress: ProgressCallback | None = None,
-                 forecaster_factory: ForecasterFactory | None = None) -> BacktestResult:
-    """Run (or resume) a backtest; the run folder keeps every finished origin even when interrupted."""
+                 forecaster_factory: ForecasterFactory | None = None) -> BacktestResult | None:
+    """Run (or resume) a backtest; the run folder keeps every finished origin even when interrupted. None on a
+    node of an --nnodes run whose ranks are done while another node (the last setting's rank 0) scores the run."""
     session = Session()
 
     def note(level: str, message: str) -> None:
@@ -168,12 +169,15 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
     if config.resume:
         refuse_earlier_layout(Path(folder))
-    run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite)
-    note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else ""))
+    run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite,
+                        join=config.launch.multi_node)
+    note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else " (joined: another node started it)"
+                                              if run.mode == "join" else ""))
     run.mark("running", origins=len(schedule.origins), symbols=len(schedule.used_symbols),
              **({"weights": {label: source.to_dict() for label, source in weights.items()}} if weights else {}))
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     predictors = PredictorCache(note)
+    elsewhere = False
     try:
         for slot, setting in zip(SLOTS, settings):
             job = slot_job(config, slot, setting, device, weights, custom=forecaster_factory is not None)
@@ -185,10 +189,21 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                 outcome = predict_slot(job, universe, schedule, run.path, futures, note,
                                        lambda spec=job.spec: predictors.get(spec), forecaster,
                                        _progress_adapter(job.label, schedule, note, on_progress))
+            # --nnodes: the node that ran a setting's rank 0 writes its origin files; the one that ran the last
+            # setting's rank 0 scores the run (the settings run in turn, each group waiting for every node)
+            elsewhere = outcome.elsewhere
+            if elsewhere:
+                continue
             session.predicted += outcome.predicted
             session.predict_seconds += outcome.seconds
+            if config.launch.multi_node:  # keep what the other nodes recorded (their settings' ranks)
+                run.take_fields_of_other_nodes()
             run.mark("running", **{f"origins_saved_{slot}": len(schedule.origins)},
                      **({f"ranks_{slot}": outcome.ranks} if outcome.ranks else {}))
+        if elsewhere:
+            return None
+        if config.launch.multi_node:
+            run.take_fields_of_other_nodes()
         result = score_run(config, universe, schedule, run.path, settings)
         result.overlap = overlap
         result.notes = session.notes

@@ -176,7 +176,6 @@ def hac_mean_test(values: Any, lag: int, null: float = 0.0, bounds: tuple[float,
     from statsmodels.regression.linear_model import OLS
 
     from scipy import stats
-    from statsmodels.regression.linear_model import OLS
 
     fit = OLS(series - null, np.ones(n)).fit(cov_type="HAC", cov_kwds={"maxlags": lag})
     se, t = float(fit.bse[0]), float(fit.tvalues[0])

@@ -15,8 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
-                                         DeviceOption, LiveProgress, OfflineOption, SampleCountOption, SeedOption,
-                                         SizeOption, TemperatureOption, TopPOption, WindowModeOption, make_console)
+                                         DeviceOption, LiveProgress, NnodesOption, NodeRankOption, OfflineOption,
+                                         RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
+                                         SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
+                                         make_console)
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -246,6 +248,11 @@ def backtest_command(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="With --nproc: torchrun restarts a failed group this many times; it continues from "
                                "the finished chunks.")] = 0,
+    nnodes: NnodesOption = None,
+    node_rank: NodeRankOption = None,
+    rdzv_endpoint: RdzvEndpointOption = None,
+    rdzv_id: RdzvIdOption = None,
+    rdzv_backend: RdzvBackendOption = None,
     device: DeviceOption = "auto",
     amp: AmpOption = "none",
     window_mode: WindowModeOption = "refill",
@@ -292,7 +299,8 @@ def backtest_command(
     config = BacktestConfig(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
-        long_only=long_only, batch_size=batch_size, nproc=nproc, max_restarts=max_restarts, device=device,
+        long_only=long_only, batch_size=batch_size, nproc=nproc, max_restarts=max_restarts, nnodes=nnodes,
+        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, device=device,
         setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,
         periods_per_year=periods_per_year, out=out, resume=resume, overwrite=overwrite, calendar=calendar,
@@ -317,6 +325,11 @@ def backtest_command(
                       markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130 if stopped_by is None else 128 + signal.Signals[stopped_by].value) from None
 
+    if result is None:  # --nnodes: another node scores the run (runner.run_backtest)
+        console.print(f"backtest: this node's ranks are done; the node that ran the last rank 0 scores the run in "
+                      f"{config.out}",
+                      markup=False, highlight=False, soft_wrap=True)
+        return
     if as_json:
         typer.echo((result.run_path / JSON_NAME).read_text(encoding="utf-8").strip())
         return

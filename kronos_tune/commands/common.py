@@ -26,6 +26,14 @@ SeedOption = Annotated[int, typer.Option("--seed", help="Seed for random weights
 WindowModeOption = Annotated[str, typer.Option(
     "--window-mode", help="After the window slides: refill (exact) or shift (approximate, faster).")]
 
+NnodesOption = Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")]
+NodeRankOption = Annotated[Optional[int], typer.Option("--node-rank", help="torchrun: this node's rank.")]
+RdzvEndpointOption = Annotated[Optional[str], typer.Option(
+    "--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")]
+RdzvIdOption = Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, same on all nodes.")]
+RdzvBackendOption = Annotated[Optional[str], typer.Option(
+    "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")]
+
 
 CalendarOption = Annotated[Optional[str], typer.Option(
     "--calendar", help="Exchange calendar for the future timestamps (sessions, lunch breaks, holidays), e.g. XSHG, "

@@ -16,8 +16,10 @@ from rich.text import Text
 
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
-                                         DeviceOption, OfflineOption, SampleCountOption, SeedOption, SizeOption,
-                                         TemperatureOption, TopPOption, WindowModeOption, make_console)
+                                         DeviceOption, NnodesOption, NodeRankOption, OfflineOption,
+                                         RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
+                                         SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
+                                         make_console)
 from kronos_tune.commands.progress_lines import lines_when_piped
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
@@ -193,13 +195,11 @@ def predict_command(
         "method, slow).")] = True,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Processes on this node (one per GPU); >1 shards the series with torchrun.")] = 1,
-    nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")] = None,
-    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="torchrun: this node's rank.")] = None,
-    rdzv_endpoint: Annotated[Optional[str], typer.Option(
-        "--rdzv-endpoint", help="torchrun: HOST:PORT shared by all nodes.")] = None,
-    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="torchrun: job id, same on all nodes.")] = None,
-    rdzv_backend: Annotated[Optional[str], typer.Option(
-        "--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")] = None,
+    nnodes: NnodesOption = None,
+    node_rank: NodeRankOption = None,
+    rdzv_endpoint: RdzvEndpointOption = None,
+    rdzv_id: RdzvIdOption = None,
+    rdzv_backend: RdzvBackendOption = None,
     calendar: CalendarOption = None,
     offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="No progress bar; print one JSON object.")] = False,
