@@ -145,3 +145,15 @@ def test_kill_9_then_resume_gives_the_same_backtest(tmp_path: Path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed: {kept} of 60 chunks" in resumed.stderr
     assert _outputs(cut) == _outputs(tmp_path / "whole")
+
+
+def test_several_nodes_need_a_rendezvous_and_a_shared_out_before_anything_is_written(tmp_path: Path, capsys):
+    from cli_errors import one_line_error
+
+    flags = ["backtest", "--size", "tiny", "--synthetic", "6", "--lookback", "32", "--pred-len", "4", "--top-k", "2",
+             "--nnodes", "2"]
+    assert one_line_error([*flags, "--out", str(tmp_path / "run")], capsys).startswith(
+        "error: --nnodes 2 needs --rdzv-endpoint HOST:PORT")
+    assert "--nnodes 2 needs --out DIR on storage every node shares" in one_line_error(
+        [*flags, "--rdzv-endpoint", "127.0.0.1:29400"], capsys)
+    assert not (tmp_path / "run").exists()
