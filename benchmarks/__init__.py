@@ -28,3 +28,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     `python -m benchmarks.<name>` imports this folder wherever its working directory is."""
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(extra or {})}
+
+
+def run_kronos_tune(args: list[str]) -> int:
+    """`kronos-tune ARGS` in this process (an entry point here has set up its planted hooks first); its exit code."""
+    from kronos_tune.cli import main as cli_main
+
+    try:
+        cli_main(args)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0

@@ -23,6 +23,8 @@ import signal
 import sys
 import time
 
+from benchmarks import run_kronos_tune
+
 SLOW_RANK_KNOB = "KRONOS_BENCH_SLOW_RANK"
 DIE_RANK_KNOB = "KRONOS_TEST_DIE_RANK"
 MODULE = "benchmarks.planted_ranks"
@@ -74,13 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return rank_main(args, RankHooks(before_chunk=before_chunk, after_chunk=after_chunk), MODULE)
     use_planted_ranks()
-    from kronos_tune.cli import main as cli_main
-
-    try:
-        cli_main(args)
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    return 0
+    return run_kronos_tune(args)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks import run_kronos_tune
+
 FAULT_ENV = "KRONOS_TUNE_FAULT"
 PLANT_ENV = "KRONOS_TUNE_PLANT"
 WORSEN_ENV = "KRONOS_TUNE_TEST_WORSEN_VAL_LOSS"
@@ -97,13 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return worker_main(args, hooks())
     use_planted_trials()
-    from kronos_tune.cli import main as cli_main
-
-    try:
-        cli_main(args)
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    return 0
+    return run_kronos_tune(args)
 
 
 if __name__ == "__main__":

@@ -92,17 +92,22 @@ class LaunchSpec:
         return self.nproc > 1 or self.multi_node or self.rdzv_endpoint is not None or self.node_rank is not None
 
 
-def torchrun_command(spec: LaunchSpec, module: str, args: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The torchrun command line that runs `python -m module *args` on every rank."""
+def check_launch(spec: LaunchSpec) -> None:
+    """The launch flags torchrun cannot run with, in one line (a command checks them before it writes anything)."""
     if spec.nproc < 1:
         raise KronosError(f"--nproc {spec.nproc}: must be at least 1")
+    if spec.multi_node and not spec.rdzv_endpoint:
+        raise KronosError(f"--nnodes {spec.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node, "
+                          f"e.g. the first node's address:29400)")
+
+
+def torchrun_command(spec: LaunchSpec, module: str, args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The torchrun command line that runs `python -m module *args` on every rank."""
+    check_launch(spec)
     command = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc), "--max-restarts",
                str(spec.max_restarts)]
     rendezvous = ["--rdzv-backend", spec.rdzv_backend or "c10d", "--rdzv-id", spec.rdzv_id or "kronos"]
     if spec.multi_node:
-        if not spec.rdzv_endpoint:
-            raise KronosError(f"--nnodes {spec.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node, "
-                              f"e.g. the first node's address:29400)")
         command += ["--nnodes", spec.nnodes, "--rdzv-endpoint", spec.rdzv_endpoint, *rendezvous]
         if spec.node_rank is not None:
             command += ["--node-rank", str(spec.node_rank)]

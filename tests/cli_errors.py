@@ -15,3 +15,14 @@ def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     error = capsys.readouterr().err.strip()
     assert error and "\n" not in error
     return error
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run `kronos-tune argv`: (exit code, stdout, stderr)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

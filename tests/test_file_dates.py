@@ -12,7 +12,7 @@ import pytest
 from kronos_core.data.kline import read_kline
 from kronos_core.data.panels import read_panel
 from kronos_core.errors import KronosError
-from kronos_tune.cli import main
+from cli_errors import run_cli
 from tiny_preset import tiny_train_toml
 
 # Five-minute bars from 1 to 12 July 2024 (every day <= 12): both readings are dates.
@@ -96,16 +96,6 @@ def test_a_panel_is_judged_the_same_way(tmp_path: Path) -> None:
 
 
 # The commands: one line, exit 2, nothing written; --date-format reads the file ------------------------------
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def test_predict_refuses_then_forecasts_after_the_last_bar_with_the_format(tmp_path: Path, capsys) -> None:
     data = write_bars(tmp_path / "bars.csv", day_first(JULY))

@@ -14,7 +14,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from kronos_core.train import TrainConfig
-from kronos_tune.cli import main
+from cli_errors import run_cli
 from kronos_tune.benchmark import TrialResult
 
 from test_decision import h200_like_results  # noqa: E402
@@ -39,16 +39,6 @@ def write_gpu_run(folder: Path, results: list[TrialResult] | None = None, preset
            "planned": [t.name for t in trials]}
     (folder / "run.json").write_text(json.dumps(run))
     return folder
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_report_rebuilds_a_gpu_run_on_this_cpu_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

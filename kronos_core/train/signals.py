@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 
@@ -61,6 +61,17 @@ class StopForwarder:
 
 
 @contextlib.contextmanager
+def _handling(signals: tuple[int, ...], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """`handler` for `signals` while active; the handlers before it are put back after."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
 def stop_on_signals(target: Stoppable, second_interrupts: bool = True,
                     signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     """While active, the first SIGINT/SIGTERM/SIGHUP calls ``target.request_stop()``.
@@ -84,12 +95,8 @@ def stop_on_signals(target: Stoppable, second_interrupts: bool = True,
         record_stop_signal(signum)
         target.request_stop()
 
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
+    with _handling(signals, handler):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -106,9 +113,5 @@ def interrupt_on_signals(signals: tuple[int, ...] = TERMINATING_SIGNALS) -> Iter
         record_stop_signal(signum)
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
+    with _handling(signals, handler):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kronos_core.launch import LaunchSpec, torchrun_command
+from kronos_core.launch import LaunchSpec, check_launch
 from kronos_core.sizes import size_spec
 from kronos_tune.predict.times import exchange_calendar
 from kronos_tune.errors import KronosTuneError
@@ -226,8 +226,7 @@ def check_config(config: BacktestConfig, device: str) -> None:
     if config.max_restarts and not config.launch.launched:
         raise KronosTuneError(f"--max-restarts {config.max_restarts} restarts torchrun's ranks; add --nproc N "
                               f"(2 or more)")
-    if config.launch.launched:
-        torchrun_command(config.launch, "kronos_tune", [])  # the launch flags, judged before anything is written
+    check_launch(config.launch)  # before anything is written
     if config.launch.multi_node and config.out is None:
         raise KronosTuneError(f"--nnodes {config.nnodes} needs --out DIR on storage every node shares (the same "
                               f"folder on each: the chunks are claimed there, and the node that runs rank 0 scores "

@@ -13,7 +13,7 @@ from pathlib import Path
 from kronos_core.data.day_month import check_date_format
 from kronos_core.data.kline import find_data_files
 from kronos_core.errors import KronosError
-from kronos_core.launch import LaunchSpec, torchrun_command
+from kronos_core.launch import LaunchSpec, check_launch
 from kronos_core.predict.spec import PredictorSpec
 from kronos_core.sizes import size_spec
 from kronos_tune.errors import KronosTuneError
@@ -200,8 +200,7 @@ def check_job_flags(config: PredictConfig) -> None:
                               f"(or the --nnodes flags), or leave it out"
                               + ("; Ray restarts a dead actor itself" if config.runner == "ray" else ""))
     check_runner(config)
-    if config.launch.launched:
-        torchrun_command(config.launch, "kronos_tune", [])  # the launch flags, judged before anything is written
+    check_launch(config.launch)  # before anything is written
     if config.launch.multi_node and config.out is None:
         raise KronosTuneError(f"--nnodes {config.nnodes} needs --out FILE on storage every node shares (its work "
                               f"folder holds the ranks' parts)")
