@@ -3,14 +3,14 @@
     python -m benchmarks.decisions --quick                 # a few minutes: quiet and periodic load
     python -m benchmarks.decisions --repeats 20 --load periodic
     python -m benchmarks.decisions --load-only --duration 900   # just the load, for another shell
-    python -m benchmarks.decisions --protocol-runs 10 --load periodic --plant fused-adamw:0.10
+    python -m benchmarks.decisions --benchmark-runs 10 --load periodic --plant fused-adamw:0.10
 
 Two live trial workers train the tiny model (the same configuration, so every
 difference between them is noise) and are compared over and over, in the two
-designs the protocol knows: *paired* (alternating short blocks in a seeded
+designs the benchmark knows: *paired* (alternating short blocks in a seeded
 random order, verdict from the block ratios against the run's resolution,
 exactly as decision.py decides) and *sequential* (the baseline measured, then
-the trial, then the baseline again for the drift threshold, as the protocol
+the trial, then the baseline again for the drift threshold, as the benchmark
 did before). An effect of 3, 5 or 10 % is planted by keeping the baseline's
 thread busy that much longer per step (trial_worker's planted delay), so the
 trial is truly that much faster. Each repeat runs an A/A comparison for the
@@ -18,7 +18,7 @@ resolution, a second A/A for the false-positive count, then the three planted
 effects. ``--load periodic`` starts a process that keeps one core busy for
 10 s, then idles 10 s, for the whole benchmark.
 
-``--protocol-runs N`` runs `kronos-tune benchmark --preset P` N times (under
+``--benchmark-runs N`` runs `kronos-tune benchmark --preset P` N times (under
 the same load, its trials started from benchmarks.planted_trials, with KRONOS_TUNE_PLANT
 when ``--plant`` is given) and prints a
 table, one row per run: the wall time, the baseline's step time, the A/A
@@ -143,7 +143,7 @@ def paired_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: f
 
 
 def sequential_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: float, steps: int) -> Any:
-    """The baseline, the trial, the baseline again (each a third of the budget): as the protocol was."""
+    """The baseline, the trial, the baseline again (each a third of the budget): as the benchmark was."""
     from kronos_tune.benchmark.train.decide import FLOOR
     from kronos_tune.benchmark.stats import compare
 
@@ -174,12 +174,12 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
     test), then the planted effects."""
     from kronos_tune.benchmark.train.decide import PAIRED_FLOOR
     from kronos_tune.benchmark.run.paired import steps_per_block
-    from kronos_tune.benchmark.options import ProtocolOptions
+    from kronos_tune.benchmark.options import BenchmarkOptions
     from kronos_tune.benchmark.stats import aa_compare, paired_compare
 
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="kronos-bench-decisions-"))
-    options = ProtocolOptions(seed=seed, block_s=block_s, min_rounds=8, target_ci=0.0, max_rounds=10_000)
+    options = BenchmarkOptions(seed=seed, block_s=block_s, min_rounds=8, target_ci=0.0, max_rounds=10_000)
     run = BenchRun(folder, options)
     try:
         base, trial = start_worker(run, "baseline", seed), start_worker(run, "trial", seed)
@@ -218,7 +218,7 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
 
 
 def _run_row(index: int, wall: float, report: dict[str, Any], planted: str | None) -> dict[str, Any]:
-    """One protocol run as a row of the table: the A/A comparison, the planted trial's, the resolution."""
+    """One benchmark run as a row of the table: the A/A comparison, the planted trial's, the resolution."""
     trials = {t["name"]: t for t in report["trials"]}
     timing = report.get("timing") or {}
     base_step = ((trials.get("baseline") or {}).get("step_time_s") or {}).get("median")
@@ -242,8 +242,8 @@ def _change(comparison: dict[str, Any] | None) -> str:
     return f"{100 * (comparison['ratio'] - 1):+.1f}%{interval} {comparison['verdict']}"
 
 
-def protocol_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[list[str], dict[str, Any]]:
-    """The lines of the protocol runs' table and its tallies: the planted effect found (called faster in a run
+def benchmark_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[list[str], dict[str, Any]]:
+    """The lines of the benchmark runs' table and its tallies: the planted effect found (called faster in a run
     that was not too noisy) and the A/A not called different (neither faster nor slower)."""
     lines = [f"{'run':>3} {'wall':>6} {'step':>7} {'A/A (noise-probe)':>30} {'resolution':>10} {'noisy':>5} "
              f"{'planted ' + (planted or '-'):>36} {'effect':>8}  recommended"]
@@ -267,7 +267,7 @@ def protocol_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[lis
     return lines, tallies
 
 
-def protocol_runs(count: int, preset: str, plant: str | None, out: Path, extra: list[str],
+def benchmark_runs(count: int, preset: str, plant: str | None, out: Path, extra: list[str],
                   say: Any = print) -> list[dict[str, Any]]:
     """`kronos-tune benchmark --preset P` `count` times; one row per run that finished (_run_row)."""
     env = child_env({PLANT_ENV: plant} if plant else None)  # read by the planted trials' entry point
@@ -300,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every comparison here")
     parser.add_argument("--load-only", action="store_true", help="only run the periodic load (Ctrl-C ends it)")
     parser.add_argument("--duration", type=float, default=3600.0, help="--load-only: seconds")
-    parser.add_argument("--protocol-runs", type=int, default=0, help="run kronos-tune benchmark N times")
+    parser.add_argument("--benchmark-runs", type=int, default=0, help="run kronos-tune benchmark N times")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--plant", help="NAME:FRACTION: that trial truly that much faster per step")
-    parser.add_argument("--out", type=Path, help="--protocol-runs: the folder of the runs")
+    parser.add_argument("--out", type=Path, help="--benchmark-runs: the folder of the runs")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
-                        help="--protocol-runs: the rest of the line goes to kronos-tune benchmark (e.g. --only X)")
+                        help="--benchmark-runs: the rest of the line goes to kronos-tune benchmark (e.g. --only X)")
     args = parser.parse_args(argv)
     loads = {"none": ["none"], "periodic": ["periodic"], "both": ["none", "periodic"]}[args.load]
     if args.load_only:
@@ -315,16 +315,16 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 pass
         return 0
-    if args.protocol_runs:
-        out = args.out or Path(tempfile.mkdtemp(prefix="kronos-protocol-runs-"))
+    if args.benchmark_runs:
+        out = args.out or Path(tempfile.mkdtemp(prefix="kronos-benchmark-runs-"))
         summary = {}
         for load in loads:
             with background_load(load):
-                print(f"{args.protocol_runs} x kronos-tune benchmark --preset {args.preset}, load {load}"
+                print(f"{args.benchmark_runs} x kronos-tune benchmark --preset {args.preset}, load {load}"
                       + (f", planted {args.plant}" if args.plant else ""), flush=True)
-                rows = protocol_runs(args.protocol_runs, args.preset, args.plant, out / load, args.extra,
+                rows = benchmark_runs(args.benchmark_runs, args.preset, args.plant, out / load, args.extra,
                                      say=lambda line: print(line, flush=True))
-            lines, tallies = protocol_table(rows, args.plant.rpartition(":")[0] if args.plant else None)
+            lines, tallies = benchmark_table(rows, args.plant.rpartition(":")[0] if args.plant else None)
             print(f"\nload {load}:\n" + "\n".join(lines), flush=True)
             summary[load] = {"rows": rows, **tallies}
         if args.json:

@@ -144,7 +144,7 @@ class PredictWorkload:
 @dataclass(frozen=True)
 class BenchmarkBudget:
     """The benchmark's own measuring budget (not the workload's size): seconds of measuring per trial and the
-    per-trial watchdog; None: the protocol's defaults for the device. ``resolution_budget_s`` is the A/A
+    per-trial watchdog; None: the benchmark's defaults for the device. ``resolution_budget_s`` is the A/A
     comparison's (the noise-probe against the baseline): it states the smallest change the run can resolve for
     every other comparison, so it gets more rounds (default: 3 x the trial budget)."""
 

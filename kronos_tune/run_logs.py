@@ -172,7 +172,7 @@ def safe_name(name: str) -> str:
 
 
 class TrialCurves:
-    """Per-trial curves of a benchmark run, fed with the protocol's events (TrialStarted/Step/Finished):
+    """Per-trial curves of a benchmark run, fed with the benchmark's events (TrialStarted/Step/Finished):
     OUT/curves/<trial>.jsonl and, with `tensorboard`, OUT/tensorboard/<trial>/. A trial run again (after a
     cancel and --resume) starts its curve over, as its result replaces the cancelled one."""
 

@@ -31,12 +31,12 @@ step nvidia-smi            20  nvidia-smi
 if [[ $section == i11 ]]; then
 # ---- issue 11: benchmark decisions on a real GPU (its own ~10 minutes) --------------------------------
 # The GPU tests (indexed devices, budgets sized from the measured fixed cost, TF32 and CUDA-graph compile
-# trials), the rtx3080 and h200 protocols with every trial under its watchdog (shortened measuring budget),
+# trials), the rtx3080 and h200 benchmarks with every trial under its watchdog (shortened measuring budget),
 # the watchdog path on a trial that hangs ignoring SIGTERM, `report` over the new runs, and the dashboard
 # driven headless with a screenshot of its GPU panel.
 short="--trial-budget 5 --max-steps 30 --trial-timeout 150"
 step i11-pytest-gpu         90  python -m pytest -m gpu -q -p no:cacheprovider tests/test_memory.py \
-                                tests/test_autobatch.py tests/test_protocol_gpu.py
+                                tests/test_autobatch.py tests/test_benchmark_gpu.py
 step i11-rtx3080           220  kronos-tune benchmark --preset rtx3080 --out "$out/i11-rtx3080" $short
 step i11-h200              150  kronos-tune benchmark --preset h200 --out "$out/i11-h200" $short \
                                 --skip compile,compile-cudagraphs,autobatch

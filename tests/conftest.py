@@ -34,13 +34,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# Test files that run real protocols, trainings and launches (trial processes of their own, each importing torch),
+# Test files that run real benchmarks, trainings and launches (trial processes of their own, each importing torch),
 # slowest first as measured (CPU seconds per file); the files of tests marked slow (left out of the default run,
 # run by `-m slow`) follow in the same order. With --dist loadfile and --no-loadscope-reorder (pyproject.toml) the
 # workers take files in collection order, so these start first and the many quick files fill in around them; by
 # default xdist would queue files by their number of tests, which puts these few-test, long files last.
 SLOW_FILES_FIRST = (
-    "test_protocol_stops.py", "test_tui_jobs.py", "test_protocol_run.py", "test_protocol_small_runs.py",
+    "test_benchmark_stops.py", "test_tui_jobs.py", "test_benchmark_run.py", "test_benchmark_small_runs.py",
     "test_profile.py", "test_maximize.py", "test_train_predictor.py", "test_autobatch_cli.py", "test_monitor_cli.py",
     "test_presets.py", "test_predict_cli.py", "test_run_logs.py", "test_pareto.py",
     "test_train_ddp.py", "test_predict_sharded.py", "test_train_fsdp.py", "test_train_signals.py",

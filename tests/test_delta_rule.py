@@ -19,7 +19,7 @@ from rich.console import Console
 
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.results import BenchmarkReport
 
 GIB = 2**30
 BASE_S, TOKENS = 0.370, 1600
@@ -54,7 +54,7 @@ def _paired(name: str, kind: TrialKind, ratio: float, rounds: int = 16, tokens: 
 
 
 @pytest.fixture(scope="module")
-def report() -> ProtocolReport:
+def report() -> BenchmarkReport:
     from kronos_tune.benchmark.report.summary import summarize
 
     rng = random.Random(1)
@@ -68,7 +68,7 @@ def report() -> ProtocolReport:
         _paired("bigger-batch", TrialKind("optimization", "batch"), 0.90, tokens=2 * TOKENS, seed=7, peak_gib=4.1,
                 loss=1.98),
     ]
-    raw = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
+    raw = BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
                          budget_bytes=8 * GIB, budget_mode="simulated", trials=trials,
                          planned=[t.name for t in trials])
     return summarize(raw, None)

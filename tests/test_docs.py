@@ -21,7 +21,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("kronos_core", "kronos_tune", "benchmarks")  # importable: dotted names are checked against these
 SOURCE_FOLDERS = (*TOP, "scripts", "tests", "presets", "docs", ".ci")
-UPGRADING = "upgrading.md"  # its first column names the old modules on purpose
 
 
 def pages(root: Path) -> list[Path]:
@@ -29,12 +28,7 @@ def pages(root: Path) -> list[Path]:
 
 
 def checked_text(page: Path) -> str:
-    """The page's text, less the table column of old names in the upgrading page."""
-    text = page.read_text(encoding="utf-8")
-    if page.name != UPGRADING:
-        return text
-    return "\n".join(re.sub(r"^\|[^|]*\|", "|", line) if line.startswith("|") else line
-                     for line in text.splitlines())
+    return page.read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -231,19 +225,11 @@ def planted(tmp_path: Path) -> Path:
 def test_a_moved_module_or_a_missing_name_is_stale(planted: Path) -> None:
     (planted / "README.md").write_text(
         "`kronos_tune/benchmark/kinds.py` and `kronos_tune.benchmark.kinds.legacy_kind` exist;\n"
-        "`kronos_tune/protocol/records.py`, `protocol/plan.py`, `kronos_tune.protocol.records` and\n"
+        "`kronos_tune/oldname/records.py`, `oldname/plan.py`, `kronos_tune.oldname.records` and\n"
         "`kronos_tune.benchmark.kinds.leave_out_memory_savers` do not.\n")
     assert stale_names(planted) == [
-        "README.md: kronos_tune/protocol/records.py", "README.md: protocol/plan.py",
-        "README.md: kronos_tune.benchmark.kinds.leave_out_memory_savers", "README.md: kronos_tune.protocol.records"]
-
-
-def test_the_old_column_of_the_upgrading_page_is_not_checked(planted: Path) -> None:
-    (planted / "README.md").write_text("")
-    (planted / "docs" / "upgrading.md").write_text(
-        "| old | new |\n|---|---|\n| `kronos_tune.protocol.kinds` | `kronos_tune.benchmark.kinds` |\n"
-        "| `kronos_tune.protocol.stats` | `kronos_tune.benchmark.stats` |\n")
-    assert stale_names(planted) == ["upgrading.md: kronos_tune.benchmark.stats"]
+        "README.md: kronos_tune/oldname/records.py", "README.md: oldname/plan.py",
+        "README.md: kronos_tune.benchmark.kinds.leave_out_memory_savers", "README.md: kronos_tune.oldname.records"]
 
 
 def test_a_link_to_a_missing_page_or_heading_is_broken(planted: Path) -> None:

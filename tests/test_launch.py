@@ -1,5 +1,5 @@
 """The shared launcher's watchdog and plumbing on real processes (torchrun itself: test_train_ddp.py,
-test_predict_sharded.py; the benchmark's stack dumps: test_protocol_stops.py)."""
+test_predict_sharded.py; the benchmark's stack dumps: test_benchmark_stops.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Use the whole card: autobatch --maximize, the learning-rate rules and the protocol's bigger-batch trial."""
+"""Use the whole card: autobatch --maximize, the learning-rate rules and the benchmark's bigger-batch trial."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kronos_tune.cli import app
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, run_protocol
+from kronos_tune.benchmark import BenchmarkOptions, run_benchmark
 
 from cli_errors import one_line_error
 from tiny_preset import write_tiny_preset  # noqa: E402
@@ -104,9 +104,9 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_bigger_batch_trial_is_evaluated_at_equal_samples_seen(tmp_path: Path) -> None:
     preset = resolve_preset(write_tiny_preset(tmp_path / "presets", "tiny-big", samples_per_epoch=64)
                             / "tiny-big.toml")
-    options = ProtocolOptions(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0,
+    options = BenchmarkOptions(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0,
                               only=("bigger-batch",), skip=("noise-probe", "baseline-repeat"))
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     base, big = report.trial("baseline"), report.trial("bigger-batch")
     assert big.status == "ok", big.reason
     assert big.changes["batch_size"] == 16 and big.changes["accumulation_steps"] == 1  # capped by 64 samples / 4

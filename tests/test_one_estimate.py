@@ -60,9 +60,9 @@ def test_every_view_orders_the_trials_the_same_way(trials) -> None:
 
 def test_the_report_table_shows_the_estimate_with_the_raw_median(trials) -> None:
     from kronos_tune.benchmark.report.table import table
-    from kronos_tune.benchmark.results import ProtocolReport
+    from kronos_tune.benchmark.results import BenchmarkReport
 
-    report = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
+    report = BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
                             budget_mode="simulated", trials=trials)
     header, rows = table(report)
     cells = {row[0].text.split(" (")[0]: row[header.index("time/step [IQR] n")].text for row in rows}
@@ -75,10 +75,10 @@ EXPECTED = ["dataloader", "baseline", "fused-adamw"]  # fastest first, by the pa
 
 def _report(trials, tmp_path=None):
     from kronos_tune.benchmark.recommendation import Recommendation
-    from kronos_tune.benchmark.results import ProtocolReport
+    from kronos_tune.benchmark.results import BenchmarkReport
 
     rec = Recommendation("dataloader", "fastest by the paired estimate", {"num_workers": 2}, "kronos-tune train")
-    return ProtocolReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
+    return BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
                           budget_mode="simulated", trials=trials, recommended=rec,
                           out_dir=None if tmp_path is None else str(tmp_path))
 

@@ -80,7 +80,7 @@ def paired_run(load: Load, effect: float, rounds: int = 16, seed: int = 1, steps
 
 
 def sequential_run(load: Load, effect: float, seed: int = 1, steps: int = 12) -> list[TrialResult]:
-    """The same machine, measured as the protocol did before: baseline, noise-probe, the change, baseline-repeat,
+    """The same machine, measured as the benchmark did before: baseline, noise-probe, the change, baseline-repeat,
     each for `steps` steps one after the other."""
     clock = Clock(load, seed)
     return [_result("baseline", TrialKind("reference"), clock.steps(steps), "baseline"),
@@ -220,13 +220,13 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     from rich.console import Console
 
     from kronos_tune.commands.benchmark import render
-    from kronos_tune.benchmark import ProtocolReport
+    from kronos_tune.benchmark import BenchmarkReport
     from kronos_tune.benchmark.report.files import report_markdown
     from kronos_tune.benchmark.report.summary import summarize
     from kronos_tune.tui.answer import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
-    report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
+    report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
                             trials=paired_run(periodic, 0.10), out_dir=str(tmp_path))
     report.planned = [t.name for t in report.trials]
     report = summarize(report, None)
@@ -276,7 +276,7 @@ def test_the_order_is_counterbalanced_so_a_slow_second_block_is_charged_to_neith
 
 
 def test_an_a_a_comparison_past_the_floor_is_said_in_the_timing_section() -> None:
-    from kronos_tune.benchmark import ProtocolReport
+    from kronos_tune.benchmark import BenchmarkReport
     from kronos_tune.benchmark.results import NOISE_PROBE
     from kronos_tune.benchmark.stats import Comparison
     from kronos_tune.benchmark.train.text import timing_lines
@@ -285,7 +285,7 @@ def test_an_a_a_comparison_past_the_floor_is_said_in_the_timing_section() -> Non
     probe = TrialResult(NOISE_PROBE, "baseline", "ok", {}, None, "", task="train")
     decision = Decision(threshold=0.03, drift=None, drift_sources=[], noisy=False, memory_binds=False,
                         memory_reason="", resolution=0.04)
-    report = ProtocolReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated", trials=[probe],
+    report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated", trials=[probe],
                             timing={"rule": "paired"}, decision=decision)
     for verdict, said in (("slower", True), ("same", False)):
         probe.comparison = Comparison(1.04, 1.01, 1.07, 0.02, verdict, 20, 20, "hodges-lehmann", "paired")

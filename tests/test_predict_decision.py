@@ -12,7 +12,7 @@ import pytest
 from kronos_tune.predict.config_file import read_predict_file
 from kronos_tune.benchmark.predict.decide import decide_predict
 from kronos_tune.benchmark.predict.summary import recommended_predict_toml, summarize_predict
-from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialResult
+from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult
 
 SERIES = 100
 
@@ -123,7 +123,7 @@ def test_the_recommendation_follows_the_compared_ratio_not_the_raw_medians() -> 
 
 
 def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: Path) -> None:
-    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+    report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_trials(), out_dir=str(tmp_path),
                             planned=["recompute", "kv-cache", "bf16", "autobatch"],
                             options={"min_spearman": 0.995})

@@ -9,7 +9,7 @@ from kronos_tune.benchmark.predict.decide import decide_predict
 from kronos_tune.benchmark.predict.same_work import same_batch
 from kronos_tune.benchmark.predict.summary import predict_decision_lines, predict_markdown_lines, summarize_predict
 from kronos_tune.benchmark.predict.verdicts import PredictDecision
-from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialResult
+from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult
 
 from test_predict_decision import SERIES, _trial
 
@@ -64,7 +64,7 @@ def test_no_finding_inside_the_resolution_or_for_other_work(change: dict) -> Non
 
 
 def test_the_finding_reaches_the_terminal_report_md_and_report_json() -> None:
-    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+    report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_run(), planned=["recompute", "kv-cache", "autobatch"],
                             options={"predict_repeats": 5})
     summarize_predict(report)

@@ -74,7 +74,7 @@ def test_two_gloo_ranks_predict_what_one_process_predicts(tmp_path: Path, capsys
 
 
 @pytest.mark.slow
-def test_protocol_sharding_trial_runs_the_claiming_ranks_and_matches_one_process():
+def test_benchmark_sharding_trial_runs_the_claiming_ranks_and_matches_one_process():
     """The sharding trial times predict's ranks (two chunks of two series, claimed by two gloo ranks): its
     greedy and sampled outputs over the quality set (6 series, the 4 timed ones first) equal the one-process
     trial's, value for value."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kronos_tune.benchmark.quality import compare_windows, guard_all, guard_trial, quality_resolution
-from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult
 from benchmarks.planted_trials import WORSEN_ENV, worsen_for_test
 from kronos_tune.train.moved import paired_interval
 
@@ -108,7 +108,7 @@ def test_the_views_state_the_quality_resolution_beside_the_speed_resolution() ->
               _result("fused-adamw", [b * 1.03 for b in base_losses])]
     for trial, kind in zip(trials, ("reference", "baseline-repeat", "speed")):
         trial.kind = kind
-    report = ProtocolReport("cpu", "train", "cpu", "cpu", 2**30, "simulated", trials=trials,
+    report = BenchmarkReport("cpu", "train", "cpu", "cpu", 2**30, "simulated", trials=trials,
                             options={"seed": 1, "quality_floor": 0.005})
     get("train").decide(report, None)
     line = resolution_line(report)
@@ -153,17 +153,17 @@ def test_window_sums_add_up_to_the_trainers_own_evaluation(tmp_path: Path) -> No
 def test_a_real_tiny_run_flags_the_planted_worsening_and_not_the_aa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    planted_trials) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_protocol_run import FAST, write_preset
+    from test_benchmark_run import FAST, write_preset
 
-    from kronos_tune.benchmark.options import ProtocolOptions
+    from kronos_tune.benchmark.options import BenchmarkOptions
     from kronos_tune.benchmark.report.files import resolution_line
-    from kronos_tune.benchmark.run.runner import run_protocol
+    from kronos_tune.benchmark.run.runner import run_benchmark
     from kronos_tune.presets import resolve_preset
 
     monkeypatch.setenv(WORSEN_ENV, "fused-adamw:0.02:1")
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    options = ProtocolOptions(**{**FAST, "only": ("fused-adamw",), "skip": ("baseline-repeat",)})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    options = BenchmarkOptions(**{**FAST, "only": ("fused-adamw",), "skip": ("baseline-repeat",)})
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     trial = report.trial("fused-adamw")
     assert len(trial.val_windows) == len(report.trial("baseline").val_windows) == report.quality["eval_windows"]
     assert not trial.quality_passed and trial.quality["low_pct"] > 0.5

@@ -10,7 +10,7 @@ from kronos_tune.benchmark.predict.summary import summarize_predict
 from kronos_tune.benchmark.predict.verdicts import PredictDecision
 from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.report.rebuild import load_run
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import BenchmarkReport, TrialResult
 from kronos_tune.benchmark.stats import Comparison
 from kronos_tune.benchmark.tasks import report_from_dict
 from kronos_tune.benchmark.train.verdicts import Decision, OneTimeCost, Trajectory
@@ -20,7 +20,7 @@ from test_predict_same_work import _run
 from test_report_cli import write_gpu_run
 
 
-def _same_bytes(report: ProtocolReport) -> ProtocolReport:
+def _same_bytes(report: BenchmarkReport) -> BenchmarkReport:
     text = json.dumps(report.to_dict(), indent=2)
     again = report_from_dict(json.loads(text))
     assert json.dumps(again.to_dict(), indent=2) == text
@@ -45,7 +45,7 @@ def test_a_train_report_reads_back_typed_and_writes_the_same_json(tmp_path: Path
 
 
 def test_a_predict_report_reads_back_typed_and_writes_the_same_json(tmp_path: Path) -> None:
-    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+    report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_run(), out_dir=str(tmp_path),
                             planned=["recompute", "kv-cache", "autobatch"], options={"predict_repeats": 5})
     summarize_predict(report)
@@ -64,7 +64,7 @@ def test_a_result_line_of_an_older_shape_still_loads() -> None:
     result = TrialResult.from_dict(line)
     assert result.comparison is None and result.step_time_s is not None
     assert result.trajectory == Trajectory("close", "close", 0.01, 4, 0.02, False, "")
-    assert ProtocolReport.from_dict({"preset": "p", "task": "train", "device": "cpu", "device_line": "",
+    assert BenchmarkReport.from_dict({"preset": "p", "task": "train", "device": "cpu", "device_line": "",
                                      "budget_bytes": 1, "budget_mode": "simulated",
                                      "decision": {"threshold": 0.03}}).decision is None  # no reader given
 
@@ -72,7 +72,7 @@ def test_a_result_line_of_an_older_shape_still_loads() -> None:
 def test_summarize_returns_a_new_report_and_leaves_the_given_one_as_it_was() -> None:
     from kronos_tune.benchmark.report.summary import summarize
 
-    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
+    report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_run(), planned=["recompute", "kv-cache", "autobatch"],
                             options={"predict_repeats": 5})
     before = json.dumps(report.to_dict())

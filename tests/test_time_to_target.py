@@ -1,5 +1,5 @@
 """Time to target: the time-to-quality recommendation on constructed runs, and a real tiny run of the
-comparison through the protocol (`--time-to-target`)."""
+comparison through the benchmark (`--time-to-target`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.train.target import SeedRun, TimeToTarget, recommend_by_target, summary_lines, wanted
 
@@ -36,24 +36,24 @@ def test_a_change_is_recommended_only_when_every_seed_beats_the_baselines_fastes
 
 
 def test_the_comparison_stays_out_of_the_quick_run() -> None:
-    assert not wanted(ProtocolOptions()) and not wanted(ProtocolOptions(full=True))
-    assert wanted(ProtocolOptions(time_to_target=True)) and wanted(ProtocolOptions(objective="time-to-quality"))
+    assert not wanted(BenchmarkOptions()) and not wanted(BenchmarkOptions(full=True))
+    assert wanted(BenchmarkOptions(time_to_target=True)) and wanted(BenchmarkOptions(objective="time-to-quality"))
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_real_tiny_run_measures_the_time_to_target_over_three_seeds(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_protocol_run import FAST, write_preset
+    from test_benchmark_run import FAST, write_preset
 
     from kronos_tune.benchmark.report.rebuild import load_run
-    from kronos_tune.benchmark.run.runner import run_protocol
+    from kronos_tune.benchmark.run.runner import run_benchmark
     from kronos_tune.presets import resolve_preset
 
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    options = ProtocolOptions(**{**FAST, "only": ("fused-adamw",), "skip": ("baseline-repeat", "noise-probe"),
+    options = BenchmarkOptions(**{**FAST, "only": ("fused-adamw",), "skip": ("baseline-repeat", "noise-probe"),
                                  "objective": "time-to-quality", "target_max_factor": 3.0})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     base = TimeToTarget.from_dict(report.trial("baseline").time_to_target)
     assert base is not None and len(base.runs) == 3 and base.target == report.trial("baseline").val_loss
     assert all(run.steps <= base.max_steps and (run.reached or run.steps == base.max_steps) for run in base.runs)

@@ -1,4 +1,4 @@
-"""Dashboard pilots without the benchmark protocol: real telemetry, screens, picker, pause, sort, bad input."""
+"""Dashboard pilots without the benchmark: real telemetry, screens, picker, pause, sort, bad input."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.tui.messages import ProtocolEvent, TelemetryUpdated
+from kronos_tune.tui.messages import BenchmarkEvent, TelemetryUpdated
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen
 from kronos_tune.tui.widgets import (
     AnswerPanel, GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar,
 )
 from test_tui_canned import (
-    full_protocol, log_text, row_marks, series, table_rows, trial_results, until, write_tiny_preset,
+    full_benchmark, log_text, row_marks, series, table_rows, trial_results, until, write_tiny_preset,
 )
 
 runner = CliRunner()
@@ -194,7 +194,7 @@ async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         for result in trial_results():
-            app.post_message(ProtocolEvent(TrialFinished(result)))
+            app.post_message(BenchmarkEvent(TrialFinished(result)))
         await pilot.pause()
         rows = _table_rows(app)
         assert [row[0] for row in rows] == [r.name for r in trial_results()]  # arrival order
@@ -225,28 +225,28 @@ async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
         assert app.results.reverse and [r[0] for r in _table_rows(app)][0] == "noise-probe"
 
 
-def _feed_protocol(app: DashboardApp, partial: bool = False) -> None:
+def _feed_benchmark(app: DashboardApp, partial: bool = False) -> None:
     from kronos_tune.tui.messages import JobFinished
 
-    results, report = full_protocol(partial)
+    results, report = full_benchmark(partial)
     app.run_state.begin("benchmark train")
     for result in results:
-        app.post_message(ProtocolEvent(TrialFinished(result)))
+        app.post_message(BenchmarkEvent(TrialFinished(result)))
     phase = "cancelled" if partial else "done"
     app.post_message(JobFinished("benchmark train", phase, f"{len(results)} trials", report))
 
 
 @pytest.mark.asyncio
-async def test_whole_protocol_and_recommendation_fit_at_160x50() -> None:
+async def test_whole_benchmark_and_recommendation_fit_at_160x50() -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
         for snapshot in series(5, gpus=False):
             app.post_message(TelemetryUpdated(snapshot))
-        _feed_protocol(app)
+        _feed_benchmark(app)
         await pilot.pause()
         await pilot.pause()
         table = app.query_one(ResultsTable)
-        results, report = full_protocol()
+        results, report = full_benchmark()
         assert table.row_count == len(results) >= 16
         assert table.max_scroll_y == 0  # every trial row is on screen, no scrolling
         assert table.region.bottom <= app.screen.region.bottom - 1  # above the footer
@@ -264,7 +264,7 @@ async def test_whole_protocol_and_recommendation_fit_at_160x50() -> None:
 async def test_results_scroll_at_100x30_and_the_recommended_row_is_shown() -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        _feed_protocol(app)
+        _feed_benchmark(app)
         await pilot.pause()
         await pilot.pause()
         table = app.query_one(ResultsTable)
@@ -286,9 +286,9 @@ async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset
     folder = write_tiny_preset(tmp_path / "presets")
     app = DashboardApp(preset=resolve_preset("cpu"), preset_dirs=[folder], timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        _feed_protocol(app)
+        _feed_benchmark(app)
         await pilot.pause()
-        _feed_protocol(app, partial=True)
+        _feed_benchmark(app, partial=True)
         await pilot.pause()
         await pilot.pause()
         assert app.answer is not None and app.answer.recommended == "combined" and not app.answer.partial
@@ -311,7 +311,7 @@ async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset
 async def test_partial_answer_says_what_is_missing() -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        _feed_protocol(app, partial=True)
+        _feed_benchmark(app, partial=True)
         await pilot.pause()
         await pilot.pause()
         text = " ".join(app.query_one(AnswerPanel).plain.split())
@@ -333,7 +333,7 @@ async def test_results_refit_when_the_terminal_grows_back() -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.resize_terminal(70, 20)
         await pilot.pause()
-        _feed_protocol(app)  # the protocol finishes while the terminal is too small
+        _feed_benchmark(app)  # the benchmark finishes while the terminal is too small
         await pilot.pause()
         await pilot.pause()
         await pilot.resize_terminal(160, 50)
@@ -348,7 +348,7 @@ async def test_q_leaves_the_session_run_folders_behind(tmp_path: Path) -> None:
     app = DashboardApp(preset=resolve_preset("cpu"), out_dir=tmp_path / "runs", timestamps=False)
     assert app.farewell() == f"no run started; run folders go under {tmp_path / 'runs'}/"
     async with app.run_test(size=(100, 30)) as pilot:
-        app.report = full_protocol()[1]
+        app.report = full_benchmark()[1]
         await pilot.press("e")  # an export: one folder of this session
         await pilot.pause()
         await pilot.press("q")

@@ -52,7 +52,7 @@ def series(count: int, gpus: bool = True) -> list[Snapshot]:
 
 
 def trial_results() -> list:
-    """Eight finished train trials as the protocol reports them: ok with deltas (some inside the noise),
+    """Eight finished train trials as the benchmark reports them: ok with deltas (some inside the noise),
     skipped, out of memory and failed with their one-line reasons."""
     from kronos_tune.benchmark.results import Delta, Spread, TrialResult
 
@@ -91,7 +91,7 @@ def trial_results() -> list:
 
 
 def trial_in_flight() -> list:
-    """The protocol's events for a trial four steps into its 1 warm-up + 5 measured steps."""
+    """The benchmark's events for a trial four steps into its 1 warm-up + 5 measured steps."""
     from kronos_core.train import StepRecord
     from kronos_tune.benchmark.events import TrialStarted, TrialStep
     from kronos_tune.benchmark.results import TrialSpec
@@ -151,23 +151,23 @@ def row_marks(app) -> dict[str, str]:
             if name.startswith(("▶", "★"))}
 
 
-# A fixed trial list for the snapshots (they must not change when the protocol's plan does).
+# A fixed trial list for the snapshots (they must not change when the benchmark's plan does).
 SNAPSHOT_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
                    "drift-1", "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
                    "baseline-repeat", "combined")
 
 
-def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
-    """A whole training protocol as canned results, and its report with a recommendation: every trial (ok
+def full_benchmark(partial: bool = False, names: tuple[str, ...] | None = None):
+    """A whole training benchmark as canned results, and its report with a recommendation: every trial (ok
     ones with deltas, skipped ones with reasons), `combined` recommended. `names`: the trials (default: what
-    the cpu preset's protocol plans today)."""
+    the cpu preset's benchmark plans today)."""
     from kronos_tune.presets import resolve_preset
-    from kronos_tune.benchmark import ProtocolOptions, plan_trials
+    from kronos_tune.benchmark import BenchmarkOptions, plan_trials
     from kronos_tune.benchmark.recommendation import Recommendation
-    from kronos_tune.benchmark.results import Delta, ProtocolReport, Spread, TrialResult
+    from kronos_tune.benchmark.results import Delta, BenchmarkReport, Spread, TrialResult
 
     if names is None:
-        names = tuple(spec.name for spec in plan_trials(resolve_preset("cpu"), "train", ProtocolOptions()))
+        names = tuple(spec.name for spec in plan_trials(resolve_preset("cpu"), "train", BenchmarkOptions()))
     names = list(names)
     speeds = {"dataloader": 1.31, "combined": 1.28, "fused-adamw": 1.45, "checkpointing": 1.71}
     results = []
@@ -188,7 +188,7 @@ def full_protocol(partial: bool = False, names: tuple[str, ...] | None = None):
             val_loss=7.0412, projected_train_time_s=16 * step, deltas=deltas))
     if partial:
         results = results[:3]
-    report = ProtocolReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
+    report = BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",
                             budget_bytes=8 * GIB, budget_mode="simulated", trials=results, planned=names,
                             out_dir="runs/benchmark/cpu-train-20261130-120000", cancelled=partial)
     report.recommended = Recommendation(

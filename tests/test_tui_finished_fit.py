@@ -8,15 +8,15 @@ import dataclasses
 import pytest
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, plan_trials
+from kronos_tune.benchmark import BenchmarkOptions, plan_trials
 from kronos_tune.benchmark.predict.summary import summarize_predict
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.benchmark.results import ProtocolReport, Spread, TrialResult
+from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
+from kronos_tune.tui.messages import JobFinished, BenchmarkEvent, TelemetryUpdated
 from kronos_tune.tui.model import ResultsModel
 from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
-from test_tui_canned import full_protocol, row_marks, series, table_rows
+from test_tui_canned import full_benchmark, row_marks, series, table_rows
 
 GIB = 2**30
 LONG_REASON = ("combined: dataloader + fused-adamw together, 14.5% faster per step than the baseline (95% interval "
@@ -27,7 +27,7 @@ LONG_REASON = ("combined: dataloader + fused-adamw together, 14.5% faster per st
                "noise in this run")
 
 
-def _predict_report() -> ProtocolReport:
+def _predict_report() -> BenchmarkReport:
     """A finished predict run on the cpu preset: kv-cache 10x the recompute, autobatch the same, bf16 skipped."""
     def trial(name: str, seconds: float, stage: str = "single", **config: object) -> TrialResult:
         times = [seconds * f for f in (0.99, 1.0, 1.01)]
@@ -51,20 +51,20 @@ def _predict_report() -> ProtocolReport:
     for t in trials[1:]:
         if t.status == "ok":
             t.speedup = 170.0 / t.step_times_s[1]
-    report = ProtocolReport(preset="cpu", task="predict", device="cpu", device_line="device: cpu (2 cores)",
+    report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="device: cpu (2 cores)",
                             budget_bytes=8 * GIB, budget_mode="simulated", trials=trials,
                             planned=[t.name for t in trials], out_dir="runs/benchmark/cpu-predict-20261130-120000")
     summarize_predict(report)
     return report
 
 
-async def _finish(pilot, app: DashboardApp, results: list, report: ProtocolReport, gpus: bool) -> None:
+async def _finish(pilot, app: DashboardApp, results: list, report: BenchmarkReport, gpus: bool) -> None:
     for snapshot in series(5, gpus=gpus):
         app.post_message(TelemetryUpdated(snapshot))
     app.run_state.begin(f"benchmark {report.task}")
     app.results_task, app.results = report.task, ResultsModel(columns(report.task))  # as `b` / `B` start it
     for result in results:
-        app.post_message(ProtocolEvent(TrialFinished(result)))
+        app.post_message(BenchmarkEvent(TrialFinished(result)))
         await pilot.pause()
     app.post_message(JobFinished(f"benchmark {report.task}", "done", f"{len(results)} trials", report))
     await pilot.pause()
@@ -87,8 +87,8 @@ def _assert_all_on_screen(app: DashboardApp, results: list) -> str:
 @pytest.mark.parametrize("drift_every", [3, 1], ids=["cpu-plan", "drift-after-every-single"])
 async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50(drift_every: int) -> None:
     names = tuple(s.name for s in plan_trials(resolve_preset("cpu"), "train",
-                                            ProtocolOptions(drift_every=drift_every, full=True)))  # every trial
-    results, report = full_protocol(names=names)
+                                            BenchmarkOptions(drift_every=drift_every, full=True)))  # every trial
+    results, report = full_benchmark(names=names)
     report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
     report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16, "fits_batch": 240,
                        "text": "2.40 of 8.0 GiB used (30%): batch 16 -> about 240 would fit"}

@@ -1,4 +1,4 @@
-"""Dashboard jobs for real on the tiny preset: autobatch, the benchmark protocol, training, cancel, export, quit."""
+"""Dashboard jobs for real on the tiny preset: autobatch, the benchmark, training, cancel, export, quit."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 from textual import events
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, plan_trials
+from kronos_tune.benchmark import BenchmarkOptions, plan_trials
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_core.train import load_checkpoint
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel, StatusBar
 from test_tui_canned import log_text, table_rows, until, write_tiny_preset
 
-# A few steps per trial and a short measuring budget: the protocol's defaults measure for 10 s a trial.
+# A few steps per trial and a short measuring budget: the benchmark's defaults measure for 10 s a trial.
 FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, min_rounds=6,
             resolution_min_rounds=6)
 
@@ -97,7 +97,7 @@ def _rows(app: DashboardApp) -> dict[str, list[str]]:
     return {row[0]: row for row in table_rows(app)}
 
 
-PROTOCOL_LIMIT_S = 600.0  # a safety limit against hangs (each tiny trial runs in its own worker process)
+BENCHMARK_LIMIT_S = 600.0  # a safety limit against hangs (each tiny trial runs in its own worker process)
 
 
 def _folders(root: Path) -> list[Path]:
@@ -111,10 +111,10 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
     preset, folder = tiny
     out = tmp_path / "out"
     # baseline, noise probe, checkpointing: three ok rows; the baseline-repeat would add only a fourth trial process
-    options = ProtocolOptions(**FAST, only=("checkpointing",), skip=("baseline-repeat",))
+    options = BenchmarkOptions(**FAST, only=("checkpointing",), skip=("baseline-repeat",))
     specs = plan_trials(preset, "train", options)
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
-    app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options, timestamps=False)
     async with app.run_test(size=(160, 50)) as pilot:
         await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
@@ -122,7 +122,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         run_panel = app.query_one(RunPanel).render().plain
         assert f"trial 1/{len(planned)} baseline" in run_panel and "loss" in run_panel
         assert f"step {app.run_state.step} " in run_panel and f"at least {steps}" in run_panel  # an open count
-        await until(pilot, lambda: not app.busy, "the protocol finished", PROTOCOL_LIMIT_S)
+        await until(pilot, lambda: not app.busy, "the benchmark finished", BENCHMARK_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         ended = app.query_one(RunPanel).render().plain
@@ -189,7 +189,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
         await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
         await _key(pilot, "c")
-        await until(pilot, lambda: not app.busy, "the second protocol stopped", PROTOCOL_LIMIT_S)
+        await until(pilot, lambda: not app.busy, "the second benchmark stopped", BENCHMARK_LIMIT_S)
         await pilot.pause()
         benches = _folders(out / "benchmark")
         assert len(benches) == 2 and first in benches
@@ -204,8 +204,8 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
 async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     out = tmp_path / "out"
-    options = ProtocolOptions(**{**FAST, "steps": 60}, only=("checkpointing",))
-    app = DashboardApp(preset=preset, out_dir=out, protocol_options=options, timestamps=False)
+    options = BenchmarkOptions(**{**FAST, "steps": 60}, only=("checkpointing",))
+    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
@@ -217,7 +217,7 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
         await _until_training(pilot, app, "noise-probe")
         await _key(pilot, "c")
         assert app.run_state.phase == "cancelling" and app.run_state.trial == "noise-probe"
-        await until(pilot, lambda: not app.busy, "the protocol stopped", PROTOCOL_LIMIT_S)
+        await until(pilot, lambda: not app.busy, "the benchmark stopped", BENCHMARK_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "cancelled"
         rows = _rows(app)
@@ -236,11 +236,11 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     preset = resolve_preset("tiny-2mib", [folder])
     # the baseline's out-of-memory row is what is checked: the noise probe and the baseline-repeat (two more trial
     # processes, out of memory alike) are left out, and --only tf32 (CUDA only, skipped here) runs no single trial
-    options = ProtocolOptions(**FAST, only=("tf32",), skip=("noise-probe", "baseline-repeat"))
-    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
+    options = BenchmarkOptions(**FAST, only=("tf32",), skip=("noise-probe", "baseline-repeat"))
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await _start(pilot, app, "b")
-        await until(pilot, lambda: not app.busy, "the protocol ended", PROTOCOL_LIMIT_S)
+        await until(pilot, lambda: not app.busy, "the benchmark ended", BENCHMARK_LIMIT_S)
         await pilot.pause()
         baseline = _rows(app)["baseline"]
         assert baseline[2] == "oom" and "simulated device out of memory" in baseline[-1]
@@ -253,12 +253,12 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
 @pytest.mark.asyncio
 async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
-    options = ProtocolOptions(**FAST, only=("kv-cache",), predict_repeats=2)
-    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", protocol_options=options, timestamps=False)
+    options = BenchmarkOptions(**FAST, only=("kv-cache",), predict_repeats=2)
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options, timestamps=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("B")
         assert app.run_state.job == "benchmark predict"
-        await until(pilot, lambda: not app.busy, "the predict protocol finished", PROTOCOL_LIMIT_S)
+        await until(pilot, lambda: not app.busy, "the predict benchmark finished", BENCHMARK_LIMIT_S)
         await pilot.pause()
         assert app.run_state.phase == "done", app.run_state.outcome
         rows = _rows(app)
@@ -276,8 +276,8 @@ def test_quit_during_a_run_leaves_nothing_running(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     before = {thread.ident for thread in threading.enumerate()}
     sampler = Sampler(interval_s=0.1, capacity=50)
-    options = ProtocolOptions(**{**FAST, "steps": 30}, only=("checkpointing",))
-    app = DashboardApp(preset=preset, sampler=sampler, out_dir=tmp_path / "out", protocol_options=options)
+    options = BenchmarkOptions(**{**FAST, "steps": 30}, only=("checkpointing",))
+    app = DashboardApp(preset=preset, sampler=sampler, out_dir=tmp_path / "out", benchmark_options=options)
 
     async def session() -> None:
         async with app.run_test(size=(120, 40)) as pilot:

@@ -13,9 +13,9 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.tui.messages import JobFinished, ProtocolEvent
+from kronos_tune.tui.messages import JobFinished, BenchmarkEvent
 from kronos_tune.tui.widgets.scatter import ScatterPanel, ScatterScreen
-from test_tui_canned import GIB, full_protocol, trial_results, until
+from test_tui_canned import GIB, full_benchmark, trial_results, until
 
 
 def _text(renderable: object) -> str:
@@ -35,7 +35,7 @@ async def test_scatter_follows_the_running_benchmark_and_marks_the_front() -> No
         assert panel.drawn == {} and "No finished trials yet" in _text(panel.query_one("#scatter-caption").content)
 
         for result in trial_results():
-            app.post_message(ProtocolEvent(TrialFinished(result)))
+            app.post_message(BenchmarkEvent(TrialFinished(result)))
         await until(pilot, lambda: "trials" in panel.drawn, "the points")
         assert app.screen.query("#scatter-plot")  # the textual-plotext widget, not the fallback
         xs, ys, names = panel.drawn["trials"]
@@ -53,7 +53,7 @@ async def test_scatter_follows_the_running_benchmark_and_marks_the_front() -> No
 
         bigger = TrialResult("bigger-batch", "single", "ok", step_time_s=Spread(1.0, 0.95, 1.05, 5),
                              peak_memory_bytes=int(4.0 * GIB))
-        app.post_message(ProtocolEvent(TrialFinished(bigger)))
+        app.post_message(BenchmarkEvent(TrialFinished(bigger)))
         await until(pilot, lambda: "bigger-batch" in panel.drawn["trials"][2], "the new trial's point")
         assert panel.drawn["front"][2] == ["checkpointing", "baseline", "combined", "bigger-batch"]
         assert panel.drawn["budget"][0] == [pytest.approx(8.0)]  # now within reach: the red line
@@ -66,10 +66,10 @@ async def test_finished_benchmark_marks_the_recommendation() -> None:
     pytest.importorskip("textual_plotext")
     app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        results, report = full_protocol()
+        results, report = full_benchmark()
         app.run_state.begin("benchmark train")
         for result in results:
-            app.post_message(ProtocolEvent(TrialFinished(result)))
+            app.post_message(BenchmarkEvent(TrialFinished(result)))
         app.post_message(JobFinished("benchmark train", "done", f"{len(results)} trials", report))
         await until(pilot, lambda: app.answer is not None, "the answer")
         await pilot.press("g")
@@ -88,7 +88,7 @@ async def test_without_textual_plotext_a_table_takes_the_plots_place(monkeypatch
     app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
     async with app.run_test(size=(120, 40)) as pilot:
         for result in trial_results():
-            app.post_message(ProtocolEvent(TrialFinished(result)))
+            app.post_message(BenchmarkEvent(TrialFinished(result)))
         await pilot.pause()
         await pilot.press("g")
         await until(pilot, lambda: isinstance(app.screen, ScatterScreen), "the scatter screen")

@@ -15,7 +15,7 @@ from textual.widgets._footer import FooterKey
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable
-from test_tui_canned import SNAPSHOT_TRIALS, full_protocol, series
+from test_tui_canned import SNAPSHOT_TRIALS, full_benchmark, series
 from test_tui_finished_fit import LONG_REASON, _finish
 
 GIB = 2**30
@@ -39,7 +39,7 @@ def footer_keys(app: DashboardApp) -> set[str]:
 
 
 async def _finished(pilot, app: DashboardApp):
-    results, report = full_protocol(names=SNAPSHOT_TRIALS)
+    results, report = full_benchmark(names=SNAPSHOT_TRIALS)
     report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
     report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16, "fits_batch": 240,
                        "text": "2.40 of 8.0 GiB used (30%): batch 16 -> about 240 would fit"}

@@ -14,8 +14,8 @@ from textual.pilot import Pilot
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.tui.messages import JobFinished, ProtocolEvent, TelemetryUpdated
-from test_tui_canned import GIB, SNAPSHOT_TRIALS, full_protocol, series, trial_in_flight, trial_results
+from kronos_tune.tui.messages import JobFinished, BenchmarkEvent, TelemetryUpdated
+from test_tui_canned import GIB, SNAPSHOT_TRIALS, full_benchmark, series, trial_in_flight, trial_results
 from test_tui_finished_fit import LONG_REASON
 
 SIZES = [(100, 30), (160, 50)]
@@ -27,16 +27,16 @@ def canned_app() -> DashboardApp:
     return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False)
 
 
-def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, protocol: bool = False,
+def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, benchmark: bool = False,
          long_answer: bool = False):
     async def run_before(pilot: Pilot) -> None:
         app = pilot.app
         for snapshot in series(count, gpus):
             app.post_message(TelemetryUpdated(snapshot))
         for result in trial_results() if trials else ():
-            app.post_message(ProtocolEvent(TrialFinished(result)))
-        if protocol:  # the cpu preset's whole protocol, finished, with its recommendation
-            results, report = full_protocol(names=SNAPSHOT_TRIALS)
+            app.post_message(BenchmarkEvent(TrialFinished(result)))
+        if benchmark:  # the cpu preset's whole benchmark, finished, with its recommendation
+            results, report = full_benchmark(names=SNAPSHOT_TRIALS)
             if long_answer:  # a reason as long as the real rule writes, and the memory headroom
                 report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
                 report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16,
@@ -44,12 +44,12 @@ def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, pr
                                                               "would fit"}
             app.run_state.begin("benchmark train")
             for result in results:
-                app.post_message(ProtocolEvent(TrialFinished(result)))
+                app.post_message(BenchmarkEvent(TrialFinished(result)))
             app.post_message(JobFinished("benchmark train", "done", f"{len(results)} ok", report))
-        if running:  # as if `b` had started the protocol and it were four steps into its fifth trial
+        if running:  # as if `b` had started the benchmark and it were four steps into its fifth trial
             app.run_state.begin("benchmark train")
             for event in trial_in_flight():
-                app.post_message(ProtocolEvent(event))
+                app.post_message(BenchmarkEvent(event))
         await pilot.pause()
         await pilot.wait_for_scheduled_animations()
     return run_before
@@ -92,12 +92,12 @@ def test_run_panel_during_a_trial(snap_compare) -> None:
 
 
 @pytest.mark.parametrize("size", FINISHED_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_whole_protocol_with_recommendation(snap_compare, size: tuple[int, int]) -> None:
-    """Every trial of the cpu protocol and the recommendation panel at 80x24, 100x30, 120x40 and 160x50: the
+def test_whole_benchmark_with_recommendation(snap_compare, size: tuple[int, int]) -> None:
+    """Every trial of the cpu benchmark and the recommendation panel at 80x24, 100x30, 120x40 and 160x50: the
     recommendation's first lines (what to run, the command) on screen, the table scrolled to the recommended row
     where it does not fit (the other rows one PgUp away, as its legend says); ▶ marks the recommended row, ★ the
     fastest; the Run panel shows the run's end."""
-    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, protocol=True))
+    assert snap_compare(canned_app(), terminal_size=size, run_before=feed(40, gpus=False, benchmark=True))
 
 
 SMALL_SIZES = [(80, 24), (100, 30)]
@@ -108,7 +108,7 @@ def test_a_long_recommendation_read_to_its_end(snap_compare, size: tuple[int, in
     """tab (the footer names it) gives the recommendation the focus and more rows; PgDn scrolls it to its end
     (the memory line); the table keeps its header and a trial row below it."""
     assert snap_compare(canned_app(), terminal_size=size, press=["tab", "pagedown", "pagedown", "pagedown"],
-                        run_before=feed(40, gpus=False, protocol=True, long_answer=True))
+                        run_before=feed(40, gpus=False, benchmark=True, long_answer=True))
 
 
 @pytest.mark.parametrize("size", SMALL_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -116,8 +116,8 @@ def test_back_to_the_table_and_its_first_rows(snap_compare, size: tuple[int, int
     """tab twice more (the log, then the results), then PgUp to the top: the table's first rows under the
     recommendation's first lines."""
     assert snap_compare(canned_app(), terminal_size=size, press=["tab", "tab", "tab"] + ["pageup"] * 6,
-                        run_before=feed(40, gpus=False, protocol=True, long_answer=True))
+                        run_before=feed(40, gpus=False, benchmark=True, long_answer=True))
 
 
-def test_whole_protocol_with_two_gpus(snap_compare) -> None:
-    assert snap_compare(canned_app(), terminal_size=(160, 50), run_before=feed(40, gpus=True, protocol=True))
+def test_whole_benchmark_with_two_gpus(snap_compare) -> None:
+    assert snap_compare(canned_app(), terminal_size=(160, 50), run_before=feed(40, gpus=True, benchmark=True))

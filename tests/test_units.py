@@ -17,7 +17,7 @@ GIB, MIB = 2**30, 2**20
     (512, {}, "512 B"),
     (None, {}, "n/a"),
     (None, {"missing": "–"}, "–"),                              # report tables
-    (11.5 * GIB, {"unit": "GiB", "digits": 1}, "11.5 GiB"),     # protocol device line
+    (11.5 * GIB, {"unit": "GiB", "digits": 1}, "11.5 GiB"),     # benchmark device line
     (300 * MIB, {"unit": "GiB"}, "0.29 GiB"),                   # train and monitor: always GiB
     (1536.25 * MIB, {"unit": "MiB", "digits": 1}, "1,536.2 MiB"),  # predict and profile: MiB with separators
     (500 * MIB, {"unit": "MiB", "digits": 0}, "500 MiB"),

@@ -88,7 +88,7 @@ class Trainer:
         config, dist = self.config, self.dist
         self.device = dist.device(device_type)
         check_amp_support(config, self.device)
-        # Process-wide (TF32 tensor cores on CUDA for "high"); the protocol runs each trial in its own process.
+        # Process-wide (TF32 tensor cores on CUDA for "high"); the benchmark runs each trial in its own process.
         torch.set_float32_matmul_precision(config.matmul_precision)
         self.output_dir = Path(config.output_dir)
         self._seed(config.seed)

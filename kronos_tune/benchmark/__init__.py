@@ -1,8 +1,8 @@
 """`kronos-tune benchmark`: the baseline, one change at a time against it, then the helpful changes together.
 
-    from kronos_tune.benchmark import plan_trials, run_protocol, ProtocolOptions
+    from kronos_tune.benchmark import plan_trials, run_benchmark, BenchmarkOptions
     specs = plan_trials("cpu")                      # baseline, noise probe, single changes, combined
-    report = run_protocol("cpu", out_dir="bench")   # runs them; results.jsonl, report.*, recommended.toml
+    report = run_benchmark("cpu", out_dir="bench")   # runs them; results.jsonl, report.*, recommended.toml
 
 Train: the preset's workload as the reference trains it, then one change at a
 time against it (bf16, fp16, activation checkpointing, accumulation,
@@ -22,15 +22,15 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "ProtocolOptions": "kronos_tune.benchmark.options",
+    "BenchmarkOptions": "kronos_tune.benchmark.options",
     "plan_trials": "kronos_tune.benchmark.tasks",
-    "run_protocol": "kronos_tune.benchmark.run.runner",
+    "run_benchmark": "kronos_tune.benchmark.run.runner",
     "load_results": "kronos_tune.benchmark.results",
     "write_reports": "kronos_tune.benchmark.report.files",
     **{name: "kronos_tune.benchmark.results" for name in (
-        "Delta", "PredictSettings", "ProtocolReport", "Spread", "TrialResult", "TrialSpec")},
+        "Delta", "PredictSettings", "BenchmarkReport", "Spread", "TrialResult", "TrialSpec")},
     **{name: "kronos_tune.benchmark.events" for name in (
-        "PredictStep", "ProtocolFinished", "TrialFinished", "TrialStarted", "TrialStep")},
+        "PredictStep", "BenchmarkFinished", "TrialFinished", "TrialStarted", "TrialStep")},
 }
 
 __all__ = sorted(_HOMES)

@@ -1,12 +1,12 @@
 """What a running benchmark tells its views (the terminal, the dashboard, the run log), in order: a trial
-started, one of its steps (a training StepRecord or a prediction run), a trial finished, the protocol finished."""
+started, one of its steps (a training StepRecord or a prediction run), a trial finished, the benchmark finished."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import BenchmarkReport, TrialResult, TrialSpec
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class TrialFinished:
 
 
 @dataclass(frozen=True)
-class ProtocolFinished:
-    report: ProtocolReport
+class BenchmarkFinished:
+    report: BenchmarkReport
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class ProtocolOptions:
-    """How to run the protocol. Defaults size the `cpu` preset's train protocol to a few minutes on 2 cores.
+class BenchmarkOptions:
+    """How to run the benchmark. Defaults size the `cpu` preset's train benchmark to a few minutes on 2 cores.
 
     Timing (train): each trial warms up until a step's time settles within ``settle_tolerance`` of the one
     before (at least ``warmup``, at most ``max_warmup`` steps; compile at least ``compile_warmup`` and up to

@@ -1,4 +1,4 @@
-"""What the benchmark protocol plans, measures, reports and emits: plain dataclasses with to/from dict.
+"""What the benchmark plans, measures, reports and emits: plain dataclasses with to/from dict.
 
 Every figure that was measured more than once is a ``Spread``: a float whose
 value is the median, carrying ``min``, ``max`` and ``n`` (so code that wants a
@@ -116,7 +116,7 @@ class PredictSettings:
 @dataclass
 class TrialSpec:
     """One planned trial. ``config``: a TrainConfig (train) or PredictSettings (predict); None when it is
-    only decided while the protocol runs (combined, autobatch). ``skip_reason`` set = not run."""
+    only decided while the benchmark runs (combined, autobatch). ``skip_reason`` set = not run."""
 
     name: str
     stage: str
@@ -294,8 +294,8 @@ class TaskDecision(Protocol):
 
 
 @dataclass
-class ProtocolReport:
-    """The whole protocol: where it ran, every trial, the quality rule, the recommendation."""
+class BenchmarkReport:
+    """The whole benchmark: where it ran, every trial, the quality rule, the recommendation."""
 
     preset: str
     task: str
@@ -342,7 +342,7 @@ class ProtocolReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any],
-                  read_decision: Callable[[dict[str, Any]], TaskDecision] | None = None) -> ProtocolReport:
+                  read_decision: Callable[[dict[str, Any]], TaskDecision] | None = None) -> BenchmarkReport:
         """The report of a report.json; `read_decision` reads its task's decision (tasks.report_from_dict
         passes it), without it the decision is left out (summarize derives it again from the trials)."""
         known = {spec.name for spec in fields(cls)}

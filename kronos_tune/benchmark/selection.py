@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import TrialSpec
 from kronos_tune.benchmark.train.decide import OBJECTIVES
 from kronos_tune.errors import KronosTuneError
@@ -35,7 +35,7 @@ def device_count(device: str) -> int:
     return torch.cuda.device_count()
 
 
-def check_names(task: str, options: ProtocolOptions, names: tuple[str, ...]) -> None:
+def check_names(task: str, options: BenchmarkOptions, names: tuple[str, ...]) -> None:
     for flag, given in (("--skip", options.skip), ("--only", options.only)):
         for name in given:
             if name not in names:
@@ -64,7 +64,7 @@ def left_out(name: str, why: str) -> str:
     return f"{LEFT_OUT}: {why}; {ADD_BACK.format(name=name)}"
 
 
-def quick_reason(spec: TrialSpec, options: ProtocolOptions, device: str) -> str | None:
+def quick_reason(spec: TrialSpec, options: BenchmarkOptions, device: str) -> str | None:
     """Why the default run leaves `spec` out on this device (None: it runs). --full and --only bring it back.
     Memory savers are decided once the baseline has run (train/trials.py)."""
     if options.full or spec.name in options.only or device != "cpu":
@@ -78,7 +78,7 @@ def quick_reason(spec: TrialSpec, options: ProtocolOptions, device: str) -> str 
     return None
 
 
-def selection_reason(name: str, options: ProtocolOptions, optional: tuple[str, ...]) -> str | None:
+def selection_reason(name: str, options: BenchmarkOptions, optional: tuple[str, ...]) -> str | None:
     """Why the user's --skip/--only leave `name` out (None when it runs)."""
     if name in options.skip:
         return "skipped by --skip"

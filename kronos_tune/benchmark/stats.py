@@ -1,6 +1,6 @@
 """Timing statistics that survive outliers and drift.
 
-The protocol decides "faster / slower / the same" from the ratio of two
+The benchmark decides "faster / slower / the same" from the ratio of two
 medians (a trial's step times over the baseline's) and a confidence interval
 of that ratio, never from [min, max] overlap: one slow step (a page fault, a
 garbage collection, a neighbour's burst) moves the max but barely the median.

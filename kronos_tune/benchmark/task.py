@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.report.cells import Cell
-from kronos_tune.benchmark.results import ProtocolReport, TaskDecision, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import BenchmarkReport, TaskDecision, TrialResult, TrialSpec
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
@@ -33,11 +33,11 @@ class BenchmarkTask(ABC):
     dashboard_trains: bool = False  # the dashboard's `t` can train with its recommended.toml
     no_recommendation: str  # the answer's line when the run recommends nothing
 
-    def check(self, options: ProtocolOptions) -> None:
+    def check(self, options: BenchmarkOptions) -> None:
         """Refuse options the task cannot use (KronosTuneError, one line)."""
 
     @abstractmethod
-    def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    def plan(self, preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
         """Every trial in run order, skipped ones with their reason."""
 
     @abstractmethod
@@ -57,7 +57,7 @@ class BenchmarkTask(ABC):
         return {}
 
     @abstractmethod
-    def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
+    def decide(self, report: BenchmarkReport, preset: Preset | None) -> None:
         """Fill the derived sections of `report` (a copy `summarize` owns) from its trials: comparisons,
         deltas, quality, timing, the decision and the recommendation."""
 
@@ -70,18 +70,18 @@ class BenchmarkTask(ABC):
         """The task's own cells of a trial's table row, by column name (the shared ones come from the table)."""
 
     @abstractmethod
-    def recommended_toml(self, report: ProtocolReport) -> str | None:
+    def recommended_toml(self, report: BenchmarkReport) -> str | None:
         """RUN/recommended.toml, for `kronos-tune <config_command> --config`; None without a recommendation."""
 
     @abstractmethod
-    def markdown_lines(self, report: ProtocolReport) -> list[str]:
+    def markdown_lines(self, report: BenchmarkReport) -> list[str]:
         """report.md's section between the notes and the table."""
 
     @abstractmethod
-    def notes(self, report: ProtocolReport) -> list[str]:
+    def notes(self, report: BenchmarkReport) -> list[str]:
         """The plain lines a terminal prints under the table."""
 
-    def resolution_line(self, report: ProtocolReport) -> str | None:
+    def resolution_line(self, report: BenchmarkReport) -> str | None:
         """The run's own resolution in one sentence, where the task measures one."""
         return None
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.predict.task import PredictBenchmark
-from kronos_tune.benchmark.results import ProtocolReport, TrialSpec
+from kronos_tune.benchmark.results import BenchmarkReport, TrialSpec
 from kronos_tune.benchmark.selection import check_names, resolve
 from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.benchmark.train.task import TrainBenchmark
@@ -24,12 +24,12 @@ def get(name: str) -> BenchmarkTask:
     return task
 
 
-def report_from_dict(data: dict[str, Any]) -> ProtocolReport:
+def report_from_dict(data: dict[str, Any]) -> BenchmarkReport:
     """A report.json read back, its decision typed by its task."""
-    return ProtocolReport.from_dict(data, get(data["task"]).read_decision)
+    return BenchmarkReport.from_dict(data, get(data["task"]).read_decision)
 
 
-def check_options(task: str, options: ProtocolOptions) -> BenchmarkTask:
+def check_options(task: str, options: BenchmarkOptions) -> BenchmarkTask:
     """The task, once its name and the options are known good (else one line, KronosTuneError): what a
     command checks before it loads the runner."""
     chosen = get(task)
@@ -39,7 +39,7 @@ def check_options(task: str, options: ProtocolOptions) -> BenchmarkTask:
 
 
 def plan_trials(preset: Preset | str, task: str = "train",
-                options: ProtocolOptions = ProtocolOptions()) -> list[TrialSpec]:
+                options: BenchmarkOptions = BenchmarkOptions()) -> list[TrialSpec]:
     """Every trial of the benchmark in run order (baseline first, combined last), skipped ones with their reason."""
     preset = resolve(preset)
     chosen = check_options(task, options)

@@ -1,6 +1,6 @@
-"""`kronos-tune benchmark`: the incremental optimization protocol (kronos_tune.benchmark), with live progress.
+"""`kronos-tune benchmark`: the incremental optimization benchmark (kronos_tune.benchmark), with live progress.
 
-Parse the flags, call run_protocol, render its report; Ctrl-C asks the protocol to stop at the next step
+Parse the flags, call run_benchmark, render its report; Ctrl-C asks the benchmark to stop at the next step
 boundary (a second Ctrl-C interrupts at once) and the finished trials are still reported.
 """
 
@@ -25,9 +25,9 @@ from kronos_core.train.signals import STOP_SIGNALS, TERMINATING_SIGNALS, forget_
 from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
-from kronos_tune.benchmark.options import ProtocolOptions
-from kronos_tune.benchmark.events import ProtocolFinished, TrialFinished, TrialStarted, TrialStep
-from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.options import BenchmarkOptions
+from kronos_tune.benchmark.events import BenchmarkFinished, TrialFinished, TrialStarted, TrialStep
+from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
 from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds
@@ -67,8 +67,8 @@ def cancel_on_signals(cancel: threading.Event) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-class ProtocolProgress(LiveProgress):
-    """Two Rich bars fed by the protocol's events: trials done, and the steps of the trial in flight."""
+class BenchmarkProgress(LiveProgress):
+    """Two Rich bars fed by the benchmark's events: trials done, and the steps of the trial in flight."""
 
     label = "benchmark"
 
@@ -92,7 +92,7 @@ class ProtocolProgress(LiveProgress):
             info = result.status if not result.reason else f"{result.status}: {result.reason}"
             p.update(self.trials, advance=1, info=f"{result.name} {info}"[:80])
             p.update(self.steps, visible=False)
-        elif isinstance(event, ProtocolFinished):
+        elif isinstance(event, BenchmarkFinished):
             p.update(self.trials, info="done")
 
 
@@ -105,7 +105,7 @@ CAPTIONS = {
 }
 
 
-def render(console: Console, report: ProtocolReport) -> None:
+def render(console: Console, report: BenchmarkReport) -> None:
     header, rows = table(report, compact=True)
     out = Table(title=f"kronos-tune benchmark: preset {report.preset}, task {report.task}", title_justify="left",
                 caption=report.device_line + CAPTIONS.get(report.task, ""), caption_justify="left",
@@ -201,8 +201,8 @@ def register(app: typer.Typer) -> None:
 
             want_tensorboard(True)  # not installed: the pip line, exit 2
         chosen = resolve_preset(preset, list(preset_dir or []))
-        defaults = ProtocolOptions()
-        options = ProtocolOptions(
+        defaults = BenchmarkOptions()
+        options = BenchmarkOptions(
             steps=steps or defaults.steps, max_steps=max(max_steps or defaults.max_steps, steps or 1),
             warmup=defaults.warmup if warmup is None else warmup, trial_budget_s=trial_budget,
             trial_timeout_s=trial_timeout, objective=objective, skip=_names(skip), only=_names(only),
@@ -215,11 +215,11 @@ def register(app: typer.Typer) -> None:
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
         check_options(task, options)  # bad flags: one line before the runner (and torch) loads
-        from kronos_tune.benchmark.run.runner import run_protocol
+        from kronos_tune.benchmark.run.runner import run_benchmark
 
         cancel = threading.Event()
-        with cancel_on_signals(cancel) as received, ProtocolProgress(console) as view:
-            report = run_protocol(chosen, task=task, options=options, out_dir=out, resume=resume,
+        with cancel_on_signals(cancel) as received, BenchmarkProgress(console) as view:
+            report = run_benchmark(chosen, task=task, options=options, out_dir=out, resume=resume,
                                   on_event=view.on_event, cancel=cancel, overwrite=overwrite, tensorboard=tensorboard)
         if json_out:  # report.json as written: with the figures every view shows (`shown`)
             from kronos_tune.benchmark.report.estimate import report_dict

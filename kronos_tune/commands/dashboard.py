@@ -1,4 +1,4 @@
-"""`kronos-tune dashboard`: the interactive terminal UI over telemetry, presets, the protocol and training."""
+"""`kronos-tune dashboard`: the interactive terminal UI over telemetry, presets, the benchmark and training."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def dashboard(
                                       "OUT/train/<preset>-<time>/, OUT/exports/; one new folder per run.",
                                       file_okay=False)] = Path("runs"),
 ) -> None:
-    """Live GPU/host telemetry, the benchmark protocol, autobatch and training in one screen (? lists the keys)."""
+    """Live GPU/host telemetry, the benchmark, autobatch and training in one screen (? lists the keys)."""
     from kronos_tune.presets import preset_dirs, resolve_preset
 
     dirs = list(preset_dir or [])

@@ -35,7 +35,7 @@ class LiveMeter(PhaseMeter, Protocol):
 class MeterSwitch:
     """A PhaseMeter for the Trainer that forwards to `meter` while `enabled` (always, with ``always``).
 
-    The benchmark protocol switches it on for the metered step only; autobatch keeps it on and swaps `meter`
+    The benchmark switches it on for the metered step only; autobatch keeps it on and swaps `meter`
     for each probe, so one Trainer serves every probe."""
 
     def __init__(self, meter: Any | None, always: bool = False) -> None:

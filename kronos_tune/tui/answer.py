@@ -1,6 +1,6 @@
 """The benchmark's answer as the dashboard shows it: what to run, why, the command, and the fastest trial.
 
-Plain Python (no Textual): built from a ProtocolReport's `recommended` (a Recommendation: source, reason,
+Plain Python (no Textual): built from a BenchmarkReport's `recommended` (a Recommendation: source, reason,
 command, changes, partial, missing) and the finished trials.
 """
 
@@ -27,7 +27,7 @@ class Answer:
     partial: bool = False
     missing: list[str] = field(default_factory=list)
     newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
-    headroom: dict[str, Any] | None = None  # ProtocolReport.headroom: peak vs budget, the batch that would fit
+    headroom: dict[str, Any] | None = None  # BenchmarkReport.headroom: peak vs budget, the batch that would fit
     resolution: str | None = None  # "changes under 3.8% could not be told from noise in this run (...)"
 
     def changes_text(self) -> str:
@@ -47,7 +47,7 @@ def _figure(result: Any, trials: list[Any], task: str) -> str:
 
 
 def answer_from(report: Any) -> Answer:
-    """The answer of a finished (or cancelled) protocol run."""
+    """The answer of a finished (or cancelled) benchmark run."""
     from kronos_tune.benchmark.report.files import resolution_line
 
     rec = report.recommended

@@ -24,7 +24,7 @@ from kronos_tune.tui import jobs
 from kronos_tune.tui.answer import Answer
 from kronos_tune.tui.format import gib
 from kronos_tune.tui.keys import bindings, help_rows, palette_entries
-from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEvent, TelemetryUpdated, TrainingStep
+from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, BenchmarkEvent, TelemetryUpdated, TrainingStep
 from kronos_tune.tui.model import ResultsModel, RunState, TelemetryHistory
 from kronos_tune.tui.results_view import ResultsView
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen, too_small
@@ -32,14 +32,14 @@ from kronos_tune.tui.widgets import (
     AnswerPanel, GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar, columns,
 )
 
-if TYPE_CHECKING:  # the protocol imports torch: loaded when the first job needs it, not at start-up
-    from kronos_tune.benchmark import ProtocolOptions, ProtocolReport
+if TYPE_CHECKING:  # the benchmark imports torch: loaded when the first job needs it, not at start-up
+    from kronos_tune.benchmark import BenchmarkOptions, BenchmarkReport
 
 PALETTE_IN_FOOTER_WIDTH = 100
 
 
 class DashboardApp(ResultsView, App[int]):
-    """`kronos-tune dashboard`: live telemetry, the benchmark protocol, autobatch and training in one screen."""
+    """`kronos-tune dashboard`: live telemetry, the benchmark, autobatch and training in one screen."""
 
     CSS_PATH = "styles.tcss"
     TITLE = "kronos-tune dashboard"
@@ -47,18 +47,18 @@ class DashboardApp(ResultsView, App[int]):
 
     def __init__(self, preset: Preset | None = None, preset_dirs: list[Path] | None = None,
                  sampler: Sampler | None = None, out_dir: Path = Path("runs"),
-                 protocol_options: ProtocolOptions | None = None, host_label: str | None = None,
+                 benchmark_options: BenchmarkOptions | None = None, host_label: str | None = None,
                  timestamps: bool = True) -> None:
         """`sampler`: started on mount and stopped on quit (None: telemetry arrives as TelemetryUpdated
-        messages posted by the caller, as the snapshot tests do). `protocol_options`: ProtocolOptions for
-        every benchmark (None: the protocol's defaults). `out_dir`: the root of the run folders
+        messages posted by the caller, as the snapshot tests do). `benchmark_options`: BenchmarkOptions for
+        every benchmark (None: the benchmark's defaults). `out_dir`: the root of the run folders
         (OUT/benchmark/<preset>-<task>-<time>/, OUT/train/<preset>-<time>/, OUT/exports/...): one per run."""
         super().__init__()
         self.preset = preset
         self.preset_dirs = list(preset_dirs or [])
         self.sampler = sampler
         self.out_dir = Path(out_dir)
-        self.protocol_options = protocol_options
+        self.benchmark_options = benchmark_options
         self.host_label = host_label or socket.gethostname()
         self.timestamps = timestamps
         self.telemetry = TelemetryHistory()
@@ -66,8 +66,8 @@ class DashboardApp(ResultsView, App[int]):
         self.results_task = "train"
         self.results = ResultsModel(columns(self.results_task))
         self.paused = False
-        self.report: ProtocolReport | None = None  # the last benchmark's report (also a cancelled one)
-        self.complete: dict[str, ProtocolReport] = {}  # per task: the last complete report of this preset
+        self.report: BenchmarkReport | None = None  # the last benchmark's report (also a cancelled one)
+        self.complete: dict[str, BenchmarkReport] = {}  # per task: the last complete report of this preset
         self.answer: Answer | None = None  # what the recommendation panel shows
         self.recommended: Path | None = None  # recommended.toml behind the answer (train task)
         self._cancel = threading.Event()
@@ -236,8 +236,8 @@ class DashboardApp(ResultsView, App[int]):
     def on_log_line(self, message: LogLine) -> None:
         self.log_line(message.text, message.level)
 
-    def on_protocol_event(self, message: ProtocolEvent) -> None:
-        from kronos_tune.benchmark import PredictStep, ProtocolFinished, TrialFinished, TrialStarted, TrialStep
+    def on_benchmark_event(self, message: BenchmarkEvent) -> None:
+        from kronos_tune.benchmark import PredictStep, BenchmarkFinished, TrialFinished, TrialStarted, TrialStep
 
         event = message.event
         run = self.run_state
@@ -257,7 +257,7 @@ class DashboardApp(ResultsView, App[int]):
         elif isinstance(event, TrialFinished):
             run.end_trial()
             self._trial_finished(event.result)
-        elif isinstance(event, ProtocolFinished):
+        elif isinstance(event, BenchmarkFinished):
             self.report = event.report
         self._show_run()
 
@@ -291,7 +291,7 @@ class DashboardApp(ResultsView, App[int]):
         out = default_run_dir("benchmark", f"{preset.name}-{task}", root=self.out_dir)  # a new folder per run
         self.log_line(f"benchmark {task}: results in {out}")
         self.folders.append(out)
-        self._run_job(jobs.benchmark, preset, task, self.protocol_options, out, self._cancel)
+        self._run_job(jobs.benchmark, preset, task, self.benchmark_options, out, self._cancel)
 
     def action_autobatch(self) -> None:
         preset = self._start_job("autobatch")
@@ -349,7 +349,7 @@ class DashboardApp(ResultsView, App[int]):
         return "run folders of this session: " + ", ".join(str(folder) for folder in dict.fromkeys(self.folders))
 
     @work(thread=True, group="export", exit_on_error=False)
-    def _export(self, report: ProtocolReport, folder: Path) -> None:
+    def _export(self, report: BenchmarkReport, folder: Path) -> None:
         try:
             from kronos_tune.benchmark import write_reports
 

@@ -16,12 +16,12 @@ from textual.message import Message
 
 from kronos_core.errors import one_line
 from kronos_tune.presets import Preset
-from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, ProtocolEvent, TrainingStep
+from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, BenchmarkEvent, TrainingStep
 
 if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_core.train import StepRecord
     from kronos_tune.autobatch import Probe
-    from kronos_tune.benchmark import ProtocolOptions
+    from kronos_tune.benchmark import BenchmarkOptions
     from kronos_tune.train.job import StageStart, TrainListener
     from kronos_tune.train.schedule import TrainSchedule
 
@@ -34,16 +34,16 @@ def _finish(post: Post, job: str, stopped_early: bool, outcome: str, result: Any
     post(JobFinished(job, "cancelled" if stopped_early else "done", outcome, result))
 
 
-def benchmark(post: Post, preset: Preset, task: str, options: ProtocolOptions | None, out_dir: Path,
+def benchmark(post: Post, preset: Preset, task: str, options: BenchmarkOptions | None, out_dir: Path,
               cancel: threading.Event) -> None:
-    """run_protocol for `task` ("train" or "predict") into `out_dir` (results.jsonl, reports, recommended.toml);
-    every protocol event is forwarded as a ProtocolEvent."""
+    """run_benchmark for `task` ("train" or "predict") into `out_dir` (results.jsonl, reports, recommended.toml);
+    every benchmark event is forwarded as a BenchmarkEvent."""
     job = f"benchmark {task}"
     try:
-        from kronos_tune.benchmark import ProtocolOptions, run_protocol
+        from kronos_tune.benchmark import BenchmarkOptions, run_benchmark
 
-        report = run_protocol(preset, task=task, options=options or ProtocolOptions(), out_dir=out_dir,
-                              resume=False, on_event=lambda event: post(ProtocolEvent(event)), cancel=cancel)
+        report = run_benchmark(preset, task=task, options=options or BenchmarkOptions(), out_dir=out_dir,
+                              resume=False, on_event=lambda event: post(BenchmarkEvent(event)), cancel=cancel)
     except Exception as error:  # the app stays up and shows the reason
         post(JobFinished(job, "failed", one_line(error)))
         return

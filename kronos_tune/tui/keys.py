@@ -7,8 +7,8 @@ from textual.binding import Binding
 # (keys, action, footer label, what it does)
 ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("p", "pick_preset", "Preset", "Pick a preset"),
-    ("b", "benchmark('train')", "Bench", "Run the benchmark protocol on the training workload"),
-    ("B,shift+b", "benchmark('predict')", "Bench predict", "Run the benchmark protocol on the prediction workload"),
+    ("b", "benchmark('train')", "Bench", "Run the benchmark on the training workload"),
+    ("B,shift+b", "benchmark('predict')", "Bench predict", "Run the benchmark on the prediction workload"),
     ("a", "autobatch", "Autobatch", "Find the largest training batch that fits the preset's memory"),
     ("t", "train", "Train", "Train with the recommended config (a cancelled training run is continued)"),
     ("c", "cancel", "Cancel", "Cancel the run at the next step boundary (finished results stay)"),

@@ -17,8 +17,8 @@ class TelemetryUpdated(Message):
         self.snapshot = snapshot
 
 
-class ProtocolEvent(Message):
-    """One event of run_protocol: TrialStarted, TrialStep, TrialFinished or ProtocolFinished."""
+class BenchmarkEvent(Message):
+    """One event of run_benchmark: TrialStarted, TrialStep, TrialFinished or BenchmarkFinished."""
 
     def __init__(self, event: Any) -> None:
         super().__init__()

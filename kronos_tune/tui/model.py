@@ -2,7 +2,7 @@
 
 Plain Python (no Textual): the app feeds it snapshots and events, the widgets
 read it. Nothing here measures or decides anything about a run; it only
-remembers what the sampler, the protocol and the trainer reported.
+remembers what the sampler, the benchmark and the trainer reported.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from kronos_tune.tui.widgets.scatter import ScatterScreen
 
 if TYPE_CHECKING:
     from kronos_tune.presets import Preset
-    from kronos_tune.benchmark import ProtocolReport, TrialResult
+    from kronos_tune.benchmark import BenchmarkReport, TrialResult
     from kronos_tune.benchmark.report.pareto import Scatter
     from kronos_tune.tui.model import RunState
 
@@ -32,8 +32,8 @@ class ResultsView:
 
     results: ResultsModel
     results_task: str
-    report: ProtocolReport | None
-    complete: dict[str, ProtocolReport]
+    report: BenchmarkReport | None
+    complete: dict[str, BenchmarkReport]
     answer: Answer | None
     recommended: Path | None
     out_dir: Path
@@ -87,7 +87,7 @@ class ResultsView:
             level = "error" if result.status in ("oom", "failed") else "warning"
             self.log_line(f"{result.name}: {result.status}: {result.reason or 'no reason given'}", level)
 
-    def _benchmark_answer(self, report: ProtocolReport) -> None:
+    def _benchmark_answer(self, report: BenchmarkReport) -> None:
         """Show the report's answer, unless it is partial and a complete one of the same task is on screen:
         a cancelled run never replaces a finished one (both stay on disk, in their own folders)."""
         self.report = report

@@ -1,4 +1,4 @@
-"""Measuring the predict protocol's trials (planned in `trial_list.plan_predict`): the reference's full recompute vs the
+"""Measuring the predict benchmark's trials (planned in `trial_list.plan_predict`): the reference's full recompute vs the
 KV cache vs bf16 vs the autobatch chunk vs sharding the series over processes, on the preset's predict shape.
 
 Each trial runs what `kronos-tune predict --config RUN/recommended.toml` runs (pipeline.py: predict's config,

@@ -1,4 +1,4 @@
-"""What a finished (or partial) predict protocol run means: its decision, deltas and recommended settings.
+"""What a finished (or partial) predict benchmark run means: its decision, deltas and recommended settings.
 
 ``summarize_predict`` is summary.summarize's predict half: it fills the
 report's comparisons and deltas (each trial against the recompute baseline),
@@ -22,7 +22,7 @@ from kronos_tune.benchmark.predict.decide import (
 from kronos_tune.benchmark.predict.verdicts import PredictDecision, speedup_text
 from kronos_tune.benchmark.quality import compute_deltas
 from kronos_tune.benchmark.recommendation import Recommendation
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import BenchmarkReport, TrialResult
 from kronos_tune.benchmark.stats import Comparison
 
 PREDICT_RULE = ("each trial's run times against its reference's (kv-cache against the full recompute; bf16, the "
@@ -53,7 +53,7 @@ def _find(trials: list[TrialResult], name: str) -> TrialResult | None:
     return next((t for t in trials if t.name == name), None)
 
 
-def summarize_predict(report: ProtocolReport) -> None:
+def summarize_predict(report: BenchmarkReport) -> None:
     """Fill the predict report's comparisons, deltas, quality verdicts, decision, timing and recommendation."""
     trials = report.trials
     drift, _ = drift_estimate(trials)
@@ -84,7 +84,7 @@ def summarize_predict(report: ProtocolReport) -> None:
         f"kronos-tune predict --config {toml}", report.partial, list(report.missing), settings=settings)
 
 
-def recommended_predict_toml(report: ProtocolReport) -> str | None:
+def recommended_predict_toml(report: BenchmarkReport) -> str | None:
     """RUN/recommended.toml of a predict run: its recommended settings as a [predict] table."""
     rec = report.recommended
     if rec is None or not rec.settings:
@@ -104,7 +104,7 @@ def recommended_predict_toml(report: ProtocolReport) -> str | None:
     return predict_file_toml(settings, header)
 
 
-def predict_setup_line(report: ProtocolReport) -> str:
+def predict_setup_line(report: BenchmarkReport) -> str:
     """What every predict trial predicted and how often (from the trials' settings)."""
     configs = [t.config for t in report.trials if t.config]
     timed = max((int(c.get("measured_series") or 0) for c in configs), default=0)
@@ -118,7 +118,7 @@ def predict_setup_line(report: ProtocolReport) -> str:
             f"{report.options.get('predict_repeats')} timed runs; quality compares the outputs of {compared} series.")
 
 
-def predict_decision_lines(report: ProtocolReport) -> list[str]:
+def predict_decision_lines(report: BenchmarkReport) -> list[str]:
     """Plain sentences on the predict run and its decision: what was predicted, the rule, then each trial's
     verdict against its reference."""
     decision = report.decision
@@ -139,7 +139,7 @@ def predict_decision_lines(report: ProtocolReport) -> list[str]:
     return lines
 
 
-def predict_markdown_lines(report: ProtocolReport) -> list[str]:
+def predict_markdown_lines(report: BenchmarkReport) -> list[str]:
     """report.md's predict section: the setup and the rule as paragraphs, each trial's verdict as a bullet."""
     setup, *rest = predict_decision_lines(report)
     lines = [setup]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.predict.summary import (
     predict_decision_lines, predict_markdown_lines, recommended_predict_toml, summarize_predict,
 )
@@ -17,7 +17,7 @@ from kronos_tune.benchmark.predict.verdicts import PredictDecision
 from kronos_tune.benchmark.report.cells import (
     Cell, fmt_rate, fmt_seconds, predict_quality_cell, speedup_cell, spread_text,
 )
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import BenchmarkReport, TrialResult, TrialSpec
 from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.presets import Preset
 
@@ -36,10 +36,10 @@ class PredictBenchmark(BenchmarkTask):
     throughput_key, throughput_unit = "series_per_s", "series/s"
     no_recommendation = "no prediction settings to recommend: the reference did not run"
 
-    def check(self, options: ProtocolOptions) -> None:
+    def check(self, options: BenchmarkOptions) -> None:
         check_predict_options(options)
 
-    def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    def plan(self, preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
         from kronos_tune.benchmark.predict.trial_list import plan_predict
 
         return plan_predict(preset, options, device)
@@ -66,7 +66,7 @@ class PredictBenchmark(BenchmarkTask):
             return {}
         return {"predict_series_used": max(getattr(s.config, "measured_series", 0) for s in specs)}
 
-    def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
+    def decide(self, report: BenchmarkReport, preset: Preset | None) -> None:
         summarize_predict(report)
 
     def read_decision(self, data: dict[str, Any]) -> PredictDecision:
@@ -80,13 +80,13 @@ class PredictBenchmark(BenchmarkTask):
                 "max Δ output vs ref": Cell("–" if diff is None else f"{diff:.3g} σ"),
                 "quality": predict_quality_cell(trial)}
 
-    def recommended_toml(self, report: ProtocolReport) -> str | None:
+    def recommended_toml(self, report: BenchmarkReport) -> str | None:
         return recommended_predict_toml(report)
 
-    def markdown_lines(self, report: ProtocolReport) -> list[str]:
+    def markdown_lines(self, report: BenchmarkReport) -> list[str]:
         return [""] + predict_markdown_lines(report)  # what was predicted, the rule, each trial's verdict
 
-    def notes(self, report: ProtocolReport) -> list[str]:
+    def notes(self, report: BenchmarkReport) -> list[str]:
         return predict_decision_lines(report)
 
     def scatter_unit(self, trials: Sequence[TrialResult]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import PredictSettings, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, selection_reason
 from kronos_tune.errors import KronosTuneError
@@ -19,7 +19,7 @@ AGREEMENT_SERIES = 100  # the ranking agreement (and the exactness check) covers
 REFERENCE_TOKENS = {"cpu": 4096, "cuda": 65536}
 
 
-def predict_counts(series_count: int, options: ProtocolOptions) -> tuple[int, int]:
+def predict_counts(series_count: int, options: BenchmarkOptions) -> tuple[int, int]:
     """(series each timed run predicts, series the quality check compares): by default the preset's whole
     series_count is timed, and quality covers at least AGREEMENT_SERIES series (or all the preset has)."""
     measured = min(series_count, options.predict_series or series_count)
@@ -36,7 +36,7 @@ def reference_series(measured: int, lookback: int, pred_len: int, sample_count: 
     return min(measured, max(1, -(-REFERENCE_TOKENS.get(device, REFERENCE_TOKENS["cuda"]) // window)))
 
 
-def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+def plan_predict(preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
     import torch  # only the plan of a CUDA run asks the device
 
     p = preset.predict
@@ -84,7 +84,7 @@ def plan_predict(preset: Preset, options: ProtocolOptions, device: str) -> list[
     return specs
 
 
-def check_predict_options(options: ProtocolOptions) -> None:
+def check_predict_options(options: BenchmarkOptions) -> None:
     for flag, value, least in (("--predict-series", options.predict_series, 1),
                                ("--agreement-series", options.agreement_series, 3),
                                ("--steps", options.predict_repeats, 1)):

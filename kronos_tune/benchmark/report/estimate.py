@@ -154,7 +154,7 @@ def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[
 
 
 def report_dict(report: Any) -> dict[str, Any]:
-    """report.json: the ProtocolReport, each trial's raw spread as it was measured, and `shown`: per trial
+    """report.json: the BenchmarkReport, each trial's raw spread as it was measured, and `shown`: per trial
     the figure every view shows and where it comes from, and `figures`, every figure a delta is taken from
     (raw_and_estimate)."""
     out = report.to_dict()

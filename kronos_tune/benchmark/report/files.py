@@ -1,7 +1,7 @@
 """The report files of a benchmark run (schema: docs/report-schema.md).
 
     results.jsonl     one TrialResult per line, appended (flushed, fsynced) as each trial finishes
-    report.json       the ProtocolReport
+    report.json       the BenchmarkReport
     report.csv        one flat row per trial
     report.md         header, quality rule, the table, notes, the recommendation
     recommended.toml  the recommended config, for `kronos-tune train|predict --config` (the task's)
@@ -20,14 +20,14 @@ from typing import Any
 from kronos_core.errors import one_line
 from kronos_core.files import write_text_atomic
 from kronos_tune.benchmark.report.table import table
-from kronos_tune.benchmark.results import RESULTS_FILE, ProtocolReport
+from kronos_tune.benchmark.results import RESULTS_FILE, BenchmarkReport
 from kronos_tune.benchmark.tasks import get
 
 RUN_FILE = "run.json"
 REPORT_FILES = ("report.json", "report.csv", "report.md", "recommended.toml")
 
 
-def report_markdown(report: ProtocolReport, picture: str | None = None) -> str:
+def report_markdown(report: BenchmarkReport, picture: str | None = None) -> str:
     """`picture`: the line shown under the table (the embedded picture, or how to get one)."""
     title = f"# kronos-tune benchmark: preset {report.preset}, task {report.task}"
     lines = [title + (" (partial)" if report.partial else ""), "", report.device_line, ""]
@@ -68,7 +68,7 @@ CSV_KEYS = ("name", "stage", "status", "reason", "hardware", "val_loss", "val_lo
             "output_max_abs_diff", "wall_time_s")
 
 
-def report_csv(report: ProtocolReport) -> str:
+def report_csv(report: BenchmarkReport) -> str:
     """One row per trial: the raw spreads, and beside each `<key>_shown` the figure the views show (the compared
     estimate), which its `delta_<key>_pct` is taken from."""
     from kronos_tune.benchmark.report.estimate import baseline_of, shown_figure
@@ -97,7 +97,7 @@ def report_csv(report: ProtocolReport) -> str:
     return buffer.getvalue()
 
 
-def _picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
+def _picture(report: BenchmarkReport, folder: Path) -> tuple[list[Path], str]:
     """pareto.png/.svg (kronos_tune.benchmark.report.picture) and report.md's line for them; a picture that cannot be
     drawn costs only the picture."""
     from kronos_tune.benchmark.report.picture import write_picture
@@ -108,7 +108,7 @@ def _picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
         return [], f"No picture: drawing it failed ({one_line(error)})."
 
 
-def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: bool = True) -> list[Path]:
+def write_reports(report: BenchmarkReport, out_dir: str | os.PathLike, results: bool = True) -> list[Path]:
     """Write report.json, report.csv, report.md, recommended.toml, the picture (pareto.png/.svg, when
     matplotlib is installed) and, with `results`, results.jsonl
     (all trials; `kronos-tune report` rebuilding a run folder keeps the run's own results.jsonl)."""
@@ -130,6 +130,6 @@ def write_reports(report: ProtocolReport, out_dir: str | os.PathLike, results: b
     return written
 
 
-def resolution_line(report: ProtocolReport) -> str | None:
+def resolution_line(report: BenchmarkReport) -> str | None:
     """"changes under 3.8% could not be told from noise in this run (...)", where the task measures it."""
     return get(report.task).resolution_line(report)

@@ -15,13 +15,13 @@ from kronos_tune.benchmark.report.pareto import (
     FASTEST_MARK, PICTURE_STEM, RECOMMENDED_MARK, Scatter, budget_in_view, front_staircase, memory_scale,
     scatter_of, time_scale,
 )
-from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.results import BenchmarkReport
 
 PICTURE_ALT = "step time vs peak memory"
 FILES = (f"{PICTURE_STEM}.png", f"{PICTURE_STEM}.svg")
 
 
-def report_scatter(report: ProtocolReport) -> Scatter:
+def report_scatter(report: BenchmarkReport) -> Scatter:
     chosen = report.recommended.source if report.recommended is not None else None
     return scatter_of(report.trials, report.task, report.budget_bytes, chosen)
 
@@ -46,7 +46,7 @@ def picture_key(scatter: Scatter, title: str) -> str:
     return digest.hexdigest()
 
 
-def write_picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str]:
+def write_picture(report: BenchmarkReport, folder: Path) -> tuple[list[Path], str]:
     """Draw the picture into `folder`; return the files written (none when the pictures there already show
     this report) and the line report.md shows for it (the embedded picture, or why there is none and how to
     get it)."""
@@ -68,7 +68,7 @@ def write_picture(report: ProtocolReport, folder: Path) -> tuple[list[Path], str
     return written, line
 
 
-def picture_line(report: ProtocolReport) -> str | None:
+def picture_line(report: BenchmarkReport) -> str | None:
     """The CLI's one line about the picture: where it is, or how to get it; None when there is nothing to say
     (no run folder, or no trial to draw)."""
     if not report.out_dir:

@@ -1,4 +1,4 @@
-"""Rebuild a protocol report from a run's results.jsonl, on any machine (`kronos-tune report`).
+"""Rebuild a benchmark report from a run's results.jsonl, on any machine (`kronos-tune report`).
 
 A run folder holds ``results.jsonl`` (one trial per line) and ``run.json``
 (preset, task, device, budget, options). A bare results file is accepted too;
@@ -16,7 +16,7 @@ from typing import Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
-from kronos_tune.benchmark.results import RESULTS_FILE, ProtocolReport, read_results
+from kronos_tune.benchmark.results import RESULTS_FILE, BenchmarkReport, read_results
 from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.runs import RUN_FILE, read_run_file
 
@@ -25,7 +25,7 @@ RESULTS_SUFFIX = "-results.jsonl"
 
 @dataclass
 class LoadedRun:
-    report: ProtocolReport
+    report: BenchmarkReport
     source: Path
     folder: Path | None  # the run folder (None for a bare results file)
     dropped: list[str] = field(default_factory=list)  # lines that were not valid trial results
@@ -124,7 +124,7 @@ def load_run(path: str | Path, out_dir: str | Path | None = None) -> LoadedRun:
     device_line = facts.get("device_line") or f"device: {hardware or device} (from the results)"
     planned = list(facts.get("planned") or [t.name for t in trials])
     status = facts.get("status")
-    report = ProtocolReport(
+    report = BenchmarkReport(
         preset=preset_name, task=task, device=device, device_line=device_line, budget_bytes=int(budget or 0),
         budget_mode=facts.get("budget_mode", "unknown"), trials=trials, planned=planned,
         not_run=[name for name in planned if name not in {t.name for t in trials}],

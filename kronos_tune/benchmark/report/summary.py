@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 
 from kronos_tune.benchmark.report.estimate import align_deltas
-from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.tasks import get
 from kronos_tune.presets import Preset
 
 
-def summarize(report: ProtocolReport, preset: Preset | None) -> ProtocolReport:
+def summarize(report: BenchmarkReport, preset: Preset | None) -> BenchmarkReport:
     """A copy of `report` with its derived sections filled (`report` itself is left as it was)."""
     summary = copy.deepcopy(report)
     names = {t.name for t in summary.trials}

@@ -6,11 +6,11 @@ from __future__ import annotations
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.report.cells import Cell, changes_text, delta_cell, status_cell
 from kronos_tune.benchmark.report.estimate import baseline_of, shown_time_cell
-from kronos_tune.benchmark.results import ProtocolReport
+from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.tasks import get
 
 
-def table(report: ProtocolReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
+def table(report: BenchmarkReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
     """Header and rows of the summary table (its task's columns).
 
     `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without

@@ -1,6 +1,6 @@
 """What a trial needs of the run it belongs to.
 
-`train/trials.py` and `predict/trials.py` measure one trial each; `runner.ProtocolRun` owns the run (folder,
+`train/trials.py` and `predict/trials.py` measure one trial each; `runner.BenchmarkRun` owns the run (folder,
 events, the order of trials) and hands itself to them. They see it through `RunContext`, so the trial
 modules depend on this interface and not on the runner that calls them.
 """
@@ -14,14 +14,14 @@ from typing import Any, Protocol
 
 from kronos_tune.presets import Preset
 from kronos_tune.benchmark.run.isolation import Outcome
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import TrialResult, TrialSpec
 
 
 class RunContext(Protocol):
     preset: Preset
     task: str
-    options: ProtocolOptions
+    options: BenchmarkOptions
     device: str
     budget_bytes: int
     cancel: threading.Event

@@ -1,7 +1,7 @@
-"""run_protocol: run the planned trials one by one on this machine, within the preset's memory budget.
+"""run_benchmark: run the planned trials one by one on this machine, within the preset's memory budget.
 
 The runner prints nothing: it calls ``on_event`` (from the running thread)
-with TrialStarted / TrialStep / TrialFinished / ProtocolFinished, appends each
+with TrialStarted / TrialStep / TrialFinished / BenchmarkFinished, appends each
 finished trial to OUT/results.jsonl at once, and writes the reports at the
 end, also after a cancel (``cancel`` set, Ctrl-C or SIGTERM: the trial in
 flight is asked to stop at a step boundary and killed after a short grace,
@@ -37,9 +37,9 @@ from kronos_tune.benchmark.run.paired import BaselineWorkers
 from kronos_tune.benchmark.tasks import get, plan_trials
 from kronos_tune.benchmark.selection import resolve
 from kronos_tune.benchmark.quality import noise_estimate
-from kronos_tune.benchmark.events import ProtocolFinished, TrialFinished, TrialStarted
-from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult, TrialSpec
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.events import BenchmarkFinished, TrialFinished, TrialStarted
+from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
 from kronos_tune.benchmark.report.files import write_reports
 from kronos_tune.benchmark.report.summary import summarize
@@ -56,10 +56,10 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-class ProtocolRun:
-    """State of one protocol run; `run()` does the work."""
+class BenchmarkRun:
+    """State of one benchmark run; `run()` does the work."""
 
-    def __init__(self, preset: Preset, task: str, options: ProtocolOptions, out_dir: Path | None, resume: bool,
+    def __init__(self, preset: Preset, task: str, options: BenchmarkOptions, out_dir: Path | None, resume: bool,
                  on_event: EventCallback | None, cancel: threading.Event | None, overwrite: bool = False,
                  tensorboard: bool = False) -> None:
         self.preset, self.task, self.options = preset, task, options
@@ -177,7 +177,7 @@ class ProtocolRun:
         return noise_estimate(base.val_loss, probe.val_loss)
 
     # The loop ------------------------------------------------------------------------------------
-    def run(self) -> ProtocolReport:
+    def run(self) -> BenchmarkReport:
         try:
             self._run_trials()
         except KeyboardInterrupt:  # between trials: what finished is reported
@@ -190,7 +190,7 @@ class ProtocolRun:
         write_reports(report, self.out_dir)
         status = "cancelled" if report.cancelled else "partial" if report.partial else "complete"
         self.run_dir.mark(status, **self._run_facts(), finished_at=report.finished_at, missing=report.missing)
-        self.emit(ProtocolFinished(report))
+        self.emit(BenchmarkFinished(report))
         return report
 
     def _run_trials(self) -> None:
@@ -243,7 +243,7 @@ class ProtocolRun:
         except KeyboardInterrupt:
             self.cancel.set()
             result = ended("cancelled", "interrupted (Ctrl-C)")
-        except Exception as error:  # noqa: BLE001 - a crashing trial is a result; the protocol goes on
+        except Exception as error:  # noqa: BLE001 - a crashing trial is a result; the benchmark goes on
             result = ended("failed", one_line(error))
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -266,7 +266,7 @@ class ProtocolRun:
         return self.bench_task.run_trial(self, spec, work)
 
     # The report ----------------------------------------------------------------------------------
-    def build_report(self) -> ProtocolReport:
+    def build_report(self) -> BenchmarkReport:
         from kronos_tune.telemetry.resource_monitor import collect_environment
 
         trials = [self.results[s.name] for s in self.specs if s.name in self.results]
@@ -275,7 +275,7 @@ class ProtocolRun:
         stopped = self.cancel.is_set() and (bool(not_run) or any(t.status == "cancelled" for t in trials))
         options = {**self.options.to_dict(), **self.bench_task.report_options(self.specs)}
         options["trial_timeout_s"] = self.trial_timeout_s
-        report = ProtocolReport(
+        report = BenchmarkReport(
             preset=self.preset.name, task=self.task, device=self.device, device_line=self.device_line,
             budget_bytes=self.budget_bytes, budget_mode=self.budget_mode, trials=trials,
             planned=[s.name for s in self.specs], not_run=not_run, cancelled=stopped,
@@ -286,15 +286,15 @@ class ProtocolRun:
         return summarize(report, self.preset)
 
 
-def run_protocol(preset: Preset | str, task: str = "train", options: ProtocolOptions = ProtocolOptions(),
+def run_benchmark(preset: Preset | str, task: str = "train", options: BenchmarkOptions = BenchmarkOptions(),
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
                  on_event: EventCallback | None = None, cancel: threading.Event | None = None,
-                 overwrite: bool = False, tensorboard: bool = False) -> ProtocolReport:
-    """Run the benchmark protocol for `preset` ("train" or "predict"); see the module docstring. Each trial's
+                 overwrite: bool = False, tensorboard: bool = False) -> BenchmarkReport:
+    """Run the benchmark for `preset` ("train" or "predict"); see the module docstring. Each trial's
     curve (step times, losses) goes to OUT/curves/<trial>.jsonl, and with `tensorboard` to OUT/tensorboard/<trial>/.
 
     `out_dir` None: a fresh folder runs/benchmark/<preset>-<task>-<time>/ under the current directory. An
     existing run folder is only continued with `resume` or replaced with `overwrite`."""
-    run = ProtocolRun(resolve(preset), task, options, Path(out_dir) if out_dir is not None else None, resume,
+    run = BenchmarkRun(resolve(preset), task, options, Path(out_dir) if out_dir is not None else None, resume,
                       on_event, cancel, overwrite, tensorboard)
     return run.run()

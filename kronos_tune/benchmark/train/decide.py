@@ -1,6 +1,6 @@
 """The decision rule: from trial results to a recommendation, as pure functions.
 
-The runner (while the protocol runs: which changes go into the combined
+The runner (while the benchmark runs: which changes go into the combined
 trial) and ``kronos-tune report`` (afterwards, on any machine) call the same
 functions, so a results.jsonl always yields the same recommendation. What a
 trial is (a speed change, a memory saver, an optimization change, the

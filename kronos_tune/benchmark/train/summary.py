@@ -21,7 +21,7 @@ from kronos_tune.benchmark.train.decide import (
 from kronos_tune.benchmark.selection import LEFT_OUT
 from kronos_tune.benchmark.quality import compute_deltas, guard_all
 from kronos_tune.benchmark.recommendation import Recommendation
-from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult
 from kronos_tune.benchmark.train.verdicts import OneTimeCost
 
 FLOPS_FORMULA = ("model FLOPs per token = 6N + 12·L·H·Q·T (PaLM appendix B): N non-embedding parameters of the "
@@ -67,7 +67,7 @@ def _warmup_evidence(trials: list[TrialResult]) -> dict[str, Any]:
     return evidence
 
 
-def recommendation(report: ProtocolReport, decision_source: str, reason: str, preset: Preset | None
+def recommendation(report: BenchmarkReport, decision_source: str, reason: str, preset: Preset | None
                    ) -> Recommendation:
     chosen = _find(report.trials, decision_source) or reference(report.trials)
     config = dict(chosen.config) if chosen is not None and chosen.config else {}
@@ -83,7 +83,7 @@ def recommendation(report: ProtocolReport, decision_source: str, reason: str, pr
                           list(report.missing), config=config, nproc=nproc)
 
 
-def flops_section(report: ProtocolReport, preset: Preset | None) -> dict[str, Any] | None:
+def flops_section(report: BenchmarkReport, preset: Preset | None) -> dict[str, Any] | None:
     if preset is None:
         return None
     work = preset.workload
@@ -105,7 +105,7 @@ def _flops_per_token(spec: dict[str, Any], shape: dict[str, int], known: dict[st
     return size_train_flops_per_token(spec, shape["tokens_per_window"])
 
 
-def headroom(report: ProtocolReport) -> dict[str, Any] | None:
+def headroom(report: BenchmarkReport) -> dict[str, Any] | None:
     """How much of the budget the baseline uses, and the micro-batch that would fit (from the bigger-batch
     trial's search), e.g. "5.8 of 140 GiB used: batch 50 -> about 1,200 would fit"."""
     base = reference(report.trials)
@@ -122,7 +122,7 @@ def headroom(report: ProtocolReport) -> dict[str, Any] | None:
             "fits_batch": fits if isinstance(fits, int) else None, "text": text}
 
 
-def summarize_train(report: ProtocolReport, preset: Preset | None) -> None:
+def summarize_train(report: BenchmarkReport, preset: Preset | None) -> None:
     """Fill the train report's derived sections from its trials (see the module docstring)."""
     trials = report.trials
     opts = report.options

@@ -3,7 +3,7 @@
 A change can make steps faster and learning slower (a bigger batch, a lower precision), so time per step is not
 the whole answer. With ``--time-to-target`` (or ``--objective time-to-quality``; never in the quick run) the benchmark
 ends with a comparison as DAWNBench and MLPerf make one: the target is the baseline's validation loss after the
-evaluation step N of the protocol (on the same windows), and each candidate (the baseline, every single change
+evaluation step N of the benchmark (on the same windows), and each candidate (the baseline, every single change
 that passed the quality guard, the combination) trains from scratch with ``target_seeds`` seeds (3 by default:
 other initial weights and another order of the windows) until its validation loss is at or under the target,
 or until ``target_max_factor`` x N steps. Its time to target is the sum of its optimizer steps' times (the

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from kronos_tune.benchmark.report.cells import (
     Cell, delta_cell, fmt_seconds, spread_text, time_delta_cell, trajectory_cell,
 )
-from kronos_tune.benchmark.results import ProtocolReport, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import BenchmarkReport, TrialResult, TrialSpec
 from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.benchmark.train import text
 from kronos_tune.benchmark.train.summary import summarize_train
 from kronos_tune.benchmark.train.trial_list import TRAIN_TRIALS
 from kronos_tune.benchmark.train.verdicts import Decision
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class TrainBenchmark(BenchmarkTask):
     dashboard_trains = True
     no_recommendation = "no training config to recommend for this task"
 
-    def plan(self, preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+    def plan(self, preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
         from kronos_tune.benchmark.train.trial_list import plan_train
 
         return plan_train(preset, options, device)
@@ -65,7 +65,7 @@ class TrainBenchmark(BenchmarkTask):
 
         return target.measure_candidates(run) if target.wanted(run.options) else []
 
-    def decide(self, report: ProtocolReport, preset: Preset | None) -> None:
+    def decide(self, report: BenchmarkReport, preset: Preset | None) -> None:
         summarize_train(report, preset)
 
     def read_decision(self, data: dict[str, Any]) -> Decision:
@@ -80,16 +80,16 @@ class TrainBenchmark(BenchmarkTask):
                 "losses vs baseline": trajectory_cell(trial),
                 "MFU": Cell("–" if trial.mfu is None else f"{100 * trial.mfu:.1f}%")}
 
-    def recommended_toml(self, report: ProtocolReport) -> str | None:
+    def recommended_toml(self, report: BenchmarkReport) -> str | None:
         return text.recommended_toml(report)
 
-    def markdown_lines(self, report: ProtocolReport) -> list[str]:
+    def markdown_lines(self, report: BenchmarkReport) -> list[str]:
         return text.markdown_lines(report)
 
-    def notes(self, report: ProtocolReport) -> list[str]:
+    def notes(self, report: BenchmarkReport) -> list[str]:
         return text.console_notes(report)
 
-    def resolution_line(self, report: ProtocolReport) -> str | None:
+    def resolution_line(self, report: BenchmarkReport) -> str | None:
         return text.resolution_line(report)
 
     def scatter_unit(self, trials: Sequence[TrialResult]) -> str:

@@ -7,13 +7,13 @@ import textwrap
 from typing import Any
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
-from kronos_tune.benchmark.results import NOISE_PROBE, ProtocolReport, TrialResult
+from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult
 from kronos_tune.benchmark.train.decide import NOISY_LIMIT
 from kronos_tune.benchmark.train.target import summary_lines
 from kronos_tune.benchmark.train.verdicts import Decision
 
 
-def recommended_toml(report: ProtocolReport) -> str | None:
+def recommended_toml(report: BenchmarkReport) -> str | None:
     """RUN/recommended.toml of a train run: the recommended TrainConfig, for `kronos-tune train --config`."""
     from kronos_core.train.config import TrainConfig  # torch: only when there is a config to write
 
@@ -31,7 +31,7 @@ def recommended_toml(report: ProtocolReport) -> str | None:
     return "\n".join(header) + "\n" + text
 
 
-def _aa_rounds(report: ProtocolReport) -> str:
+def _aa_rounds(report: BenchmarkReport) -> str:
     aa = next((tr for tr in report.trials if tr.name == NOISE_PROBE), None)
     timing = aa.timing if aa is not None else {}
     if not timing.get("rounds"):
@@ -39,16 +39,16 @@ def _aa_rounds(report: ProtocolReport) -> str:
     return f"{timing['rounds']} rounds in {timing.get('measure_time_s', 0):.0f} s"
 
 
-def _decision(report: ProtocolReport) -> Decision | None:
+def _decision(report: BenchmarkReport) -> Decision | None:
     return report.decision if isinstance(report.decision, Decision) else None
 
 
-def _designs(report: ProtocolReport, design: str) -> list[TrialResult]:
+def _designs(report: BenchmarkReport, design: str) -> list[TrialResult]:
     """The trials compared with the baseline in `design` (paired | sequential)."""
     return [trial for trial in report.trials if trial.design == design]
 
 
-def quality_resolution_line(report: ProtocolReport) -> str | None:
+def quality_resolution_line(report: BenchmarkReport) -> str | None:
     """"changes in val loss under 0.21% could not be seen (...)": the quality resolution of the run (train)."""
     q = report.quality or {}
     aa = q.get("aa")
@@ -63,7 +63,7 @@ def quality_resolution_line(report: ProtocolReport) -> str | None:
     return None
 
 
-def resolution_line(report: ProtocolReport) -> str | None:
+def resolution_line(report: BenchmarkReport) -> str | None:
     """"changes under 3.8% could not be told from noise in this run (...)": the run's own resolution (train),
     speed, then quality."""
     speed, quality = _speed_resolution(report), quality_resolution_line(report)
@@ -72,7 +72,7 @@ def resolution_line(report: ProtocolReport) -> str | None:
     return speed or quality
 
 
-def _speed_resolution(report: ProtocolReport) -> str | None:
+def _speed_resolution(report: BenchmarkReport) -> str | None:
     decision = _decision(report)
     if decision is None:
         return None
@@ -97,7 +97,7 @@ def _drift_pct(decision: Decision) -> float | None:
     return None if decision.drift is None else 100 * decision.drift
 
 
-def timing_lines(report: ProtocolReport) -> list[str]:
+def timing_lines(report: BenchmarkReport) -> list[str]:
     """Plain sentences on how the timings were taken and how far they can be trusted (train)."""
     t, opts, decision = report.timing, report.options, _decision(report)
     if not t or decision is None:
@@ -170,7 +170,7 @@ def _measured_count(trial: TrialResult) -> int:
     return len(trial.blocks) if trial.blocks else len(trial.step_times_s)
 
 
-def markdown_lines(report: ProtocolReport) -> list[str]:
+def markdown_lines(report: BenchmarkReport) -> list[str]:
     """report.md's train section: what every trial shares, the timing, memory, the quality guard, MFU."""
     opts = report.options
     lines: list[str] = []
@@ -208,7 +208,7 @@ def _guard_figures(q: dict[str, Any]) -> str:
     return f"noise {noise}, threshold {threshold} (the repeat rule: results without per-window losses)"
 
 
-def console_notes(report: ProtocolReport) -> list[str]:
+def console_notes(report: BenchmarkReport) -> list[str]:
     """The lines the terminal prints under the table: the quality guard, the timing designs, what the quick run
     left out, memory and MFU."""
     q, t = report.quality, report.timing

@@ -13,7 +13,7 @@ from typing import Any
 
 from kronos_core.train import TrainConfig
 from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, quick_reason, selection_reason
 from kronos_tune.presets import Preset
@@ -32,7 +32,7 @@ REPEAT = TrialKind("baseline-repeat")
 COMBINATION = TrialKind("combination")
 
 
-def baseline_config(preset: Preset, options: ProtocolOptions, device: str) -> TrainConfig:
+def baseline_config(preset: Preset, options: BenchmarkOptions, device: str) -> TrainConfig:
     """The preset's workload as the reference trains it: fp32, no checkpointing, no accumulation (the
     effective batch in one micro-batch), no compile, torch's default AdamW, data read in the main process."""
     work = preset.workload
@@ -54,7 +54,7 @@ def _single(name: str, kind: TrialKind, base: TrainConfig, changes: dict[str, An
     return TrialSpec(name, "single", changes, config, skip, description, nproc=nproc, kind=kind)
 
 
-def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
     import torch  # only the plan of a CUDA run asks the device
 
     batch = base.batch_size
@@ -120,7 +120,7 @@ def _train_singles(preset: Preset, base: TrainConfig, options: ProtocolOptions, 
     ]
 
 
-def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[TrialSpec]:
+def plan_train(preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
     base = baseline_config(preset, options, device)
     optional = tuple(n for n in TRAIN_TRIALS if n not in ("baseline", *BASELINE_REPEATS, "combined"))
     work = preset.workload
@@ -148,11 +148,11 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
             checks += 1
             specs.append(TrialSpec(f"drift-{checks}", "drift", {}, base, None,
                                    "a short re-measurement of the baseline between single trials: how far the same "
-                                   "step's time drifts while the protocol runs (sequential comparisons only)",
+                                   "step's time drifts while the benchmark runs (sequential comparisons only)",
                                    kind=REPEAT))
     specs.append(TrialSpec("baseline-repeat", "baseline", {}, base, None,
                            "the baseline again, after the single changes: with the noise-probe, how far the same "
-                           "step's time drifts on this machine during the protocol (the timing noise band of "
+                           "step's time drifts on this machine during the benchmark (the timing noise band of "
                            "sequential comparisons)", kind=REPEAT))
     specs.append(TrialSpec("combined", "combined", {}, None, None,
                            "the single changes that helped and passed the quality guard, together (decided after "
@@ -164,7 +164,7 @@ def plan_train(preset: Preset, options: ProtocolOptions, device: str) -> list[Tr
     return specs
 
 
-def set_steps(specs: list[TrialSpec], options: ProtocolOptions) -> None:
+def set_steps(specs: list[TrialSpec], options: BenchmarkOptions) -> None:
     """Warm-up and measured steps (at least / at most) and the common evaluation step.
 
     At least MIN_WARMUP warm-up steps run (AdamW creates its state in the first), then one metered step, then

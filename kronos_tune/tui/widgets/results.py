@@ -1,7 +1,7 @@
-"""The protocol's trials as a table, one row per finished trial; sorting is the ResultsModel's job.
+"""The benchmark's trials as a table, one row per finished trial; sorting is the ResultsModel's job.
 
 Each figure cell shows the value and, for trials other than the baseline, its
-change vs the baseline as the protocol's report classifies it: green when
+change vs the baseline as the benchmark's report classifies it: green when
 better, red when worse, dim with "~" when inside the noise.
 """
 
@@ -49,7 +49,7 @@ def figure(result: TrialResult, key: str, render: Callable[[Any], str], baseline
 
     value = shown_value(result, key, baseline)
     text = Text("–" if value is None else render(value), style="dim" if value is None else "")
-    delta = delta_cell(result.deltas.get(key), key)  # the protocol's verdict: good, bad or noise ("~")
+    delta = delta_cell(result.deltas.get(key), key)  # the benchmark's verdict: good, bad or noise ("~")
     if delta.text:
         text.append(" " + delta.text, style=TONE_STYLES.get(delta.tone, ""))
     text.justify = "right"
@@ -102,7 +102,7 @@ def columns(task: str) -> tuple[Column, ...]:
 
 
 def note(result: TrialResult) -> Text:
-    """Why a trial did not run ok (its one-line reason), or that it failed the protocol's quality guard."""
+    """Why a trial did not run ok (its one-line reason), or that it failed the benchmark's quality guard."""
     if result.reason:
         return Text(result.reason, style="red" if result.status in ("oom", "failed") else "dim")
     if not result.quality_passed:

@@ -1,7 +1,7 @@
-"""The benchmark protocol for real on the tiny model: every trial trains for real on the simulated CPU device.
+"""The benchmark for real on the tiny model: every trial trains for real on the simulated CPU device.
 
-One end-to-end run (module fixture) feeds several tests; OOM runs its own small protocol. Predict, DDP and the CLI
-are in test_protocol_small_runs.py, how runs stop in test_protocol_stops.py: files of their own, so that the test
+One end-to-end run (module fixture) feeds several tests; OOM runs its own small benchmark. Predict, DDP and the CLI
+are in test_benchmark_small_runs.py, how runs stop in test_benchmark_stops.py: files of their own, so that the test
 workers (--dist loadfile) share them. No timing is asserted anywhere: only what was measured and written.
 """
 
@@ -18,7 +18,7 @@ from kronos_tune.cli import app, main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark import (
-    ProtocolFinished, ProtocolOptions, TrialStarted, TrialStep, run_protocol,
+    BenchmarkFinished, BenchmarkOptions, TrialStarted, TrialStep, run_benchmark,
 )
 
 from cli_errors import one_line_error
@@ -53,10 +53,10 @@ class Events:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("protocol")
+    root = tmp_path_factory.mktemp("benchmark")
     preset = resolve_preset(write_preset(root / "presets"))
     events = Events()
-    report = run_protocol(preset, options=ProtocolOptions(**FAST), out_dir=root / "out", on_event=events)
+    report = run_benchmark(preset, options=BenchmarkOptions(**FAST), out_dir=root / "out", on_event=events)
     return report, root / "out", events
 
 
@@ -117,7 +117,7 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     trained = CliRunner().invoke(app, ["train", "--config", str(out / "recommended.toml"), "--steps", "1",
                                        "--out", str(out.parent / "train")])
     assert trained.exit_code == 0, trained.output  # the recommendation runs as it is
-    assert isinstance(events.events[-1], ProtocolFinished)
+    assert isinstance(events.events[-1], BenchmarkFinished)
 
 
 def test_each_trial_leaves_its_curve_in_jsonl(full_run) -> None:
@@ -189,7 +189,7 @@ def test_resume_refuses_a_folder_of_another_preset(tmp_path: Path, capsys: pytes
     (out / "run.json").write_text(json.dumps({"preset": "tiny-bench", "task": "train"}))
     with pytest.raises(KronosTuneError, match="that 'benchmark' run was started with other settings \\(preset: "
                                               "'tiny-bench' there, 'tiny-other' now\\)"):
-        run_protocol(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)
+        run_benchmark(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)
     with pytest.raises(SystemExit) as exited:
         main(["benchmark", "--preset", "tiny-other", "--preset-dir", str(folder), "--out", str(out), "--resume"])
     assert exited.value.code == 2
@@ -212,9 +212,9 @@ def test_out_of_memory_is_recorded_with_the_peak(full_run, tmp_path: Path) -> No
     base, small = full.trial("baseline").peak_memory_bytes, full.trial("accumulation").peak_memory_bytes
     budget = (base + small) // 2  # the baseline does not fit, half its micro-batch does
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
+    options = BenchmarkOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("accumulation",), "budget_bytes": budget})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     oom = report.trial("baseline")
     assert oom.status == "oom" and "out of memory" in oom.reason
     assert 0 < oom.peak_memory_bytes <= budget
@@ -230,9 +230,9 @@ def test_where_two_workers_do_not_fit_side_by_side_the_comparison_is_sequential_
     peak = full.trial("baseline").peak_memory_bytes
     budget = round(1.5 * peak)  # the baseline fits (and memory does not bind), two workers of its size do not
     preset = resolve_preset(write_preset(tmp_path / "presets"))
-    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe"), "only": ("fused-adamw",),
+    options = BenchmarkOptions(**{**FAST, "skip": ("compile", "noise-probe"), "only": ("fused-adamw",),
                                  "budget_bytes": budget})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     trial = report.trial("fused-adamw")
     assert trial.status == "ok" and trial.design == "sequential" and trial.blocks == []
     assert "cannot live side by side" in trial.design_reason and "the simulated device" in trial.design_reason

@@ -1,4 +1,4 @@
-"""The GPU-only trials of the protocol, for real on a CUDA device (skipped without one)."""
+"""The GPU-only trials of the benchmark, for real on a CUDA device (skipped without one)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, run_protocol
+from kronos_tune.benchmark import BenchmarkOptions, run_benchmark
 
 from tiny_preset import tiny_preset_toml  # noqa: E402
 
@@ -20,9 +20,9 @@ def test_tf32_and_cuda_graph_compile_trials_run_and_stay_close_to_the_baseline(t
                                                                                       'device = "cuda"')
     (tmp_path / "tiny-cuda.toml").write_text(text)
     preset = resolve_preset(tmp_path / "tiny-cuda.toml")
-    options = ProtocolOptions(steps=3, max_steps=5, max_warmup=3, trial_budget_s=2.0, drift_every=0,
+    options = BenchmarkOptions(steps=3, max_steps=5, max_warmup=3, trial_budget_s=2.0, drift_every=0,
                               only=("tf32", "compile-cudagraphs"), skip=("noise-probe", "baseline-repeat"))
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out")
     for name in ("tf32", "compile-cudagraphs"):
         trial = report.trial(name)
         assert trial.status == "ok", trial.reason

@@ -1,5 +1,5 @@
 """How a benchmark stops: cancel and resume, a crashing trial, SIGINT/SIGTERM, the watchdog. Real trials on the
-tiny model in their own processes (a file of its own so that the test workers share the protocol tests).
+tiny model in their own processes (a file of its own so that the test workers share the benchmark tests).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, TrialStep, load_results, run_protocol
+from kronos_tune.benchmark import BenchmarkOptions, TrialStep, load_results, run_benchmark
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.benchmark.run.runner import ProtocolRun
+from kronos_tune.benchmark.run.runner import BenchmarkRun
 
-from test_protocol_run import FAST, Events, write_preset  # noqa: E402
+from test_benchmark_run import FAST, Events, write_preset  # noqa: E402
 
 # Signals, a watchdog and cancels over whole benchmark runs (15-60 s each): the slow pass runs them.
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
@@ -39,9 +39,9 @@ def test_cancel_mid_trial_leaves_a_valid_report_and_resume_runs_only_the_rest(tm
 
     # 20 measured steps a trial: the cancel lands while the noise probe still has steps to go; the baseline-repeat
     # (a timing re-measurement, one more trial process) adds nothing to what cancel and resume do
-    options = ProtocolOptions(**{**FAST, "steps": 20, "max_steps": 20, "only": ("accumulation",),
+    options = BenchmarkOptions(**{**FAST, "steps": 20, "max_steps": 20, "only": ("accumulation",),
                                  "skip": (*FAST["skip"], "baseline-repeat")})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
     assert report.cancelled and [t.name for t in report.trials] == ["baseline", "noise-probe"]
     assert report.trial("noise-probe").status == "cancelled" and report.trial("baseline").status == "ok"
     assert "accumulation" in report.not_run and "combined" in report.not_run
@@ -50,7 +50,7 @@ def test_cancel_mid_trial_leaves_a_valid_report_and_resume_runs_only_the_rest(tm
     assert [r.name for r in load_results(tmp_path / "out")] == ["baseline", "noise-probe"]
 
     second = Events()
-    resumed = run_protocol(preset, options=options, out_dir=tmp_path / "out", resume=True, on_event=second)
+    resumed = run_benchmark(preset, options=options, out_dir=tmp_path / "out", resume=True, on_event=second)
     assert "baseline" not in second.started()  # finished before: not trained again
     assert second.started()[0] == "noise-probe" and "accumulation" in second.started()
     assert not resumed.cancelled and resumed.trial("baseline").resumed
@@ -117,7 +117,7 @@ def rounds_before_block_3(reason: str) -> int:
 @pytest.mark.parametrize("fault, frame", [pytest.param("hang", "in emit", marks=pytest.mark.slow),
                                           ("hang-block", "in serve")],
                          ids=["in-its-first-step", "in-a-paired-block"])
-def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_protocol_goes_on(
+def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_benchmark_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted_trials, fault: str, frame: str) -> None:
     """The failures in one run (every trial is a process of its own; one more baseline would add nothing):
     checkpointing blocks ignoring SIGTERM (in its first step, or in its second paired round) and passes its
@@ -128,10 +128,10 @@ def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_pr
     faults = f"{fault}:checkpointing" + (",die-block:fused-adamw" if fault == "hang-block" else "")
     monkeypatch.setenv(planted_trials.FAULT_ENV, faults)
     last = "dataloader" if fault == "hang-block" else "fused-adamw"
-    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
+    options = BenchmarkOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"),
                                  "only": ("checkpointing", "accumulation", "fused-adamw", last),
                                  "trial_timeout_s": 30.0})
-    run = ProtocolRun(preset, "train", options, tmp_path / "out", False, None, None)
+    run = BenchmarkRun(preset, "train", options, tmp_path / "out", False, None, None)
     broken = next(s for s in run.specs if s.name == "accumulation")
     broken.config = broken.config.replace(predictor_dir=str(tmp_path / "no-weights-here"))  # a real crash
     report = run.run()
@@ -172,8 +172,8 @@ def test_a_cancel_after_the_last_trial_leaves_a_complete_run(tmp_path: Path) -> 
         if isinstance(event, TrialFinished) and event.result.name == "combined":  # always the last one planned
             cancel.set()  # too late: nothing is left to stop
 
-    options = ProtocolOptions(**{**FAST, "only": ("accumulation",), "skip": (*FAST["skip"], "baseline-repeat")})
-    report = run_protocol(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
+    options = BenchmarkOptions(**{**FAST, "only": ("accumulation",), "skip": (*FAST["skip"], "baseline-repeat")})
+    report = run_benchmark(preset, options=options, out_dir=tmp_path / "out", on_event=on_event, cancel=cancel)
     assert cancel.is_set() and report.planned[-1] == "combined"
     assert not report.cancelled and not report.not_run and not report.partial
     assert {t.name for t in report.trials if t.status == "ok"} == {"baseline", "noise-probe", "accumulation"}

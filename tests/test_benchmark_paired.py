@@ -15,14 +15,14 @@ import pytest
 
 from benchmarks.decisions import BenchRun, paired_once, start_worker, verdict_counts
 from kronos_tune.benchmark.run.paired import MAX_STRETCH, Interleaver
-from kronos_tune.benchmark.options import ProtocolOptions
+from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.stats import MIN_PAIRS, paired_compare
 
 
 def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' tiny steps are too small to share; CI's cores are
-    run = BenchRun(tmp_path, ProtocolOptions(seed=7, block_s=0.02, min_rounds=10, target_ci=0.0, max_rounds=40))
+    run = BenchRun(tmp_path, BenchmarkOptions(seed=7, block_s=0.02, min_rounds=10, target_ci=0.0, max_rounds=40))
     base, trial = start_worker(run, "baseline", 7), start_worker(run, "trial", 7)
     try:
         pids = [p.pid for p in psutil.Process().children(recursive=True) if "trial_worker" in " ".join(p.cmdline())]
@@ -56,7 +56,7 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
 def test_an_evaluation_inside_the_rounds_is_followed_by_untimed_blocks(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run = BenchRun(tmp_path, ProtocolOptions(seed=3, block_s=0.02, min_rounds=20, target_ci=0.0, max_rounds=20))
+    run = BenchRun(tmp_path, BenchmarkOptions(seed=3, block_s=0.02, min_rounds=20, target_ci=0.0, max_rounds=20))
     # 3 to 10 warm-up steps, the metered step and the first untimed block come before the rounds: step 14 is
     # in round 2 to 9
     base, trial = start_worker(run, "baseline", 3), start_worker(run, "trial", 3, eval_step=14)

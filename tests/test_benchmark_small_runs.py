@@ -1,6 +1,6 @@
-"""The benchmark protocol for real on the tiny model, in protocols of their own: predict, the CLI, CPU DDP.
+"""The benchmark for real on the tiny model, in benchmarks of their own: predict, the CLI, CPU DDP.
 
-Split from test_protocol_run.py (whose end-to-end run is a module fixture) so that --dist loadfile can run the two
+Split from test_benchmark_run.py (whose end-to-end run is a module fixture) so that --dist loadfile can run the two
 files on both test workers. No timing is asserted anywhere: only what was measured and written.
 """
 
@@ -16,19 +16,19 @@ from kronos_tune.cli import app, main
 from kronos_tune.predict.config_file import read_predict_file
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
-from kronos_tune.benchmark import ProtocolOptions, TrialStarted, TrialStep, run_protocol
+from kronos_tune.benchmark import BenchmarkOptions, TrialStarted, TrialStep, run_benchmark
 from kronos_tune.benchmark.predict.summary import predict_decision_lines
 
-from test_protocol_run import FAST, Events, write_preset  # noqa: E402
+from test_benchmark_run import FAST, Events, write_preset  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow  # a whole benchmark or job run: the default suite stays under 300 s
-def test_predict_protocol_reports_the_cache_speedup_row_and_recommends_settings(tmp_path: Path, capsys) -> None:
+def test_predict_benchmark_reports_the_cache_speedup_row_and_recommends_settings(tmp_path: Path, capsys) -> None:
     preset = resolve_preset(write_preset(tmp_path / "presets"))  # 6 series; bf16 supported
     events = Events()
-    report = run_protocol(preset, task="predict", options=ProtocolOptions(predict_repeats=2, predict_series=3,
+    report = run_benchmark(preset, task="predict", options=BenchmarkOptions(predict_repeats=2, predict_series=3,
                                                                           agreement_series=5),
                           out_dir=tmp_path / "out", on_event=events)
     assert [t.name for t in report.trials] == ["recompute", "kv-cache", "bf16", "autobatch", "sharding"]
@@ -122,9 +122,9 @@ def test_cli_renders_the_table_and_json_and_never_reuses_a_run_folder(tmp_path: 
 def test_cpu_ddp_trial_runs_two_gloo_processes_through_torchrun(tmp_path: Path) -> None:
     preset = resolve_preset(write_preset(tmp_path / "presets"))
     events = Events()
-    options = ProtocolOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"), "only": ("ddp",),
+    options = BenchmarkOptions(**{**FAST, "skip": ("compile", "noise-probe", "baseline-repeat"), "only": ("ddp",),
                                  "cpu_ddp": True})
-    report = run_protocol(preset, options=options, on_event=events, out_dir=tmp_path / "out")
+    report = run_benchmark(preset, options=options, on_event=events, out_dir=tmp_path / "out")
     ddp, baseline = report.trial("ddp"), report.trial("baseline")
     assert ddp.status == "ok", ddp.reason
     assert ddp.nproc == 2 and ddp.hardware == "2 x cpu (gloo)" and ddp.changes["batch_size"] == 4

@@ -1,4 +1,4 @@
-"""The benchmark protocol's plan, quality guard, deltas and combination rule (no training here)."""
+"""The benchmark's plan, quality guard, deltas and combination rule (no training here)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.benchmark import (
-    Delta, ProtocolOptions, ProtocolReport, Spread, TrialResult, TrialSpec, plan_trials,
+    Delta, BenchmarkOptions, BenchmarkReport, Spread, TrialResult, TrialSpec, plan_trials,
 )
 from kronos_tune.benchmark.train.trial_list import combine
 from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_threshold
@@ -14,7 +14,7 @@ from kronos_tune.benchmark.stats import Comparison
 
 
 def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> None:
-    specs = plan_trials("cpu", options=ProtocolOptions(full=True))
+    specs = plan_trials("cpu", options=BenchmarkOptions(full=True))
     names = [s.name for s in specs]
     assert names[0] == "baseline" and names[-1] == "combined" and names[-2] == "baseline-repeat"
     drift = [s for s in specs if s.stage == "drift"]
@@ -50,12 +50,12 @@ def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> Non
     assert compile_spec.max_warmup_steps > by_name["baseline"].max_warmup_steps
     assert by_name["baseline"].measured_steps == 8 and by_name["baseline"].max_measured_steps == 40
     assert drift[0].measured_steps == drift[0].max_measured_steps == 5
-    every_two = [s.name for s in plan_trials("cpu", options=ProtocolOptions(drift_every=2, full=True))
+    every_two = [s.name for s in plan_trials("cpu", options=BenchmarkOptions(drift_every=2, full=True))
                  if s.stage == "drift"]
     assert every_two == ["drift-1", "drift-2", "drift-3"]
     # AdamW creates its state in the first step: at least 2 warm-up steps whatever is asked
-    assert {s.warmup_steps for s in plan_trials("cpu", options=ProtocolOptions(warmup=0))} == {2}
-    assert not [s for s in plan_trials("cpu", options=ProtocolOptions(drift_every=0)) if s.stage == "drift"]
+    assert {s.warmup_steps for s in plan_trials("cpu", options=BenchmarkOptions(warmup=0))} == {2}
+    assert not [s for s in plan_trials("cpu", options=BenchmarkOptions(drift_every=0)) if s.stage == "drift"]
 
 
 def test_the_quick_run_leaves_out_what_rarely_pays_on_a_cpu_and_says_how_to_add_it() -> None:
@@ -66,11 +66,11 @@ def test_the_quick_run_leaves_out_what_rarely_pays_on_a_cpu_and_says_how_to_add_
     assert "minutes on a CPU" in quick["compile"].skip_reason
     assert quick["fused-adamw"].skip_reason is None and quick["dataloader"].skip_reason is None
     assert quick["compile"].kind.kind == "speed" and quick["bigger-batch"].kind.kind == "optimization"
-    only = {s.name: s for s in plan_trials("cpu", options=ProtocolOptions(only=("compile",)))}
+    only = {s.name: s for s in plan_trials("cpu", options=BenchmarkOptions(only=("compile",)))}
     assert only["compile"].skip_reason is None  # --only brings one back
     assert only["fused-adamw"].skip_reason == "not selected by --only"
     # every train trial's kind is data in the plan, not a list of names in the rule
-    kinds = {s.name: (s.kind.kind, s.group) for s in plan_trials("cpu", options=ProtocolOptions(full=True))}
+    kinds = {s.name: (s.kind.kind, s.group) for s in plan_trials("cpu", options=BenchmarkOptions(full=True))}
     assert kinds["baseline"] == ("reference", None) and kinds["noise-probe"][0] == "baseline-repeat"
     assert kinds["checkpointing"] == ("memory", "checkpointing") and kinds["accumulation"] == ("memory", "batch")
     assert kinds["bf16"] == ("speed", "precision") and kinds["combined"] == ("combination", None)
@@ -78,23 +78,23 @@ def test_the_quick_run_leaves_out_what_rarely_pays_on_a_cpu_and_says_how_to_add_
 
 
 def test_cpu_ddp_plans_two_gloo_processes_with_the_batch_split() -> None:
-    ddp = {s.name: s for s in plan_trials("cpu", options=ProtocolOptions(cpu_ddp=True))}["ddp"]
+    ddp = {s.name: s for s in plan_trials("cpu", options=BenchmarkOptions(cpu_ddp=True))}["ddp"]
     assert ddp.skip_reason is None and ddp.nproc == 2
     assert ddp.config.batch_size == 8 and ddp.changes == {"processes": 2, "batch_size": 8}
 
 
 def test_skip_and_only_select_trials_and_bad_names_are_one_line_errors() -> None:
-    options = ProtocolOptions(skip=("compile",), only=("fused-adamw", "compile"))
+    options = BenchmarkOptions(skip=("compile",), only=("fused-adamw", "compile"))
     specs = {s.name: s for s in plan_trials("cpu", options=options)}
     assert specs["compile"].skip_reason == "skipped by --skip"
     assert specs["checkpointing"].skip_reason == "not selected by --only"
     assert specs["fused-adamw"].skip_reason is None and specs["baseline"].skip_reason is None
-    for options, text in ((ProtocolOptions(skip=("nope",)), "--skip nope: no such train trial"),
-                          (ProtocolOptions(skip=("baseline",)), "the baseline cannot be skipped"),
-                          (ProtocolOptions(warmup=-1), "--warmup -1: give 0 or more warm-up steps"),
-                          (ProtocolOptions(trial_timeout_s=0), "--trial-timeout 0: give a positive number"),
-                          (ProtocolOptions(trial_timeout_s=-5), "--trial-timeout -5: give a positive number"),
-                          (ProtocolOptions(objective="cheap"), "--objective cheap: use one of speed, memory")):
+    for options, text in ((BenchmarkOptions(skip=("nope",)), "--skip nope: no such train trial"),
+                          (BenchmarkOptions(skip=("baseline",)), "the baseline cannot be skipped"),
+                          (BenchmarkOptions(warmup=-1), "--warmup -1: give 0 or more warm-up steps"),
+                          (BenchmarkOptions(trial_timeout_s=0), "--trial-timeout 0: give a positive number"),
+                          (BenchmarkOptions(trial_timeout_s=-5), "--trial-timeout -5: give a positive number"),
+                          (BenchmarkOptions(objective="cheap"), "--objective cheap: use one of speed, memory")):
         with pytest.raises(KronosTuneError, match=text) as error:
             plan_trials("cpu", options=options)
         assert "\n" not in str(error.value)
@@ -122,13 +122,13 @@ def test_predict_plan_times_the_presets_series_and_skips_bf16_as_train_does(tmp_
         "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
     folder = write_tiny_preset(tmp_path, "tiny-bf16", bf16_supported=True, series_count=200)
     small = {s.name: s for s in plan_trials(str(folder / "tiny-bf16.toml"), task="predict",
-                                            options=ProtocolOptions(predict_series=20))}
+                                            options=BenchmarkOptions(predict_series=20))}
     assert small["bf16"].skip_reason is None and small["bf16"].config.amp == "bf16"
     # 20 timed, quality over 100 of the 200 (one more untimed run), the reference all 20 (36-token windows)
     assert small["bf16"].config.measured_series == 20 and small["bf16"].config.quality_series == 100
     assert small["bf16"].warmup_steps == 2 and small["recompute"].config.measured_series == 20
     with pytest.raises(KronosTuneError, match="--min-spearman 1.5: a Spearman correlation is between -1 and 1"):
-        plan_trials("cpu", task="predict", options=ProtocolOptions(min_spearman=1.5))
+        plan_trials("cpu", task="predict", options=BenchmarkOptions(min_spearman=1.5))
 
 
 def test_quality_guard_with_given_numbers() -> None:
@@ -194,7 +194,7 @@ def test_records_round_trip_and_spread_is_its_median() -> None:
     assert again.step_times_s == result.step_times_s
     legacy = Spread.from_dict({"median": 1.0, "min": 0.5, "max": 2.0, "n": 4})  # written before quartiles
     assert legacy.iqr is None and legacy.median == 1.0
-    report = ProtocolReport("p", "train", "cpu", "device: cpu", 1, "simulated", trials=[again])
-    assert ProtocolReport.from_dict(report.to_dict()).results == [again]
+    report = BenchmarkReport("p", "train", "cpu", "device: cpu", 1, "simulated", trials=[again])
+    assert BenchmarkReport.from_dict(report.to_dict()).results == [again]
     assert TrialSpec("x", "single", {}, None, warmup_steps=1, measured_steps=3).total_steps == 4
     assert TrialSpec("x", "single", {}, None, warmup_steps=1, measured_steps=3, eval_step=12).total_steps == 12
