@@ -34,7 +34,8 @@ import torch
 from kronos_core.train import Trainer
 from kronos_core.units import format_bytes
 from kronos_tune.autobatch.predict_task import PredictTask
-from kronos_tune.autobatch.search import AutobatchResult, default_margin
+from kronos_tune.autobatch.probes import AutobatchResult
+from kronos_tune.memory.peak import default_margin
 from kronos_tune.autobatch.train_task import TrainTask
 from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError

@@ -31,14 +31,11 @@ from typing import Any
 import kronos_tune
 from kronos_core.errors import KronosError
 from kronos_core.files import dumps_toml, load_toml
+from kronos_core.sizes import SIZES
 from kronos_core.validate import check_known_keys, check_value
 from kronos_tune.errors import KronosTuneError
 
-# Model sizes known to kronos-tune ("tiny" is test-only), with their context and tokenizer.
-# These mirror kronos_core.sizes.SIZES without importing torch just to list presets.
-MODEL_SIZES: tuple[str, ...] = ("tiny", "mini", "small", "base", "large")
-MODEL_CONTEXT_TOKENS: dict[str, int] = {"tiny": 512, "mini": 2048, "small": 512, "base": 512, "large": 512}
-MODEL_TOKENIZERS: dict[str, str] = {"tiny": "tiny", "mini": "2k", "small": "base", "base": "base", "large": "base"}
+MODEL_SIZES: tuple[str, ...] = ("tiny", *(name for name in SIZES if name != "tiny"))  # tiny: the tests' size
 DEVICES: tuple[str, ...] = ("cuda", "cpu")
 TOKENIZERS: tuple[str, ...] = ("base", "2k", "tiny")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
@@ -123,7 +120,7 @@ class TrainWorkload:
     @property
     def context_tokens(self) -> int:
         """The longest sequence the model size accepts."""
-        return MODEL_CONTEXT_TOKENS[self.model_size]
+        return SIZES[self.model_size].context
 
     @property
     def window_tokens(self) -> int:
@@ -271,8 +268,8 @@ def _parse_workload(path: Path, data: Any, hardware: HardwareSpec) -> TrainWorkl
     table = _Table(path, "workload.", data, _WORKLOAD_KEYS)
     size = table.string("model_size", MODEL_SIZES)
     tokenizer = table.string("tokenizer", TOKENIZERS)
-    if tokenizer != MODEL_TOKENIZERS[size]:
-        fix = f'set tokenizer = "{MODEL_TOKENIZERS[size]}"'
+    if tokenizer != SIZES[size].tokenizer:
+        fix = f'set tokenizer = "{SIZES[size].tokenizer}"'
         raise table.fail("tokenizer", f"'{tokenizer}' does not fit model_size '{size}'", fix)
     workload = TrainWorkload(
         model_size=size,

@@ -36,6 +36,8 @@ from kronos_tune.errors import KronosTuneError
 
 RUN_FILE = "run.json"
 MARK = "kronos-tune-run"
+RUN_FORMAT = 1  # run.json's layout; a folder written by a build before it (no "format") is not resumed
+_OWN_KEYS = ("tool", "format", "command", "identity", "status", "updated_at")
 STATUSES = ("running", "complete", "partial", "cancelled", "failed")
 
 
@@ -65,9 +67,6 @@ def read_run_file(folder: str | os.PathLike) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    if "command" not in data and "preset" in data and "task" in data:  # written before run folders had a command
-        data = {**data, "tool": MARK, "command": "benchmark",
-                "identity": {"preset": data["preset"], "task": data["task"]}}
     return data if data.get("tool") == MARK else None
 
 
@@ -96,7 +95,7 @@ class RunDir:
         another node saw in a run of several nodes), keeping this process's own."""
         written = read_run_file(self.path) or {}
         for key, value in written.items():
-            if key not in ("tool", "command", "identity", "status", "updated_at"):
+            if key not in _OWN_KEYS:
                 self.extra.setdefault(key, value)
 
     def mark(self, status: str, **extra: Any) -> None:
@@ -106,7 +105,8 @@ class RunDir:
         self.extra.update(extra)
         if status == "cancelled" and stop_signal_name() is not None:
             self.extra.setdefault("stopped_by", stop_signal_name())
-        data = {"tool": MARK, "command": self.command, "identity": self.identity, "status": status,
+        data = {"tool": MARK, "format": RUN_FORMAT, "command": self.command, "identity": self.identity,
+                "status": status,
                 **self.extra, "updated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write_text_atomic(self.path / RUN_FILE, json.dumps(data, indent=2, default=str) + "\n")
 
@@ -137,8 +137,7 @@ def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, A
     if (join and not overwrite and existing is not None and existing.get("command") == command
             and existing.get("identity") == identity and existing.get("status") == "running"):
         return RunDir(path, command, identity, "join", existing,
-                      extra={k: v for k, v in existing.items()
-                             if k not in ("tool", "command", "identity", "status", "updated_at")})
+                      extra={k: v for k, v in existing.items() if k not in _OWN_KEYS})
     holds_files = path.is_dir() and any(path.iterdir())
     if path.exists() and not path.is_dir():
         raise KronosTuneError(f"{flag} {path}: that is a file, not a folder; give a folder for the run")
@@ -154,6 +153,10 @@ def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, A
             mine = _describe({"command": command, "identity": {k: identity.get(k) for k in keys}})
             raise KronosTuneError(f"--resume {path}: that folder holds {_describe(existing)}, not {mine}; give "
                                   f"the folder of a matching run or start a new one")
+        if existing.get("format") != RUN_FORMAT:
+            raise KronosTuneError(f"--resume {path}: an earlier build of kronos-tune wrote that run (run.json has no "
+                                  f"format {RUN_FORMAT}), so it is not continued; run it again with --overwrite "
+                                  f"or another {flag}")
         differ = [k for k in keys if theirs.get(k) != identity.get(k)]
         if differ:  # only what differs: the whole identity runs to a dozen fields
             changes = "; ".join(f"{k}: {theirs.get(k)!r} there, {identity.get(k)!r} now" for k in differ)
@@ -161,8 +164,7 @@ def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, A
                                   f"({changes}); resume with its settings, or start a new run with another {flag}")
         _check_writable(path, flag)
         return RunDir(path, command, identity, "resume", existing,
-                      extra={k: v for k, v in existing.items()
-                             if k not in ("tool", "command", "identity", "status", "updated_at")})
+                      extra={k: v for k, v in existing.items() if k not in _OWN_KEYS})
     if holds_files:
         if not overwrite:
             what = _describe(existing) + f", {existing.get('status', 'status unknown')}" if existing else "files"

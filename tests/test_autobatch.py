@@ -278,7 +278,7 @@ def test_cuda_search_frees_memory_and_uncaps() -> None:
 
 
 def test_default_margin_follows_what_the_meter_cannot_see() -> None:
-    from kronos_tune.autobatch.search import default_margin
+    from kronos_tune.memory.peak import default_margin
     from kronos_tune.memory import CudaEmulation
 
     assert default_margin("cpu") == 0.05  # exact CPU meter: only kernel scratch is unseen

@@ -66,18 +66,19 @@ def test_the_chunk_size_does_not_change_a_sampled_backtest(tmp_path: Path, one_t
     assert any("symbol-origins/s on the first chunk: about" in note for note in notes)
 
 
-def test_a_run_of_the_earlier_layout_is_refused_in_one_line(tmp_path: Path, one_thread):
+def test_a_run_of_an_earlier_build_is_refused_in_one_line(tmp_path: Path, one_thread):
     options = dict(**TINY, synthetic=6, origins=2, top_k=2)
     run_backtest(BacktestConfig(**options, out=tmp_path / "run"), on_note=_quiet)
     run_file = tmp_path / "run" / "run.json"
     data = json.loads(run_file.read_text())
-    del data["identity"]["predictions"]  # as a run begun before the pipeline wrote it
+    del data["format"]  # as a build before run formats wrote it
     run_file.write_text(json.dumps(data))
     before = _outputs(tmp_path / "run")
     with pytest.raises(KronosTuneError) as caught:
         run_backtest(BacktestConfig(**options, out=tmp_path / "run", resume=True), on_note=_quiet)
     message = str(caught.value)
-    assert "\n" not in message and "begun by an earlier kronos-tune" in message and "another --out" in message
+    assert "\n" not in message and "an earlier build of kronos-tune wrote that run" in message
+    assert "--overwrite or another --out" in message
     assert _outputs(tmp_path / "run") == before  # nothing written lost
 
 

@@ -192,8 +192,6 @@ def test_records_round_trip_and_spread_is_its_median() -> None:
     again = TrialResult.from_dict(result.to_dict())
     assert again == result and again.step_time_s.max == pytest.approx(0.51)
     assert again.step_times_s == result.step_times_s
-    legacy = Spread.from_dict({"median": 1.0, "min": 0.5, "max": 2.0, "n": 4})  # written before quartiles
-    assert legacy.iqr is None and legacy.median == 1.0
     report = BenchmarkReport("p", "train", "cpu", "device: cpu", 1, "simulated", trials=[again])
     assert BenchmarkReport.from_dict(report.to_dict()).results == [again]
     assert TrialSpec("x", "single", {}, None, warmup_steps=1, measured_steps=3).total_steps == 4

@@ -17,6 +17,7 @@ from kronos_core.train import TrainConfig
 from kronos_tune.cli import app, main
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import resolve_preset
+from kronos_tune.runs import MARK, RUN_FORMAT
 from kronos_tune.benchmark import (
     BenchmarkFinished, BenchmarkOptions, TrialStarted, TrialStep, run_benchmark,
 )
@@ -186,7 +187,8 @@ def test_resume_refuses_a_folder_of_another_preset(tmp_path: Path, capsys: pytes
     write_preset(folder, "tiny-other")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "run.json").write_text(json.dumps({"preset": "tiny-bench", "task": "train"}))
+    (out / "run.json").write_text(json.dumps({"tool": MARK, "format": RUN_FORMAT, "command": "benchmark",
+                                              "identity": {"preset": "tiny-bench", "task": "train"}}))
     with pytest.raises(KronosTuneError, match="that 'benchmark' run was started with other settings \\(preset: "
                                               "'tiny-bench' there, 'tiny-other' now\\)"):
         run_benchmark(resolve_preset(folder / "tiny-other.toml"), out_dir=out, resume=True)

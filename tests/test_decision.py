@@ -9,6 +9,7 @@ import pytest
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.train.decide import DecisionContext, decide, trajectory_check
 from kronos_tune.benchmark.stats import compare, median_ci, ratio_ci, relative_halfwidth, verdict
+from planned import with_planned_kind
 
 GIB = 2**30
 
@@ -21,9 +22,10 @@ def _times(median: float, n: int = 20, jitter: float = 0.01, seed: int = 0) -> l
 def _trial(name: str, times: list[float], stage: str = "single", peak: int = GIB, val: float = 2.0,
            changes: dict | None = None, status: str = "ok", losses: list[float] | None = None,
            kept_samples: bool = True) -> TrialResult:
-    return TrialResult(name, stage, status, changes or {}, step_time_s=Spread.of(times) if times else None,
-                       peak_memory_bytes=peak, val_loss=val, step_times_s=list(times) if kept_samples else [],
-                       train_losses=losses or [7.0, 6.9, 6.8, 6.7], config={"model_size": "tiny"})
+    return with_planned_kind(TrialResult(
+        name, stage, status, changes or {}, step_time_s=Spread.of(times) if times else None, peak_memory_bytes=peak,
+        val_loss=val, step_times_s=list(times) if kept_samples else [], train_losses=losses or [7.0, 6.9, 6.8, 6.7],
+        config={"model_size": "tiny"}))
 
 
 # Statistics ------------------------------------------------------------------------------------------------

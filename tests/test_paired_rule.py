@@ -14,8 +14,8 @@ import pytest
 
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.train.decide import DecisionContext, decide
-from kronos_tune.benchmark.kinds import TrialKind, legacy_kind
-from kronos_tune.benchmark.results import SCHEMA_VERSION, NewerSchema
+from kronos_tune.benchmark.kinds import TrialKind, untyped_kind
+from kronos_tune.benchmark.results import SCHEMA_VERSION, OtherSchema
 from kronos_tune.benchmark.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
 
 from test_report_cli import run_cli, write_gpu_run  # noqa: E402
@@ -168,18 +168,18 @@ def test_a_one_time_cost_above_the_saving_is_not_recommended_and_the_reason_has_
     assert worth.source == "compile" and "more than its one-time cost of 9" in worth.reason
 
 
-def test_kinds_come_from_the_results_and_old_files_infer_them_in_one_place() -> None:
+def test_kinds_come_from_the_results_and_other_schemas_are_refused() -> None:
     renamed = paired_run(linear_drift, 0.10)
     renamed[-1].name = "my-own-change"  # the rule reads the kind, not the name
     assert decide(renamed, CONTEXT).source == "my-own-change"
     saver = paired_run(linear_drift, 0.10)
     saver[-1].set_kind(TrialKind("memory", "checkpointing", "equivalent"))
     assert decide(saver, CONTEXT).eligible == []  # a memory saver, and memory does not bind
-    old = TrialResult.from_dict({"name": "checkpointing", "stage": "single", "status": "ok"})  # schema 2: no kind
-    assert (old.kind, old.group, old.losses) == ("memory", "checkpointing", "equivalent")
-    assert legacy_kind("drift-3", "drift").kind == "baseline-repeat"
-    assert legacy_kind("kv-cache", "single", "predict").kind == "speed"
-    with pytest.raises(NewerSchema, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
+    assert untyped_kind("kv-cache", "single").kind == "speed"
+    assert untyped_kind("recompute", "baseline").kind == "reference"
+    with pytest.raises(OtherSchema, match=f"older than the {SCHEMA_VERSION}"):  # schema 2 wrote no version
+        TrialResult.from_dict({"name": "checkpointing", "stage": "single", "status": "ok"})
+    with pytest.raises(OtherSchema, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
         TrialResult.from_dict({"name": "x", "stage": "single", "status": "ok", "schema_version": SCHEMA_VERSION + 1})
 
 
@@ -187,19 +187,18 @@ V3_KEYS = ("kind", "group", "losses", "redraws_dropout", "design", "design_reaso
            "schema_version")
 
 
-def test_report_reads_a_results_file_of_the_old_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_refuses_a_results_file_of_an_earlier_build_in_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     run = write_gpu_run(tmp_path / "run")
     lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     old = [{key: value for key, value in line.items() if key not in V3_KEYS} for line in lines]  # as schema 2 wrote
     (run / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in old))
-    code, out, err = run_cli(["report", str(run), "--json"], capsys)
-    assert code == 0, err
-    data = json.loads(out)
-    by_name = {t["name"]: t for t in data["trials"]}
-    assert by_name["checkpointing"]["kind"] == "memory" and by_name["compile"]["group"] == "compile"
-    assert by_name["checkpointing"]["comparison"]["verdict"] == "slower"
-    assert by_name["checkpointing"]["design"] == "sequential"
-    assert data["timing"]["resolution_pct"] is None and data["timing"]["smallest_change_pct"] > 3
+    code, _, err = run_cli(["report", str(run)], capsys)
+    assert code == 2
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"line 1 has results of schema version none (before 3), older than the {SCHEMA_VERSION}" in line
+    assert "run the benchmark again" in line
 
 
 def test_report_refuses_a_results_file_of_a_newer_schema_in_one_line(tmp_path: Path,

@@ -13,7 +13,7 @@ from kronos_tune.benchmark.report.rebuild import load_run
 from kronos_tune.benchmark.results import BenchmarkReport, TrialResult
 from kronos_tune.benchmark.stats import Comparison
 from kronos_tune.benchmark.tasks import report_from_dict
-from kronos_tune.benchmark.train.verdicts import Decision, OneTimeCost, Trajectory
+from kronos_tune.benchmark.train.verdicts import Decision, OneTimeCost
 
 from test_decision import GIB, _times, _trial
 from test_predict_same_work import _run
@@ -56,14 +56,7 @@ def test_a_predict_report_reads_back_typed_and_writes_the_same_json(tmp_path: Pa
                                                     "missing"]
 
 
-def test_a_result_line_of_an_older_shape_still_loads() -> None:
-    line = _trial("bf16", _times(0.7)).to_dict()
-    line["comparison"] = {"ratio": 0.7, "verdict": "faster"}  # fewer keys than a Comparison has: derived, dropped
-    line["trajectory"] = {"expected": "close", "measured": "close", "max_rel_deviation": 0.01, "steps": 4,
-                          "tolerance": 0.02, "defect": False}  # written before trajectories carried a note
-    result = TrialResult.from_dict(line)
-    assert result.comparison is None and result.step_time_s is not None
-    assert result.trajectory == Trajectory("close", "close", 0.01, 4, 0.02, False, "")
+def test_a_report_read_without_a_decision_reader_leaves_the_decision_out() -> None:
     assert BenchmarkReport.from_dict({"preset": "p", "task": "train", "device": "cpu", "device_line": "",
                                      "budget_bytes": 1, "budget_mode": "simulated",
                                      "decision": {"threshold": 0.03}}).decision is None  # no reader given

@@ -46,19 +46,6 @@ def test_train_both_writes_checkpoints_and_loadable_best(tmp_path: Path, capsys)
     assert predictor_config.tokenizer_dir == str(out / "tokenizer" / "best")
 
 
-def test_a_config_with_old_key_names_trains_after_one_warning_line_each(tmp_path: Path, capsys) -> None:
-    old = write_config(tmp_path, "checkpoint_every = 2\n")
-    out = tmp_path / "out"
-    with warnings.catch_warnings():  # main() installs its one-line display; this restores Python's afterwards
-        warnings.simplefilter("always")
-        assert run_cli(["train", "--config", str(old), "--steps", "2", "--out", str(out)]) == 0
-    err = capsys.readouterr().err
-    assert f"warning: {old}: 'checkpoint_every' is now called 'save_every' (same meaning); rename it there\n" in err
-    assert "Warning" not in err  # no Python warning format (file:line: KronosWarning) around it
-    written = tomllib.loads((out / "config.toml").read_text())
-    assert written["save_every"] == 2 and "checkpoint_every" not in written
-
-
 def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     bad = write_config(tmp_path, "bach_size = 4\n")
     assert run_cli(["train", "--config", str(bad), "--out", str(tmp_path / "x")]) == 2

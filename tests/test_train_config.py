@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_core.errors import KronosError, KronosWarning
+from kronos_core.errors import KronosError
 from kronos_core.train import TrainConfig
 from kronos_core.files import dumps_toml
 
@@ -38,23 +38,6 @@ def test_toml_round_trip(tmp_path: Path) -> None:
     assert TrainConfig(**tomllib.loads(text)) == config
     # None fields are left out and come back as None.
     assert "predictor_dir" not in tomllib.loads(text) and again.predictor_dir is None
-
-
-def test_a_config_with_the_old_key_names_still_loads_with_one_warning(tmp_path: Path) -> None:
-    path = tmp_path / "last_week.toml"
-    path.write_text('model_size = "tiny"\nactivation_checkpointing = "every_n"\ncheckpoint_every_n = 3\n'
-                    'checkpoint_every = 50\n')
-    with pytest.warns(KronosWarning) as caught:
-        config = TrainConfig.from_toml(path)
-    assert (config.activation_checkpointing_every_n, config.save_every, config.activation_checkpointing_blocks) \
-        == (3, 50, 3)
-    messages = sorted(str(w.message) for w in caught)
-    assert messages == [f"{path}: 'checkpoint_every' is now called 'save_every' (same meaning); rename it there",
-                        f"{path}: 'checkpoint_every_n' is now called 'activation_checkpointing_every_n' (same "
-                        f"meaning); rename it there"]
-    assert "checkpoint_every" not in config.to_toml()  # written back under the new names
-    with pytest.raises(KronosError, match=r"both 'checkpoint_every' and 'save_every' are set; .* keep only"):
-        TrainConfig(checkpoint_every=5, save_every=5)
 
 
 def test_flat_writer_values() -> None:

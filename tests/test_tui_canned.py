@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kronos_tune.telemetry.nvml import GpuProcessMemory, GpuSnapshot
 from kronos_tune.telemetry.sampler import HostSnapshot, Snapshot
+from planned import with_planned_kind
 from tiny_preset import write_tiny_preset as write_preset_file
 
 GIB = 2**30
@@ -64,7 +65,7 @@ def trial_results() -> list:
             tokens_per_s=Spread(tokens, tokens * 0.97, tokens * 1.03, 5), peak_memory_bytes=int(peak_gib * GIB),
             val_loss=loss, projected_train_time_s=16 * step, mfu=None, deltas=deltas)
 
-    return [
+    return [with_planned_kind(result) for result in [
         ok("baseline", "baseline", 1.52, 0.04, 1060.0, 2.41, 7.0412, {}),
         ok("noise-probe", "baseline", 1.54, 0.05, 1046.0, 2.41, 7.0412,
            {"step_time_s": Delta(1.3, True), "tokens_per_s": Delta(-1.3, True),
@@ -87,7 +88,7 @@ def trial_results() -> list:
            {"step_time_s": Delta(-14.5, False), "tokens_per_s": Delta(17.0, False),
             "peak_memory_bytes": Delta(1.7, True), "val_loss": Delta(0.001, True),
             "projected_train_time_s": Delta(-14.5, False)}),
-    ]
+    ]]
 
 
 def trial_in_flight() -> list:
@@ -186,6 +187,7 @@ def full_benchmark(partial: bool = False, names: tuple[str, ...] | None = None):
             name=spec_name, stage=stage, status="ok", step_time_s=Spread(step, step - 0.03, step + 0.03, 5),
             tokens_per_s=Spread(1600 / step, 1550 / step, 1650 / step, 5), peak_memory_bytes=int(2.4 * GIB),
             val_loss=7.0412, projected_train_time_s=16 * step, deltas=deltas))
+    results = [with_planned_kind(result) for result in results]
     if partial:
         results = results[:3]
     report = BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="device: cpu (2 cores)",

@@ -15,6 +15,7 @@ from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.tui.messages import JobFinished, BenchmarkEvent
 from kronos_tune.tui.widgets.scatter import ScatterPanel, ScatterScreen
+from planned import with_planned_kind
 from test_tui_canned import GIB, full_benchmark, trial_results, until
 
 
@@ -51,8 +52,8 @@ async def test_scatter_follows_the_running_benchmark_and_marks_the_front() -> No
         assert "budget" not in panel.drawn and "memory budget 8.0 GiB (far right of every point" in caption
         assert "autobatch (oom)" in caption and "compile (failed)" in caption and "bf16 (skipped)" in caption
 
-        bigger = TrialResult("bigger-batch", "single", "ok", step_time_s=Spread(1.0, 0.95, 1.05, 5),
-                             peak_memory_bytes=int(4.0 * GIB))
+        bigger = with_planned_kind(TrialResult("bigger-batch", "single", "ok", step_time_s=Spread(1.0, 0.95, 1.05, 5),
+                                               peak_memory_bytes=int(4.0 * GIB)))
         app.post_message(BenchmarkEvent(TrialFinished(bigger)))
         await until(pilot, lambda: "bigger-batch" in panel.drawn["trials"][2], "the new trial's point")
         assert panel.drawn["front"][2] == ["checkpointing", "baseline", "combined", "bigger-batch"]
@@ -77,7 +78,8 @@ async def test_finished_benchmark_marks_the_recommendation() -> None:
         panel = app.screen.query_one(ScatterPanel)
         assert panel.drawn["recommended"][2] == ["combined"]
         assert "▶★ combined" in panel.drawn["labels"][2]  # its marks in its own label, never by another name
-        ok = [r.name for r in results if r.status == "ok" and r.name not in ("noise-probe", "baseline-repeat")]
+        # the repeats of the baseline (noise-probe, drift checks) are not candidates: no point of their own
+        ok = [r.name for r in results if r.status == "ok" and r.trial_kind.kind != "baseline-repeat"]
         assert panel.drawn["trials"][2] == ok
         assert "recommended: combined" in _text(panel.query_one("#scatter-caption").content)
 

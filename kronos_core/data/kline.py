@@ -14,11 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-# TIME_COLUMN_ALIASES, lower_columns and time_column are also imported from here.
-from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, TIME_COLUMN_ALIASES, absolute_ns,  # noqa: F401
-                                     file_name, first_data_line, format_stamp, found_columns, ignored_columns_note,
-                                     lower_columns, order_rows, parse_timestamps, read_table, row_label, time_column,
-                                     time_values)
+from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, absolute_ns, file_name, first_data_line,
+                                     format_stamp, found_columns, ignored_columns_note, lower_columns, order_rows,
+                                     parse_timestamps, read_table, row_label, time_values)
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kronos_core.data.day_month import check_date_format
-from kronos_core.errors import KronosError, KronosWarning
+from kronos_core.errors import KronosError
 from kronos_core.sizes import SIZES
 from kronos_core.train.data_span import parse_train_until
 from kronos_core.validate import NO_EXAMPLE, check_known_keys, check_value, field_types
@@ -109,7 +108,6 @@ class TrainConfig:
         self._assign(values, "TrainConfig")
 
     def _assign(self, values: dict[str, Any], source: str) -> None:
-        values = renamed_keys(values, source)
         check_keys(values, source)
         for spec in dataclasses.fields(self):
             if spec.name in values:
@@ -324,30 +322,6 @@ class TrainConfig:
             value = check_value(key, getattr(self, key), annotation, where=self._source,
                                 example=examples.get(key, NO_EXAMPLE))
             object.__setattr__(self, key, value)
-
-
-# Keys that were renamed, old -> new: a config written before still loads, with a warning.
-RENAMED_KEYS = {
-    "checkpoint_every_n": "activation_checkpointing_every_n",
-    "checkpoint_every": "save_every",
-}
-
-
-def renamed_keys(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """`values` with old key names moved to their new names, one KronosWarning per old key."""
-    if not any(old in values for old in RENAMED_KEYS):
-        return values
-    values = dict(values)
-    for old, new in RENAMED_KEYS.items():
-        if old not in values:
-            continue
-        if new in values:
-            raise KronosError(f"{source}: both '{old}' and '{new}' are set; '{old}' is the old name of "
-                              f"'{new}', keep only '{new}'")
-        values[new] = values.pop(old)
-        warnings.warn(f"{source}: '{old}' is now called '{new}' (same meaning); rename it there",
-                      KronosWarning, stacklevel=4)
-    return values
 
 
 def field_names() -> list[str]:

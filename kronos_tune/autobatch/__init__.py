@@ -4,7 +4,7 @@
     result = autobatch(step_factory, budget_bytes=2 << 30, margin=0.1)
     result.batch_size, result.accumulation_steps, result.probes
 
-* ``search``: the generic core (``autobatch``, ``AutobatchResult``, ``Probe``, ``ProbeStep``);
+* ``search``: the generic core (``autobatch``), over ``probes`` (``AutobatchResult``, ``Probe``, ``ProbeStep``);
 * ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
 * ``predict_task``: the prediction chunk size (``max_batch_size``) for a preset's predict workload;
 * ``text``: a probe's progress line and the TOML snippet (the Rich tables and plot are commands/autobatch_render.py).
@@ -20,8 +20,9 @@ from typing import Any
 # Loaded on first use (as kronos_core.train's names): the search loads torch, and a command that only parses its
 # flags or checks a rule (kronos_tune.autobatch.maximize) must not.
 _EXPORTS = {
-    **{name: "kronos_tune.autobatch.search" for name in ("AutobatchResult", "Probe", "ProbeStep", "autobatch",
-                                                          "is_out_of_memory", "split_effective_batch")},
+    **{name: "kronos_tune.autobatch.probes" for name in ("AutobatchResult", "Probe", "ProbeStep")},
+    **{name: "kronos_tune.autobatch.search" for name in ("autobatch", "split_effective_batch")},
+    "is_out_of_memory": "kronos_tune.autobatch.runners",
     **{name: "kronos_tune.memory.peak" for name in ("PeakModel", "SeriesFit", "validate_margin")},
 }
 

@@ -26,7 +26,8 @@ from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.spec import PredictorSpec, build_predictor
 from kronos_core.sizes import SIZES
 from kronos_core.data.synthetic import synthetic_series
-from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
+from kronos_tune.autobatch.probes import AutobatchResult, OnProbe, ProbeStep
+from kronos_tune.autobatch.search import autobatch
 from kronos_tune.presets import Preset
 
 

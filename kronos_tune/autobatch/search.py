@@ -62,14 +62,12 @@ from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 
-from kronos_tune.autobatch.probes import (  # noqa: F401 - ProbeStep re-exported
-    _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, ProbeStep, StepFactory,
-    largest_within, within,
+from kronos_tune.autobatch.probes import (
+    _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, StepFactory, largest_within,
+    within,
 )
 from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel, default_margin, validate_margin
-from kronos_tune.autobatch.runners import (  # noqa: F401 - is_out_of_memory re-exported
-    _CpuRunner, _CudaRunner, _EstimateRunner, _Runner, is_out_of_memory,
-)
+from kronos_tune.autobatch.runners import _CpuRunner, _CudaRunner, _EstimateRunner, _Runner
 
 
 def split_effective_batch(max_batch_size: int, effective_batch: int) -> tuple[int, int, str]:

@@ -4,7 +4,7 @@ tables and plot are the commands layer's, commands/autobatch_render.py)."""
 from __future__ import annotations
 
 from kronos_core.units import format_bytes
-from kronos_tune.autobatch.search import Probe
+from kronos_tune.autobatch.probes import Probe
 
 
 def toml_snippet(batch_size: int, accumulation_steps: int) -> str:

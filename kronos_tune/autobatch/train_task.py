@@ -31,7 +31,8 @@ from kronos_core.train.builders import (
     build_grad_scaler, build_training, evaluate_sums, forward_backward, optimizer_step,
 )
 from kronos_core.train.fsdp import gather_once
-from kronos_tune.autobatch.search import AutobatchResult, OnProbe, ProbeStep, autobatch
+from kronos_tune.autobatch.probes import AutobatchResult, OnProbe, ProbeStep
+from kronos_tune.autobatch.search import autobatch
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.estimate import CudaEmulation
 from kronos_tune.memory.meters import MeterSwitch

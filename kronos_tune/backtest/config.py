@@ -53,11 +53,7 @@ class PredictionSetting:
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        values = asdict(self)
-        for name in ("checkpoint", "tokenizer"):  # only when set, so runs made before these existed still resume
-            if values[name] is None:
-                del values[name]
-        return values
+        return asdict(self)
 
 
 def short_model_name(checkpoint: str | Path) -> str:
@@ -177,13 +173,8 @@ class BacktestConfig(InputSpec):
             "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
-            "draws": _draws(),  # runs begun under torch's global generator have none: they do not resume
-            "predictions": "chunks",  # runs begun before the chunked pipeline have none: refused in one line
-            # Only when set, so runs made before --calendar existed still resume.
-            **({"calendar": self.calendar} if self.calendar is not None else {}),
-            **({"symbol_column": self.symbol_column} if self.symbol_column is not None else {}),
-            **({"date_format": self.date_format} if self.date_format is not None else {}),
-            **({"allow_overlap": True} if self.allow_overlap else {}),
+            "draws": _draws(), "calendar": self.calendar, "symbol_column": self.symbol_column,
+            "date_format": self.date_format, "allow_overlap": self.allow_overlap,
         }
 
     def model_name(self, setting: PredictionSetting) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from kronos_core.files import write_text_atomic
 from kronos_tune.backtest.calibration import conventions
+from kronos_tune.backtest.config import PredictionSetting
 from kronos_tune.backtest.portfolio import FEW_PERIODS, LONG_ONLY, LONG_SHORT
 from kronos_tune.backtest.scoring import (SYNTHETIC_NOTE, BacktestResult, SettingScores, curve_difference,
                                          every_in_bars, with_caveat)
@@ -24,6 +25,13 @@ from kronos_tune.backtest.significance import conventions as significance_conven
 from kronos_tune.backtest.skill import CONVENTIONS as SKILL_CONVENTIONS
 
 JSON_NAME, ORIGINS_NAME, PLOT_NAME = "backtest.json", "origins.csv", "backtest.png"
+
+
+def _setting(setting: PredictionSetting) -> dict[str, Any]:
+    """A setting as backtest.json shows it: its label and fields, a model only where the setting names one."""
+    shown = {key: value for key, value in setting.to_dict().items()
+             if value is not None or key not in ("checkpoint", "tokenizer")}
+    return {"label": setting.label(), **shown}
 
 
 def _finite(value: Any) -> Any:
@@ -146,7 +154,7 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
         "predictions": schedule.predictions,
         "first_origin": str(schedule.origins[0].timestamp),
         "last_origin": str(schedule.origins[-1].timestamp),
-        "setting": {"label": main.setting.label(), **main.setting.to_dict()},
+        "setting": _setting(main.setting),
         "portfolio": {
             "mode": LONG_ONLY if config.long_only else LONG_SHORT, "top_k": config.top_k,
             "cost_bps": config.cost_bps, "periods_per_year": config.periods_per_year or schedule.periods_per_year,
@@ -176,7 +184,7 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
     if result.agreement is not None:
         other = result.scores[1]
         report["compare"] = {
-            "setting": {"label": other.setting.label(), **other.setting.to_dict()},
+            "setting": _setting(other.setting),
             **headline(other),
             "agreement": result.agreement.to_dict(),
             "ic_mean_diff": other.ic.mean - main.ic.mean,

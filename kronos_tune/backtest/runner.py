@@ -37,7 +37,7 @@ from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.job_state import JobProgress
 from kronos_tune.predict.shards import check_shards
-from kronos_tune.runs import claim_run_dir, default_run_dir, read_run_file
+from kronos_tune.runs import claim_run_dir, default_run_dir
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
                       "settings still means something)"
@@ -167,8 +167,6 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     futures = calendar_futures(config, universe, schedule)
 
     folder = config.out if config.out is not None else default_run_dir("backtest", _label(config))
-    if config.resume:
-        refuse_earlier_layout(Path(folder))
     run = claim_run_dir(folder, "backtest", config.identity(), resume=config.resume, overwrite=config.overwrite,
                         join=config.launch.multi_node)
     note("note", f"run folder: {run.path}" + (" (resumed)" if run.resumed else " (joined: another node started it)"
@@ -253,21 +251,6 @@ def calendar_futures(config: BacktestConfig, universe: Universe,
 def _timing(session: Session) -> dict[str, object]:
     return {"session_predicted": session.predicted, "session_predict_seconds": round(session.predict_seconds, 3),
             "symbol_origins_per_s": session.symbol_origins_per_s}
-
-
-EARLIER_LAYOUT = "per-origin files"
-
-
-def refuse_earlier_layout(folder: Path) -> None:
-    """A backtest begun by a kronos-tune before the chunked pipeline (its run.json identity has no
-    "predictions" key) cannot be continued: its finished origins carry no chunk records."""
-    existing = read_run_file(folder) if folder.is_dir() else None
-    if existing is None or existing.get("command") != "backtest":
-        return  # claim_run_dir says what is wrong with the folder
-    if "predictions" not in (existing.get("identity") or {}):
-        raise KronosTuneError(f"--resume {folder}: that backtest was begun by an earlier kronos-tune, which kept "
-                              f"{EARLIER_LAYOUT} this version cannot continue; start a new run with another --out "
-                              f"(that folder keeps its files)")
 
 
 def slot_job(config: BacktestConfig, slot: str, setting: PredictionSetting, device: str, weights: dict,

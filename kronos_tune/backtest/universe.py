@@ -17,15 +17,13 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
-                                    time_column, validate_kline)
+                                    validate_kline)
 from kronos_core.data.panels import read_panel, split_panel
-from kronos_core.data.tables import SYMBOL_COLUMN_NAMES, found_columns
+from kronos_core.data.tables import SYMBOL_COLUMN_NAMES, found_columns, time_column
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.inputs import read_series_file, unique_names
-
-SYMBOL_ALIASES: tuple[str, ...] = SYMBOL_COLUMN_NAMES
 
 NoteCallback = Callable[[str, str], None]
 
@@ -72,10 +70,10 @@ def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
     """Split a long panel (symbol column, time column, features) into one series per symbol."""
     panel = panel.copy()
     names = lower_columns(panel, source)
-    symbol_col = next((a for a in SYMBOL_ALIASES if a in names), None)
+    symbol_col = next((a for a in SYMBOL_COLUMN_NAMES if a in names), None)
     if symbol_col is None:
         raise KronosTuneError(f"{source}: no symbol column (found: {found_columns(panel, names)}); name it one of "
-                              f"{', '.join(SYMBOL_ALIASES)}, or give a folder with one file per symbol")
+                              f"{', '.join(SYMBOL_COLUMN_NAMES)}, or give a folder with one file per symbol")
     time_col = time_column(names, source, panel)
     if panel[symbol_col].isna().any():
         row = int(np.argmax(panel[symbol_col].isna().to_numpy()))
@@ -99,7 +97,7 @@ def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
 
 
 def _panel_column(path: Path) -> str | None:
-    """The file's symbol column when its header has one of SYMBOL_ALIASES, else None (a single-symbol file)."""
+    """The file's symbol column when its header has one of SYMBOL_COLUMN_NAMES, else None (a single-symbol file)."""
     try:
         if path.suffix.lower() == ".csv":
             columns = list(pd.read_csv(path, nrows=0).columns)
@@ -109,7 +107,7 @@ def _panel_column(path: Path) -> str | None:
             columns = list(parquet.read_schema(path).names)
     except (ImportError, OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
         return None  # read_kline gives the precise message
-    return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_ALIASES), None)
+    return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_COLUMN_NAMES), None)
 
 
 def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCallback,
@@ -136,7 +134,7 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
                   on_note: NoteCallback, symbol_column: str | None = None,
                   date_format: str | None = None) -> Universe:
     """Read --data (per-symbol files, panel files with `symbol_column`, or one file with a symbol column of
-    SYMBOL_ALIASES) or make --synthetic N symbols; `date_format`: how the files write their dates."""
+    SYMBOL_COLUMN_NAMES) or make --synthetic N symbols; `date_format`: how the files write their dates."""
     if not data:
         count = synthetic if synthetic is not None else 0
         try:

@@ -1,7 +1,7 @@
 """What a trial is, for the decision rule: data the plan sets on every trial and each result carries.
 
-The decision rule reads a trial's kind, group and promises from its result, never from its name; results
-written before kinds were kept (schema 1-2) get theirs from ``legacy_kind``, the one place a name implies one.
+The decision rule reads a trial's kind, group and promises from its result, never from its name. The predict
+task's trial list sets none: its trials are the reference (stage baseline) or a speed change (``untyped_kind``).
 """
 
 from __future__ import annotations
@@ -27,41 +27,6 @@ class TrialKind:
     redraws_dropout: bool = False
 
 
-# Results written before kinds were kept (schema 1-2): their kind by name, in this one place.
-_LEGACY_KINDS = {
-    "baseline": TrialKind("reference"), "recompute": TrialKind("reference"),
-    "noise-probe": TrialKind("baseline-repeat"), "baseline-repeat": TrialKind("baseline-repeat"),
-    "bf16": TrialKind("speed", "precision", "approximate"), "fp16": TrialKind("speed", "precision", "approximate"),
-    "tf32": TrialKind("speed", "matmul", "close"),
-    "compile": TrialKind("speed", "compile", "close", True),
-    "compile-cudagraphs": TrialKind("speed", "compile", "close", True),
-    "dataloader": TrialKind("speed", "dataloader", "equivalent"),
-    "fused-adamw": TrialKind("speed", "optimizer", "close"),
-    "ddp": TrialKind("speed", "parallel", "equivalent", True),
-    "checkpointing": TrialKind("memory", "checkpointing", "equivalent"),
-    "accumulation": TrialKind("memory", "batch", "equivalent", True),
-    "autobatch": TrialKind("memory", "batch", "equivalent", True),
-    "fsdp": TrialKind("memory", "parallel", "equivalent", True),
-    "bigger-batch": TrialKind("optimization", "batch"),
-    "combined": TrialKind("combination"),
-}
-
-
-def _legacy_train_kind(name: str, stage: str) -> TrialKind:
-    if stage == "drift":
-        return TrialKind("baseline-repeat")
-    if name in _LEGACY_KINDS:
-        return _LEGACY_KINDS[name]
-    return TrialKind({"baseline": "reference", "combined": "combination"}.get(stage, "speed"), name)
-
-
-def _legacy_predict_kind(name: str, stage: str) -> TrialKind:
+def untyped_kind(name: str, stage: str) -> TrialKind:
+    """The kind of a trial whose plan set none (the predict task's): the reference, or one change for speed."""
     return TrialKind("reference" if stage == "baseline" else "speed", name)
-
-
-_LEGACY_RULES = {"train": _legacy_train_kind, "predict": _legacy_predict_kind}  # by the task the results name
-
-
-def legacy_kind(name: str, stage: str, task: str = "train") -> TrialKind:
-    """The kind of a trial from a results file that did not record it (inferred from its name and stage)."""
-    return _LEGACY_RULES.get(task, _legacy_train_kind)(name, stage)

@@ -80,8 +80,5 @@ class BenchmarkOptions:
     def measurement_key(self) -> dict[str, Any]:
         """The options that change what a trial measures: a resumed run must use the same."""
         keys = ("steps", "warmup", "compile_warmup", "max_steps", "max_warmup", "target_ci", "budget_bytes", "seed",
-                "eval_windows", "predict_series", "predict_repeats", "cpu_ddp")
-        measured = {key: getattr(self, key) for key in keys}
-        if self.agreement_series is not None:  # only when set: runs from before the option still resume
-            measured["agreement_series"] = self.agreement_series
-        return measured
+                "eval_windows", "predict_series", "predict_repeats", "cpu_ddp", "agreement_series")
+        return {key: getattr(self, key) for key in keys}

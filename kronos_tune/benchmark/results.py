@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from kronos_tune.benchmark.kinds import TrialKind, legacy_kind
+from kronos_tune.benchmark.kinds import TrialKind, untyped_kind
 from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.stats import Comparison, quantiles
 from kronos_tune.benchmark.train.verdicts import Trajectory
@@ -29,7 +29,7 @@ NOISE_PROBE = "noise-probe"  # the A/A trial: the baseline again (another sample
 
 class Spread(float):
     """The median of ``n`` measurements (the float value) with their ``min``, ``max`` and quartiles
-    (``q1``, ``q3``; None in results written before quartiles were kept)."""
+    (``q1``, ``q3``; None for a Spread built from its median and range alone)."""
 
     median: float
     min: float
@@ -58,7 +58,7 @@ class Spread(float):
     def from_dict(cls, data: dict[str, Any] | None) -> Spread | None:
         if data is None:
             return None
-        return cls(data["median"], data["min"], data["max"], data["n"], data.get("q1"), data.get("q3"))
+        return cls(data["median"], data["min"], data["max"], data["n"], data["q1"], data["q3"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"median": self.median, "min": self.min, "max": self.max, "n": self.n, "q1": self.q1, "q3": self.q3}
@@ -157,12 +157,15 @@ class TrialSpec:
 _SPREAD_FIELDS = ("step_time_s", "samples_per_s", "tokens_per_s", "series_per_s")
 
 
-class NewerSchema(ValueError):
-    """A result line written by a newer kronos-tune than this one."""
+class OtherSchema(ValueError):
+    """A result line written by another build of kronos-tune than this one (an earlier or a newer schema)."""
 
-    def __init__(self, version: int) -> None:
-        super().__init__(f"schema version {version}, newer than the {SCHEMA_VERSION} this kronos-tune reads")
+    def __init__(self, version: int | None) -> None:
+        newer = version is not None and version > SCHEMA_VERSION
+        super().__init__(f"schema version {version if version is not None else 'none (before 3)'}, "
+                         f"{'newer' if newer else 'older'} than the {SCHEMA_VERSION} this kronos-tune reads")
         self.version = version
+        self.newer = newer
 
 
 @dataclass
@@ -220,9 +223,9 @@ class TrialResult:
 
     @property
     def trial_kind(self) -> TrialKind:
-        """The plan's kind; for a result that carries none (a predict trial), the one its name implies."""
+        """The plan's kind; for a result that carries none (a predict trial), the one its stage implies."""
         if self.kind is None:
-            return legacy_kind(self.name, self.stage, self.task)
+            return untyped_kind(self.name, self.stage)
         return TrialKind(self.kind, self.group, self.losses, self.redraws_dropout)
 
     def set_kind(self, kind: TrialKind | None) -> None:
@@ -245,11 +248,10 @@ class TrialResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialResult:
-        """A result as results.jsonl keeps it, of this schema or an older one (whose kind is inferred from the
-        name: legacy_kind); a newer schema raises NewerSchema."""
-        version = int(data.get("schema_version") or 2)
-        if version > SCHEMA_VERSION:
-            raise NewerSchema(version)
+        """A result as results.jsonl keeps it; one of another schema raises OtherSchema."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise OtherSchema(version if isinstance(version, int) else None)
         known = {spec.name for spec in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         for key in _SPREAD_FIELDS:
@@ -257,13 +259,7 @@ class TrialResult:
         values["deltas"] = {key: Delta(**delta) for key, delta in (values.get("deltas") or {}).items()}
         values["comparison"] = _derived(Comparison.from_dict, values.get("comparison"))
         values["trajectory"] = _derived(Trajectory.from_dict, values.get("trajectory"))
-        result = cls(**values)
-        if "kind" not in data:  # written before kinds were kept: inferred from the name, in one place
-            result.set_kind(legacy_kind(result.name, result.stage, result.task))
-        if "design" not in data and result.stage in ("single", "combined"):
-            result.design = "sequential"  # the only design before schema 3
-        result.schema_version = SCHEMA_VERSION
-        return result
+        return cls(**values)
 
     @property
     def quality_passed(self) -> bool:
@@ -277,14 +273,8 @@ class TrialResult:
 
 
 def _derived(read: Callable[[dict[str, Any]], Any], data: dict[str, Any] | None) -> Any:
-    """A section summarize derives from the results, read back; one an older version wrote in another shape is
-    left out (summarize computes it again), so the trial's measurements still load."""
-    if not isinstance(data, dict):
-        return None
-    try:
-        return read(data)
-    except (KeyError, TypeError, ValueError):
-        return None
+    """A section summarize derives from the results (None until it has)."""
+    return read(data) if isinstance(data, dict) else None
 
 
 class TaskDecision(Protocol):
@@ -378,7 +368,7 @@ class ResultsFile:
 def read_results(path: str | os.PathLike) -> ResultsFile:
     """The trials of a results.jsonl (or of the folder holding one; none when there is no such file). The last
     line of a name wins (a resumed run re-ran it); a line that is not a valid trial result (a torn last line from a
-    crash while writing) is dropped and named; results of a newer schema are refused in one line."""
+    crash while writing) is dropped and named; results of another schema are refused in one line."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
@@ -392,9 +382,10 @@ def read_results(path: str | os.PathLike) -> ResultsFile:
             continue
         try:
             result = TrialResult.from_dict(json.loads(line))
-        except NewerSchema as error:
-            raise KronosTuneError(f"{path}: line {number} has results of {error}; upgrade kronos-tune "
-                                  f"(pip install -U kronos-tune) to read it") from None
+        except OtherSchema as error:
+            fix = ("upgrade kronos-tune (pip install -U kronos-tune) to read it" if error.newer else
+                   "an earlier build of kronos-tune wrote it; run the benchmark again to measure with this one")
+            raise KronosTuneError(f"{path}: line {number} has results of {error}; {fix}") from None
         except (json.JSONDecodeError, TypeError, KeyError, ValueError) as error:
             where = "the last line, cut short" if number == len(lines) else f"line {number}"
             dropped.append(f"{path.name} {where}: {type(error).__name__}")

@@ -28,7 +28,7 @@ from kronos_tune.commands.common import make_console
 from kronos_tune.errors import KronosTuneError
 
 if TYPE_CHECKING:
-    from kronos_tune.autobatch.search import AutobatchResult, Probe
+    from kronos_tune.autobatch.probes import AutobatchResult, Probe
     from kronos_tune.presets import Preset
 
 def _budget(preset: Preset, budget_gb: float | None) -> tuple[int, str]:

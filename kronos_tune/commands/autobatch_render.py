@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kronos_core.units import format_bytes
-from kronos_tune.autobatch.search import AutobatchResult
+from kronos_tune.autobatch.probes import AutobatchResult
 
 PLOT_WIDTH = 56
 PLOT_HEIGHT = 10

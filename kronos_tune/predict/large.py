@@ -58,9 +58,7 @@ def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource],
         "device": resolve_device(config.device).split(":")[0], "kv_cache": config.kv_cache,
         "max_batch_size": config.max_batch_size, "calendar": config.calendar, "quantiles": list(config.quantiles),
         "chunk_series": chunk_series or config.chunk_series or DEFAULT_CHUNK_SERIES,
-        "format": None if config.out is None else output_format(config.out),
-        # only when given, so jobs begun before --date-format existed still resume
-        **({"date_format": config.date_format} if config.date_format else {}),
+        "format": None if config.out is None else output_format(config.out), "date_format": config.date_format,
     }
 
 

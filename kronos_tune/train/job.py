@@ -34,7 +34,7 @@ from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_lo
 from kronos_tune.runs import RunDir
 from kronos_tune.train.moved import measure, record_start
 from kronos_tune.train.run_folder import (
-    Start, adopt_legacy_run, checkpoint_step, choose_folder, claim_train_dir, finish_status, run_step,
+    Start, checkpoint_step, choose_folder, claim_train_dir, finish_status, run_step,
 )
 from kronos_tune.train.schedule import TrainSchedule, schedule_training, world_size
 
@@ -356,8 +356,6 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
         check_logs(configs, request.tensorboard)
     run: RunDir | None = None
     if not spec.multi_node:
-        if begin.resume is not None:
-            adopt_legacy_run(begin.folder, base, request.source)
         run = claim_train_dir(begin.folder, base, request.source, resume=begin.resume is not None,
                               overwrite=begin.overwrite, flag=begin.flag, processes=processes,
                               what="both" if request.both else None)

@@ -89,12 +89,6 @@ def check_resume_folder(folder: Path) -> None:
                               f"stopped before its first save; start it again with --out {folder} --overwrite")
 
 
-def adopt_legacy_run(folder: Path, config: TrainConfig, source: str) -> None:
-    """A run written before run folders had a run.json: record it as a (cancelled) training run."""
-    if read_run_file(folder) is None and (folder / "config.toml").is_file():
-        RunDir(folder, COMMAND, identity(config, source), "new").mark("cancelled", adopted=True)
-
-
 def claim_train_dir(folder: Path, config: TrainConfig, source: str, *, resume: bool, overwrite: bool,
                     flag: str = "--out", processes: int | None = 1, what: str | None = None) -> RunDir:
     """Claim `folder` for this run (new, resumed or overwritten) and mark it running. `what`: "both" for the
