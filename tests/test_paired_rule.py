@@ -187,32 +187,27 @@ V3_KEYS = ("kind", "group", "losses", "redraws_dropout", "design", "design_reaso
            "schema_version")
 
 
-def test_report_refuses_a_results_file_of_an_earlier_build_in_one_line(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def _as_schema(line: dict, schema: str) -> dict:
+    if schema == "earlier":  # as schema 2 wrote it: no v3 keys at all
+        return {key: value for key, value in line.items() if key not in V3_KEYS}
+    return {**line, "schema_version": SCHEMA_VERSION + 1}
+
+
+@pytest.mark.parametrize("schema, said", [
+    ("earlier", f"line 1 has results of schema version none (before 3), older than the {SCHEMA_VERSION}"),
+    ("newer", f"line 1 has results of schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}"),
+])
+def test_report_refuses_a_results_file_of_another_schema_in_one_line(tmp_path: Path, schema: str, said: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     run = write_gpu_run(tmp_path / "run")
     lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
-    old = [{key: value for key, value in line.items() if key not in V3_KEYS} for line in lines]  # as schema 2 wrote
-    (run / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in old))
+    (run / "results.jsonl").write_text("".join(json.dumps(_as_schema(line, schema)) + "\n" for line in lines))
     code, _, err = run_cli(["report", str(run)], capsys)
     assert code == 2
     line = err.strip()
     assert "\n" not in line and "Traceback" not in line
-    assert f"line 1 has results of schema version none (before 3), older than the {SCHEMA_VERSION}" in line
-    assert "run the benchmark again" in line
-
-
-def test_report_refuses_a_results_file_of_a_newer_schema_in_one_line(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_gpu_run(tmp_path / "run")
-    lines = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
-    lines[1]["schema_version"] = SCHEMA_VERSION + 1
-    (run / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    code, _, err = run_cli(["report", str(run)], capsys)
-    assert code == 2
-    line = err.strip()
-    assert "\n" not in line and "Traceback" not in line
-    assert f"line 2 has results of schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}" in line
-    assert "upgrade kronos-tune" in line
+    assert said in line
+    assert ("run the benchmark again" if schema == "earlier" else "upgrade kronos-tune") in line
 
 
 def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(tmp_path: Path) -> None:
