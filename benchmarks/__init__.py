@@ -11,6 +11,7 @@ Run each from the repository root as `python -m benchmarks.<name> --help`:
 * telemetry: what the sampler costs a training run
 * autobatch: the autobatch pick against the true largest batch
 * decisions: how often the benchmark's decision rule is right under quiet and noisy load
+* outside_delay: a real speed-up planted from outside the product (an optimizer step hook), found or not
 
 Other modules here (predict_job, predict_streams, skill, ...) say what they measure in their own docstrings.
 """

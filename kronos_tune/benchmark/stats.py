@@ -34,6 +34,10 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
   burst that the five-sigma rule did not catch, or any round at all when the
   A/A has only ten) cannot carry the interval's edge, as it does with the
   signed-rank interval whenever its cut is smaller than the number of rounds.
+- ``pooled_resolution``: the resolution an A/A of the same rounds would have at the run's pooled noise: the
+  winsorized variances of the A/A's and every paired trial's log ratios pooled (weights n - 1), in the A/A's
+  Tukey-McLaughlin interval in place of its own. One A/A whose rounds met a burst of load is one variance
+  estimate among several, not the run's only word on its noise.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class Comparison:
     method: str
 
     design: str = "sequential"  # sequential: ratio of medians of two runs; paired: block ratios (paired_compare)
+    evidence: str = ""  # what decided the verdict (train/decide.py: EVIDENCE); "" where the rule names none
 
     @property
     def halfwidth(self) -> float | None:
@@ -360,6 +365,33 @@ def trimmed_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE,
     error = float(np.std(winsorized, ddof=1)) / ((1 - 2 * trim) * math.sqrt(n))
     reach = t_quantile(1 - (1 - confidence) / 2, n - 2 * cut - 1) * error
     return PairedEstimate(math.exp(centre), math.exp(centre - reach), math.exp(centre + reach), n)
+
+
+def _winsorized(ratios: Sequence[float], trim: float = AA_TRIM) -> tuple[int, float, int] | None:
+    """(rounds, winsorized variance of the log ratios, the trimmed interval's degrees of freedom); None below
+    MIN_PAIRS rounds."""
+    logs = np.sort(np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float)))
+    n = int(logs.size)
+    if n < MIN_PAIRS:
+        return None
+    cut = int(math.floor(trim * n))
+    winsorized = np.clip(logs, logs[cut], logs[n - cut - 1])
+    return n, float(np.var(winsorized, ddof=1)), n - 2 * cut - 1
+
+
+def pooled_resolution(aa: Sequence[float], others: Sequence[Sequence[float]], confidence: float = CONFIDENCE,
+                      trim: float = AA_TRIM) -> float | None:
+    """How far an A/A interval of `aa`'s rounds would reach from 1 at the noise of every comparison of the run:
+    the winsorized variance pooled over `aa` and each of `others` (each around its own centre, weights n - 1),
+    the standard error pooled variance ** 0.5 / ((1 - 2 trim) sqrt(n of aa)), Student's t with the summed
+    degrees of freedom, the reach exp(t x error) - 1 (the wider side). None when `aa` has too few rounds."""
+    mine = _winsorized(aa, trim)
+    if mine is None:
+        return None
+    sets = [mine, *filter(None, (_winsorized(ratios, trim) for ratios in others))]
+    variance = sum((n - 1) * var for n, var, _ in sets) / sum(n - 1 for n, _, _ in sets)
+    error = math.sqrt(variance) / ((1 - 2 * trim) * math.sqrt(mine[0]))
+    return math.expm1(t_quantile(1 - (1 - confidence) / 2, sum(df for _, _, df in sets)) * error)
 
 
 def aa_compare(ratios: Sequence[float], floor: float, confidence: float = CONFIDENCE,

@@ -85,6 +85,11 @@ class BenchmarkTask(ABC):
         """The run's own resolution in one sentence, where the task measures one."""
         return None
 
+    def evidence_line(self, report: BenchmarkReport, own_only: bool = False) -> str | None:
+        """Each verdict with the evidence that decided it, where the rule has more than one kind; `own_only`: only
+        those called on their own interval rather than on the run's resolution."""
+        return None
+
     @abstractmethod
     def scatter_unit(self, trials: Sequence[TrialResult]) -> str:
         """What the picture's time axis is per: step | sample | series."""

@@ -29,6 +29,7 @@ class Answer:
     newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
     headroom: dict[str, Any] | None = None  # BenchmarkReport.headroom: peak vs budget, the batch that would fit
     resolution: str | None = None  # "changes under 3.8% could not be told from noise in this run (...)"
+    own_evidence: str | None = None  # the verdicts called on their own interval, not on the resolution above
 
     def changes_text(self) -> str:
         return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
@@ -48,7 +49,7 @@ def _figure(result: Any, trials: list[Any], task: str) -> str:
 
 def answer_from(report: Any) -> Answer:
     """The answer of a finished (or cancelled) benchmark run."""
-    from kronos_tune.benchmark.report.files import resolution_line
+    from kronos_tune.benchmark.report.files import evidence_line, resolution_line
 
     rec = report.recommended
     best = best_trial(report.trials, report.task)
@@ -60,7 +61,8 @@ def answer_from(report: Any) -> Answer:
                   reason=rec.reason if rec is not None else "", command=rec.command if rec is not None else None,
                   best=best.name if best is not None else None, best_figure=_figure(best, report.trials, report.task),
                   partial=partial, missing=missing, headroom=getattr(report, "headroom", None),
-                  resolution=resolution_line(report) if getattr(report, "timing", None) else None)
+                  resolution=resolution_line(report) if getattr(report, "timing", None) else None,
+                  own_evidence=evidence_line(report, own_only=True) if getattr(report, "timing", None) else None)
 
 
 def is_complete(report: Any) -> bool:

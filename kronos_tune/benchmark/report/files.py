@@ -130,6 +130,11 @@ def write_reports(report: BenchmarkReport, out_dir: str | os.PathLike, results: 
     return written
 
 
+def evidence_line(report: BenchmarkReport, own_only: bool = False) -> str | None:
+    """Each verdict with the evidence that decided it, where the task's rule names one."""
+    return get(report.task).evidence_line(report, own_only)
+
+
 def resolution_line(report: BenchmarkReport) -> str | None:
     """"changes under 3.8% could not be told from noise in this run (...)", where the task measures it."""
     return get(report.task).resolution_line(report)

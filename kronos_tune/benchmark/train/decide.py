@@ -11,18 +11,32 @@ The rule, in order:
 
 1. Timing. A comparison measured in the paired design (the trial and a live
    baseline in alternating blocks) is decided from its block ratios
-   (``stats.paired_compare``): faster when their interval lies below 1 and the
-   centre is at least ``max(PAIRED_FLOOR, resolution)`` below 1, the
-   resolution being how far the A/A comparison's interval (the noise-probe
-   against the baseline, interleaved the same way) reaches from 1: the
-   smallest change this run can tell from noise. That interval is a trimmed
-   one (``stats.aa_compare``), so one outlying A/A round cannot widen it and
-   with it erase every effect the run measured. A sequential comparison (the
-   trial alone, against the baseline's own measurement) is decided from the
-   ratio of medians with a bootstrap interval against ``max(FLOOR, drift)``,
-   drift being how far the baseline's own re-measurements moved. A run whose
-   resolution (or, with no paired A/A, whose drift threshold) is past
-   ``NOISY_LIMIT`` is too noisy to decide and keeps the baseline.
+   (``stats.paired_compare``), on one of two kinds of evidence (``EVIDENCE``),
+   tried in this order:
+
+   - the A/A's resolution: faster when the interval lies below 1 and the
+     centre is at least ``max(PAIRED_FLOOR, resolution)`` below 1, the
+     resolution being how far the A/A comparison's interval (the noise-probe
+     against the baseline, interleaved the same way) reaches from 1: the
+     smallest change this run can tell from noise. That interval is a trimmed
+     one (``stats.aa_compare``), so one outlying A/A round cannot widen it.
+     Not in a run too noisy to decide (below).
+   - its own interval: faster when the whole interval lies at least
+     ``max(PAIRED_FLOOR, pooled resolution)`` below 1, the pooled resolution
+     being the A/A's interval at the run's pooled noise
+     (``stats.pooled_resolution``: the A/A's spread is one variance estimate
+     among the trials'). So one A/A whose rounds met a burst of load does not
+     erase a change whose own rounds measured it beyond doubt. Not when the
+     A/A itself came out different (a bias between workers shown: then only
+     its resolution guards).
+
+   Slower mirrored. A sequential comparison (the trial alone, against the
+   baseline's own measurement) is decided from the ratio of medians with a
+   bootstrap interval against ``max(FLOOR, drift)``, drift being how far the
+   baseline's own re-measurements moved. A run whose resolution (or, with no
+   paired A/A, whose drift threshold) is past ``NOISY_LIMIT`` is too noisy to
+   decide on the A/A's resolution: only a change called on its own interval
+   can be recommended there, and with none the baseline is kept.
 2. Quality. A change must pass the validation-loss guard and its training
    losses must stay in the class its kind promises (equivalent, close,
    approximate: ``trajectory_check``); one that should be equivalent and is
@@ -53,7 +67,9 @@ from kronos_core.units import format_bytes
 from kronos_tune.benchmark.costs import duration as _duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
-from kronos_tune.benchmark.stats import Comparison, aa_compare, block_ratios, compare, paired_compare
+from kronos_tune.benchmark.stats import (
+    Comparison, aa_compare, block_ratios, compare, paired_compare, pooled_resolution,
+)
 from kronos_tune.benchmark.train.target import recommend_by_target
 from kronos_tune.benchmark.train.verdicts import PAIRED_FLOOR, Decision, OneTimeCost, Trajectory
 
@@ -64,6 +80,11 @@ NOISY_LIMIT = 0.25  # a resolution (or drift threshold) above this: the machine 
 DEFAULT_MARGIN = 0.10
 EQUIVALENT_TOLERANCE = 1e-4  # largest relative loss deviation that is float error
 CLOSE_TOLERANCE = 2e-2
+# What decided a verdict (Comparison.evidence): the paired rule's two kinds, the paired floor where the run
+# measured no A/A, the sequential design's threshold.
+OWN_INTERVAL, AA_RESOLUTION, PAIRED_FLOOR_ONLY, SEQUENTIAL_THRESHOLD = (
+    "its own interval", "the A/A's resolution", "the paired floor", "the sequential threshold")
+EVIDENCE = (OWN_INTERVAL, AA_RESOLUTION, PAIRED_FLOOR_ONLY, SEQUENTIAL_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -137,11 +158,28 @@ def resolution_of(results: list[TrialResult], context: DecisionContext) -> tuple
     against the baseline's, stats.aa_compare) reaches from 1; with that comparison, its verdict against the
     floor alone, so that two workers of one configuration that differ beyond the floor show as such (None,
     None: no paired A/A)."""
-    probe = next((r for r in results if r.name == NOISE_PROBE and r.status in ("ok", "cancelled")), None)
-    if probe is None or probe.design != "paired":
+    probe = _probe(results)
+    if probe is None:
         return None, None
     aa = paired_comparison(probe, reference(results), context.paired_floor, aa_compare)  # a bias shows
     return (None if aa is None else aa.reach), aa
+
+
+def _probe(results: list[TrialResult]) -> TrialResult | None:
+    probe = next((r for r in results if r.name == NOISE_PROBE and r.status in ("ok", "cancelled")), None)
+    return probe if probe is not None and probe.design == "paired" else None
+
+
+def pooled_resolution_of(results: list[TrialResult], aa: Comparison | None) -> float | None:
+    """The A/A's resolution at the run's pooled noise (stats.pooled_resolution over the A/A's block ratios and
+    those of every paired change that ran); None without an A/A interval, or when the A/A itself came out
+    different (a bias between workers: its own resolution is what guards then)."""
+    probe = _probe(results)
+    if probe is None or aa is None or aa.low is None or aa.verdict in ("faster", "slower"):
+        return None
+    changes = [block_ratios(r.blocks) for r in results
+               if r.stage in ("single", "combined") and r.status == "ok" and r.design == "paired"]
+    return pooled_resolution(block_ratios(probe.blocks), changes)
 
 
 def memory_binding(results: list[TrialResult], context: DecisionContext) -> tuple[bool, str]:
@@ -215,10 +253,25 @@ def _ms(seconds: float) -> str:
 
 
 def compare_to_baseline(result: TrialResult, base: TrialResult, decision: Decision) -> Comparison | None:
-    """The trial against the baseline in the design it was measured in."""
-    if result.design == "paired":
-        return paired_comparison(result, base, decision.paired_threshold)
-    return compare(_times(result, base), _times(base), decision.threshold, _median(result, base), _median(base))
+    """The trial against the baseline in the design it was measured in, with what decided its verdict."""
+    if result.design != "paired":
+        found = compare(_times(result, base), _times(base), decision.threshold, _median(result, base),
+                        _median(base))
+        return None if found is None else replace(found, evidence=SEQUENTIAL_THRESHOLD)
+    found = paired_comparison(result, base, decision.paired_threshold)
+    if found is None:
+        return None
+    if decision.resolution is None:
+        return replace(found, evidence=PAIRED_FLOOR_ONLY)
+    if found.verdict in ("faster", "slower") and not decision.noisy:
+        return replace(found, evidence=AA_RESOLUTION)
+    own = decision.own_threshold
+    if own is not None and found.high is not None and found.low is not None:
+        if found.high <= 1 - own:
+            return replace(found, verdict="faster", threshold=own, evidence=OWN_INTERVAL)
+        if found.low >= 1 + own:
+            return replace(found, verdict="slower", threshold=own, evidence=OWN_INTERVAL)
+    return replace(found, evidence=AA_RESOLUTION)
 
 
 def decide(results: list[TrialResult], context: DecisionContext = DecisionContext()) -> Decision:
@@ -227,13 +280,16 @@ def decide(results: list[TrialResult], context: DecisionContext = DecisionContex
     drift, sources = drift_estimate(results)
     threshold = max(context.floor, drift or 0.0)
     resolution, aa = resolution_of(results, context)
+    pooled = pooled_resolution_of(results, aa) if base is not None and base.status == "ok" else None
     binds, why_memory = memory_binding(results, context)
     paired = any(r.design == "paired" for r in results)
     smallest = resolution if resolution is not None else None if paired else threshold
     decision = Decision(threshold=threshold, drift=drift, drift_sources=sources,
                         noisy=smallest is not None and smallest > NOISY_LIMIT, memory_binds=binds,
                         memory_reason=why_memory, resolution=resolution,
-                        paired_threshold=max(context.paired_floor, resolution or 0.0), smallest_change=smallest)
+                        paired_threshold=max(context.paired_floor, resolution or 0.0), smallest_change=smallest,
+                        pooled_resolution=pooled,
+                        own_threshold=None if pooled is None else max(context.paired_floor, pooled))
     base_ok = base is not None and base.status == "ok"
     comparisons: dict[str, Comparison] = {} if aa is None else {NOISE_PROBE: aa}
     costs: dict[str, OneTimeCost] = {}
@@ -275,8 +331,8 @@ def _eligible(result: TrialResult, decision: Decision, base_ok: bool) -> bool:
     if not base_ok:  # nothing to be faster than: running within the budget is what counts
         return True
     comparison = decision.comparisons.get(result.name)
-    return (comparison is not None and comparison.verdict == "faster" and not decision.noisy
-            and _worth_it(result, decision))
+    return (comparison is not None and comparison.verdict == "faster"
+            and (not decision.noisy or comparison.evidence == OWN_INTERVAL) and _worth_it(result, decision))
 
 
 def _combination(results: list[TrialResult], decision: Decision) -> list[str]:
@@ -323,6 +379,15 @@ def _noise_text(decision: Decision, context: DecisionContext) -> str:
             f"floor and the measured drift)")
 
 
+def _evidence_text(decision: Decision, context: DecisionContext, comparison: Comparison | None) -> str:
+    """Why a change called faster is beyond the noise, in the words of the evidence that called it."""
+    if comparison is None or comparison.evidence != OWN_INTERVAL or decision.own_threshold is None:
+        return _noise_text(decision, context)
+    return (f"its own 95% interval wholly beyond what this run's pooled noise can resolve "
+            f"({100 * decision.own_threshold:.1f}%: the A/A comparison's interval at the spread of every paired "
+            f"comparison of the run; the A/A's own interval reaches {100 * (decision.resolution or 0):.1f}% from 1)")
+
+
 def _cost_text(name: str, cost: OneTimeCost) -> str:
     return (f"{name} is faster ({100 * (cost.ratio - 1):+.1f}% per step) but its one-time cost "
             f"({_duration(cost.one_time_s)} of warm-up and setup) "
@@ -334,11 +399,18 @@ def _noisy_reason(decision: Decision) -> str:
     if decision.resolution is not None:
         return (f"the timings are too noisy to decide: changes under {100 * decision.resolution:.1f}% "
                 f"could not be told from noise in this run (the A/A comparison; limit "
-                f"{100 * NOISY_LIMIT:.0f}%), so no change can be called faster; kept the baseline "
+                f"{100 * NOISY_LIMIT:.0f}%), and no change's own interval lay wholly beyond the pooled "
+                f"resolution{_pooled_figure(decision)}, so no change can be called faster; kept the baseline "
                 f"(rerun on a quieter machine)")
     return (f"the timings are too noisy to decide: the baseline's own re-measurements drifted by "
             f"{100 * (decision.drift or 0):.1f}% (limit {100 * NOISY_LIMIT:.0f}%), so no change "
             f"can be called faster; kept the baseline (rerun on a quiet machine)")
+
+
+def _pooled_figure(decision: Decision) -> str:
+    if decision.own_threshold is None:
+        return " (not measured: the A/A came out different or had too few rounds)"
+    return f" ({100 * decision.own_threshold:.1f}%)"
 
 
 def _combined_note(results: list[TrialResult], decision: Decision, candidates: list[TrialResult]
@@ -355,7 +427,9 @@ def _combined_note(results: list[TrialResult], decision: Decision, candidates: l
         if slower is not None and best_single is not None:
             return (f"; the combination ({_ms(_median(combined, base) or 0)}/step) was slower than "
                     f"{best_single.name} alone ({slower:+.1f}%)"), None
-        if base_ok and not decision.memory_binds and (vs_base is None or vs_base.verdict != "faster"):
+        trusted = vs_base is not None and vs_base.verdict == "faster" and (
+            not decision.noisy or vs_base.evidence == OWN_INTERVAL)
+        if base_ok and (decision.noisy or not decision.memory_binds) and not trusted:
             return "; the combination was not faster than the baseline beyond the noise", None
         if base_ok and not _worth_it(combined, decision):
             return "; " + _cost_text("the combination", decision.costs[combined.name]), None
@@ -384,16 +458,23 @@ def _nothing_faster(results: list[TrialResult], decision: Decision, context: Dec
     return f"no change was faster {_noise_text(decision, context)}{hint}{memory}{combined_note}"
 
 
+def _called_on_own_interval(result: TrialResult, decision: Decision) -> bool:
+    comparison = decision.comparisons.get(result.name)
+    return comparison is not None and comparison.verdict == "faster" and comparison.evidence == OWN_INTERVAL
+
+
 def _recommend(results: list[TrialResult], decision: Decision, context: DecisionContext) -> tuple[str, str]:
     """The recommended trial and why, in one sentence with the numbers."""
     by_name = {r.name: r for r in results}
     base = reference(results)
     base_ok = base is not None and base.status == "ok"
     kept = base.name if base is not None else "baseline"
-    if decision.noisy and base_ok:
-        return kept, _noisy_reason(decision)
     candidates = [by_name[name] for name in decision.eligible]
+    if decision.noisy and base_ok:  # only a change called on its own interval stands in a run this noisy
+        candidates = [r for r in candidates if _called_on_own_interval(r, decision)]
     combined_note, combined = _combined_note(results, decision, candidates)
+    if decision.noisy and base_ok and not candidates and combined is None:
+        return kept, _noisy_reason(decision)
     if combined is not None:
         candidates.append(combined)
     if not candidates:
@@ -412,6 +493,7 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
                                     f"{_duration(cost.one_time_s)}")
     described = _describe(winner, decision.comparisons.get(winner.name), _median(base), median)
     return winner.name, (f"{what} is the fastest measured configuration: {described.split(': ', 1)[-1]}, "
-                         f"{_noise_text(decision, context)}, quality guard passed{paid}"
+                         f"{_evidence_text(decision, context, decision.comparisons.get(winner.name))}, "
+                         f"quality guard passed{paid}"
                          + (f"; memory binds ({decision.memory_reason})" if decision.memory_binds else "")
                          + combined_note)

@@ -34,12 +34,16 @@ TIMING_RULE = ("paired comparisons (the trial's worker and a live baseline worke
                "below 1 and the centre is at "
                f"least max({100 * PAIRED_FLOOR:g}%, the run's resolution) below 1 (slower mirrored), the "
                "resolution being how far the A/A comparison's interval (noise-probe vs baseline, interleaved the "
-               "same way) reaches from 1. Sequential comparisons (the trial alone, where two workers cannot live "
+               "same way) reaches from 1; else on its own interval: faster when the whole interval lies at least "
+               f"max({100 * PAIRED_FLOOR:g}%, the pooled resolution) below 1, the pooled resolution being the A/A's "
+               "interval at the winsorized spread pooled over the A/A and every paired change (not when the A/A "
+               "itself came out different). Sequential comparisons (the trial alone, where two workers cannot live "
                "side by side): the ratio of median step times with a 95% bootstrap interval against "
                f"max({100 * FLOOR:g}% floor, drift), drift = the largest distance of the baseline's "
                f"re-measurements from its median. Unresolved when the interval reaches past the threshold on both "
                f"sides. Above {100 * NOISY_LIMIT:g}% (the resolution, or the drift threshold) the run is too noisy "
-               f"to decide and the baseline is kept")
+               f"to decide on it: only a change called on its own interval is recommended, else the baseline is "
+               f"kept")
 
 
 def model_has_dropout(model_size: str | None) -> bool:
@@ -158,6 +162,9 @@ def summarize_train(report: BenchmarkReport, preset: Preset | None) -> None:
                      "smallest_change_pct": None if decision.smallest_change is None else
                      100 * decision.smallest_change,
                      "paired_threshold_pct": 100 * decision.paired_threshold, "noisy_limit_pct": 100 * NOISY_LIMIT,
+                     "pooled_resolution_pct": _pct(decision.pooled_resolution),
+                     "own_threshold_pct": _pct(decision.own_threshold),
+                     "evidence": {name: c.evidence for name, c in decision.comparisons.items() if c.evidence},
                      "designs": {t.name: {"design": t.design, "why": t.design_reason} for t in trials if t.design},
                      "left_out": {t.name: t.reason for t in trials if t.status == "skipped" and t.reason
                                   and t.reason.startswith(LEFT_OUT)},
@@ -167,6 +174,10 @@ def summarize_train(report: BenchmarkReport, preset: Preset | None) -> None:
     report.headroom = headroom(report)
     report.flops = flops_section(report, preset)
     report.recommended = recommendation(report, decision.source, decision.reason, preset)
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
 
 
 def _projected_total(trial: TrialResult, base: TrialResult | None, cost: OneTimeCost | None) -> None:

@@ -92,6 +92,9 @@ class TrainBenchmark(BenchmarkTask):
     def resolution_line(self, report: BenchmarkReport) -> str | None:
         return text.resolution_line(report)
 
+    def evidence_line(self, report: BenchmarkReport, own_only: bool = False) -> str | None:
+        return text.evidence_line(report, own_only)
+
     def scatter_unit(self, trials: Sequence[TrialResult]) -> str:
         batches = {t.tokens_per_step for t in trials if t.tokens_per_step}
         return "step" if len(batches) <= 1 else "sample"

@@ -8,7 +8,9 @@ from typing import Any
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
 from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult
-from kronos_tune.benchmark.train.decide import NOISY_LIMIT
+from kronos_tune.benchmark.train.decide import (
+    AA_RESOLUTION, NOISY_LIMIT, OWN_INTERVAL, PAIRED_FLOOR_ONLY, SEQUENTIAL_THRESHOLD,
+)
 from kronos_tune.benchmark.train.target import summary_lines
 from kronos_tune.benchmark.train.verdicts import Decision
 
@@ -89,8 +91,52 @@ def _speed_resolution(report: BenchmarkReport) -> str | None:
     return None
 
 
+def evidence_line(report: BenchmarkReport, own_only: bool = False) -> str | None:
+    """Each change's verdict and the evidence that decided it, with the figures, e.g. "fused-adamw faster: its own
+    interval (-23.9% to -20.4%) lies wholly beyond the pooled resolution 18.1% (the A/A's own 36.9%)";
+    `own_only`: only the verdicts called on their own interval."""
+    decision = _decision(report)
+    if decision is None:
+        return None
+    parts = [f"{name} {comparison.verdict}: {_evidence(comparison, decision)}"
+             for name, comparison in decision.comparisons.items()
+             if name != NOISE_PROBE and (not own_only or comparison.evidence == OWN_INTERVAL)]
+    return "; ".join(parts) or None
+
+
+def _evidence(comparison: Any, decision: Decision) -> str:
+    called = comparison.verdict in ("faster", "slower")
+    if comparison.evidence == OWN_INTERVAL:
+        return (f"its own interval ({comparison.interval_text().removeprefix('95% interval ')}) lies wholly beyond "
+                f"the pooled resolution {_pct(decision.own_threshold)} (the A/A's own {_pct(decision.resolution)})")
+    if comparison.evidence == AA_RESOLUTION:
+        where = "beyond" if called else "not beyond"
+        own = ("" if called or decision.own_threshold is None else
+               f", nor its own interval wholly beyond the pooled {_pct(decision.own_threshold)}")
+        trusted = " (too noisy to recommend on)" if called and decision.noisy else ""
+        return f"{where} the A/A's resolution {_pct(decision.paired_threshold)}{trusted}{own}"
+    if comparison.evidence == PAIRED_FLOOR_ONLY:
+        return f"{'beyond' if called else 'not beyond'} the paired floor {_pct(decision.paired_threshold)} (no A/A)"
+    if comparison.evidence == SEQUENTIAL_THRESHOLD:
+        return f"{'beyond' if called else 'not beyond'} the sequential threshold {_pct(decision.threshold)}"
+    return "the rule named no evidence"
+
+
+def _pct(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+
+
 def _too_noisy(decision: Decision) -> str:
     return f"changes under {100 * (decision.smallest_change or 0):.1f}% could not be told from noise"
+
+
+def _noisy_outcome(decision: Decision) -> str:
+    own = [name for name, c in decision.comparisons.items() if c.evidence == OWN_INTERVAL and c.verdict == "faster"]
+    if own:
+        return (f"only changes called on their own interval stand ({', '.join(own)}: wholly beyond the pooled "
+                f"resolution {_pct(decision.own_threshold)})")
+    return "no change's own interval lay wholly beyond the pooled resolution, so the baseline is kept; rerun on a " \
+           "quieter machine"
 
 
 def _drift_pct(decision: Decision) -> float | None:
@@ -137,9 +183,12 @@ def timing_lines(report: BenchmarkReport) -> list[str]:
                      f"median's 95% interval is within ±{100 * opts.get('target_ci', 0.02):.0f}% or its time budget "
                      f"is spent. Drift of the baseline's re-measurements: {drift_text}; sequential threshold "
                      f"±{100 * decision.threshold:.1f}%.")
+    evidence = evidence_line(report)
+    if evidence:
+        lines.append(f"**Verdicts**, each with the evidence that decided it: {evidence}.")
     if decision.noisy:
-        lines.append(f"**Too noisy to decide**: {_too_noisy(decision)}, past the {100 * NOISY_LIMIT:g}% the rule "
-                     f"accepts; the baseline is kept. Rerun on a quieter machine.")
+        lines.append(f"**Too noisy to decide on the A/A**: {_too_noisy(decision)}, past the {100 * NOISY_LIMIT:g}% "
+                     f"the rule accepts; {_noisy_outcome(decision)}.")
     paid = [f"{name}: {cost.one_time_s:.1f} s once vs {cost.saving_s:+.1f} s saved over the workload"
             for name, cost in decision.costs.items() if cost.one_time_s >= 0.5]
     if paid:
@@ -230,9 +279,12 @@ def console_notes(report: BenchmarkReport) -> list[str]:
     if left:
         lines.append(f"left out of this quick run: {', '.join(left)}; add them with --full (or one with --only "
                      f"NAME)")
+    evidence = evidence_line(report)
+    if evidence:
+        lines.append(f"verdicts: {evidence}")
     if decision is not None and decision.noisy:
-        lines.append(f"too noisy to decide: {_too_noisy(decision)} (limit {100 * NOISY_LIMIT:g}%); the baseline is "
-                     f"kept; rerun on a quieter machine")
+        lines.append(f"too noisy to decide on the A/A: {_too_noisy(decision)} (limit {100 * NOISY_LIMIT:g}%); "
+                     f"{_noisy_outcome(decision)}")
     reached = summary_lines(report.trials)
     if reached:
         lines.append(f"time to the baseline's val loss at step {q.get('val_loss_step')} (other seeds): "

@@ -66,6 +66,9 @@ class Decision:
     """The rule's answer. ``comparisons``: every timed trial against the baseline; ``threshold`` the sequential
     design's (max(floor, drift)), ``paired_threshold`` the paired design's (max(paired floor, resolution));
     ``resolution``: how far the A/A comparison's interval reaches from 1 (None without a paired A/A);
+    ``pooled_resolution``: that interval's reach at the run's pooled noise, and ``own_threshold``
+    max(paired floor, pooled resolution), what a change's whole interval must lie beyond to be called on its
+    own evidence (None without an A/A interval, or when the A/A itself came out different);
     ``costs``: per faster trial, its one-time cost against what it saves over the workload; ``source`` the
     recommended trial and ``reason`` why, in one sentence."""
 
@@ -85,6 +88,8 @@ class Decision:
     source: str = "baseline"
     reason: str = ""
     smallest_change: float | None = None  # the resolution, or in a run that paired nothing the sequential threshold
+    pooled_resolution: float | None = None
+    own_threshold: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "drift": self.drift, "drift_sources": list(self.drift_sources),
@@ -94,7 +99,8 @@ class Decision:
                 "trajectories": {name: t.to_dict() for name, t in self.trajectories.items()},
                 "costs": {name: c.to_dict() for name, c in self.costs.items()},
                 "eligible": list(self.eligible), "combination": list(self.combination), "source": self.source,
-                "reason": self.reason, "smallest_change": self.smallest_change}
+                "reason": self.reason, "smallest_change": self.smallest_change,
+                "pooled_resolution": self.pooled_resolution, "own_threshold": self.own_threshold}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
@@ -107,4 +113,5 @@ class Decision:
                    {name: t for name, t in trajectories.items() if t is not None},
                    {name: OneTimeCost.from_dict(c) for name, c in (data.get("costs") or {}).items()},
                    list(data.get("eligible") or []), list(data.get("combination") or []),
-                   data.get("source") or "baseline", data.get("reason") or "", data.get("smallest_change"))
+                   data.get("source") or "baseline", data.get("reason") or "", data.get("smallest_change"),
+                   data.get("pooled_resolution"), data.get("own_threshold"))

@@ -113,6 +113,8 @@ class AnswerPanel(VerticalScroll):
             lines.append((1, Text.assemble(("why ", "bold"), answer.reason)))
         if answer.resolution:
             lines.append((0, Text.assemble(("resolution ", "bold"), answer.resolution)))
+        if answer.own_evidence:
+            lines.append((0, Text.assemble(("decided on their own interval ", "bold"), answer.own_evidence)))
         if answer.headroom:
             lines.append((0, memory_bar(answer.headroom)))
         return lines
