@@ -313,6 +313,7 @@ class BenchmarkReport:
     started_at: str = ""
     finished_at: str = ""
     wall_time_s: float = 0.0
+    job: dict[str, Any] | None = None  # `benchmark --config`: the user's file, data, windows and keys
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -322,6 +323,11 @@ class BenchmarkReport:
 
     def trial(self, name: str) -> TrialResult | None:
         return next((t for t in self.trials if t.name == name), None)
+
+    @property
+    def subject(self) -> str:
+        """What was benchmarked, for titles: the user's file (`--config`) or the preset."""
+        return f"config {self.job['source']}" if self.job else f"preset {self.preset}"
 
     def to_dict(self) -> dict[str, Any]:
         out = {spec.name: getattr(self, spec.name) for spec in fields(self)}

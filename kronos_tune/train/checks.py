@@ -51,6 +51,39 @@ def job_checks(config: TrainConfig, upstream: bool = False, counted: WindowCount
     else:
         lines.append(f"validation: {used:,} windows" + (f" of the {counted.val:,} the data has (eval_samples)"
                                                          if used < counted.val else ""))
-    lines.append("memory: not projected before the first step (the first step's peak is in the progress bar; "
-                 "`kronos-tune autobatch` finds the batch that fits)")
+    lines.append(memory_check(config))
     return lines
+
+
+def free_memory(device: str) -> tuple[int, str]:
+    """The bytes this machine has free now for `device` ("cuda": the card's, else RAM) and what they are."""
+    if device == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return free, f"free on {torch.cuda.get_device_name()}"
+    import psutil
+
+    return psutil.virtual_memory().available, "of RAM free"
+
+
+def memory_check(config: TrainConfig) -> str:
+    """The step's projected peak at the job's batch against this machine's free memory, and the micro-batch
+    autobatch would pick for the same effective batch: autobatch's search on fake tensors (nothing allocated)."""
+    from kronos_core.units import format_bytes
+    from kronos_tune.autobatch.train_task import TrainTask
+
+    device = config.resolved_device()
+    free, where = free_memory(device)
+    effective = config.batch_size * config.accumulation_steps
+    shape = config.replace(symbol_column=None, date_format=None, train_until=None)  # probes read synthetic data
+    with TrainTask(shape, device=device) as task:
+        emulation = task.cuda_emulation() if device == "cuda" else None
+        result = task.run(free, max_probes=4, estimate=True, cuda_emulation=emulation, effective_batch=effective)
+    peak = round(result.fixed_bytes + result.bytes_per_sample * config.batch_size)
+    fits = "fits" if peak <= result.usable_bytes else "does NOT fit"
+    pick = f"batch_size = {result.batch_size}" + (f" x accumulation_steps = {result.accumulation_steps}"
+                                                  if result.accumulation_steps > 1 else "")
+    return (f"memory: projected peak {format_bytes(peak)} at batch {config.batch_size} ({device}, fake-tensor "
+            f"estimate) {fits} the {format_bytes(free)} {where} now; autobatch would pick {pick} for the effective "
+            f"batch {effective}")
