@@ -14,8 +14,10 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from kronos_core.data.synthetic import synthetic_series
 from kronos_tune.benchmark.report.rebuild import load_run
 from kronos_tune.benchmark.train.text import user_recommended_toml
 from kronos_tune.benchmark.user_job import user_preset
@@ -128,3 +130,33 @@ def test_a_yaml_that_is_no_finetune_config_is_one_line_naming_its_first_unknown_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "section 'scheduler'" in err and "optimizer" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_predict_config_is_benchmarked_on_its_series_and_recommended_as_itself(tmp_path: Path) -> None:
+    folder = tmp_path / "series"
+    folder.mkdir()
+    for index, frame in enumerate(synthetic_series(4, n_rows=80, seed=5)):
+        frame.to_csv(folder / f"s{index}.csv", index=False)
+    path = tmp_path / "pred.toml"
+    path.write_text(f'[predict]\nsize = "tiny"\ndata = ["{folder}"]\nlookback = 32\npred_len = 4\n')
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "kronos_tune.cli", "benchmark", "--task", "predict", "--config",
+                           str(path), "--steps", "2", "--out", str(out)], capture_output=True, text=True,
+                          timeout=400, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert f"plan: workload: {path}: 4 series of {folder}, lookback 32, pred_len 4" in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["job"]["data"] == [str(folder)] and report["job"]["series"] == 4
+    ran = [trial for trial in report["trials"] if trial["status"] == "ok"]
+    assert len(ran) >= 2
+    for trial in ran:  # every trial predicted the user's series with the file's windows
+        assert trial["config"]["inputs"]["data"] == [str(folder)]
+        assert (trial["config"]["lookback"], trial["config"]["pred_len"]) == (32, 4)
+    assert f"the same 4 series of {folder} (your job: {path})" in (out / "report.md").read_text()
+    text = (out / "recommended.toml").read_text()
+    assert text.startswith(f"# kronos-tune benchmark --task predict of {path}")
+    table = tomllib.loads(text)["predict"]
+    assert table["data"] == [str(folder)] and table["size"] == "tiny" and (table["lookback"], table["pred_len"]) == (
+        32, 4)
+    assert run_cli(["predict", "--config", str(out / "recommended.toml"), "--out", str(tmp_path / "p.csv")]) == 0
+    assert set(pd.read_csv(tmp_path / "p.csv")["series"]) == {"s0", "s1", "s2", "s3"}

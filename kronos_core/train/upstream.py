@@ -178,7 +178,7 @@ class _Mapping:
             self.put("tokenizer_dir", str(tokenizer), "model_paths.pretrained_tokenizer", "experiment.pre_trained*")
         if predictor:
             self.put("predictor_dir", str(predictor), "model_paths.pretrained_predictor", "experiment.pre_trained*")
-        self.put("model_size", _size_of(predictor, tokenizer), "the name of model_paths.pretrained_predictor (small when it names no size)")
+        self.put("model_size", size_of(predictor, tokenizer), "the name of model_paths.pretrained_predictor (small when it names no size)")
 
     def _phases(self) -> None:
         common = self.get("training", "epochs")
@@ -200,7 +200,7 @@ class _Mapping:
         self.out.sources["lr"] = "training.tokenizer_learning_rate / predictor_learning_rate"
 
 
-def _size_of(predictor: Any, tokenizer: Any) -> str:
+def size_of(predictor: Any, tokenizer: Any) -> str:
     """The model size a checkpoint's name says (NeoQuasar/Kronos-small), else the tokenizer's, else small."""
     found = _SIZE_IN_NAME.search(str(predictor or ""))
     if found:
@@ -209,4 +209,4 @@ def _size_of(predictor: Any, tokenizer: Any) -> str:
     return _TOKENIZER_SIZE[named.group(1).lower()] if named else DEFAULT_SIZE
 
 
-__all__ = ["NO_EQUIVALENT", "PHASES", "SECTIONS", "UpstreamConfig", "read_upstream"]
+__all__ = ["NO_EQUIVALENT", "PHASES", "SECTIONS", "UpstreamConfig", "read_upstream", "size_of"]

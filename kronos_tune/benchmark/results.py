@@ -104,6 +104,7 @@ class PredictSettings:
     agreement_series: int | None = None  # series the quality check compares (None: measured_series); the
     #                                      timed series are the first measured_series of them
     chunk_series: int | None = None  # series per chunk of predict's pipeline (None: as predict chooses)
+    inputs: dict[str, Any] | None = None  # `benchmark --config`: the user's data and model keys (None: synthetic)
 
     @property
     def quality_series(self) -> int:

@@ -9,6 +9,7 @@ once, with the same loader training uses, into the run folder: every trial worke
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,67 @@ def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -
     return preset, lines
 
 
+# The [predict] keys that say what is predicted and with which model: a predict trial keeps them as they are.
+PREDICT_INPUT_KEYS = ("data", "checkpoint", "tokenizer", "offline", "date_format", "symbol_column", "skip_short",
+                      "holdout", "calendar")
+
+
+def user_predict_preset(path: Path, hardware_preset: Preset | None) -> tuple[Preset, list[str]]:
+    """The preset for `benchmark --task predict --config PATH` (a [predict] file) and its plan lines: the user's
+    series (counted here, read by every trial from the same files), model, windows and sample paths."""
+    from kronos_core.train.upstream import size_of
+    from kronos_tune.predict.config import PredictConfig, check_data_paths
+    from kronos_tune.predict.config_file import read_predict_file
+    from kronos_tune.predict.inputs import load_inputs
+
+    values = read_predict_file(path)
+    if not values.get("data"):
+        raise KronosTuneError(f"--config {path}: no data in its [predict] table; a benchmark of synthetic series is "
+                              f"what --preset runs; give data = [\"your.csv\"]")
+    for key in ("lookback", "pred_len"):
+        if values.get(key) is None:
+            raise KronosTuneError(f"--config {path}: [predict] has no {key}; give {key} = N (the job's window)")
+    if (values.get("size") is None) == (values.get("checkpoint") is None):
+        raise KronosTuneError(f"--config {path}: give exactly one of size = NAME or checkpoint = DIR (with "
+                              f"tokenizer = DIR) in [predict]")
+    inputs = {key: values[key] for key in PREDICT_INPUT_KEYS if values.get(key) is not None}
+    inputs["data"] = [str(Path(item).expanduser().absolute()) for item in values["data"]]
+    for key in ("checkpoint", "tokenizer"):
+        if key in inputs:
+            local = Path(inputs[key]).expanduser()
+            inputs[key] = str(local.absolute()) if local.exists() else str(inputs[key])
+    config = PredictConfig(lookback=values["lookback"], pred_len=values["pred_len"], size=values.get("size"),
+                           **{key: tuple(map(Path, value)) if key == "data" else Path(value)
+                              if key in ("checkpoint", "tokenizer") else value for key, value in inputs.items()})
+    check_data_paths(config)
+    notes: list[str] = []
+    series = len(load_inputs(config, lambda level, message: notes.append(message)))
+    size = values.get("size") or size_of(inputs.get("checkpoint"), inputs.get("tokenizer"))
+    sample_count = int(values.get("sample_count") or 1)
+    if hardware_preset is None:
+        hardware, line = machine_hardware()
+        budget, name, source = BenchmarkBudget(), path.stem, None
+        train = TrainWorkload(size, SIZES[size].tokenizer, values["lookback"], values["pred_len"], 1, 1, 1, 1, 1,
+                              "none")
+    else:
+        hardware, budget = hardware_preset.hardware, hardware_preset.benchmark
+        name, source = f"{path.stem}-on-{hardware_preset.name}", hardware_preset.source_path
+        line = (f"hardware: preset {hardware_preset.name}'s budget ({hardware.memory_per_device_gb:g} GiB "
+                f"{hardware.device}), simulated on this machine; the workload is {path}'s, not the preset's")
+        train = hardware_preset.workload
+    train = replace(train, model_size=size, tokenizer=SIZES[size].tokenizer)
+    workload = PredictWorkload(series, values["lookback"], values["pred_len"], sample_count)
+    stringified = {key: [str(item) for item in value] if key == "data" else str(value) if isinstance(value, Path)
+                   else value for key, value in values.items()}
+    record = {"task": "predict", "source": str(path), "data": inputs["data"], "series": series,
+              "inputs": inputs, "values": {**stringified, **inputs}}
+    preset = Preset(name, f"the prediction job of {path}", hardware, train, workload, source, budget, job=record)
+    model = inputs.get("checkpoint") or f"random Kronos-{size}"
+    lines = [line, f"workload: {path}: {series:,} series of {', '.join(inputs['data'])}, lookback {values['lookback']}"
+                   f", pred_len {values['pred_len']}, {sample_count} sample path(s), {model}", *notes]
+    return preset, lines
+
+
 def located(values: dict[str, Any]) -> dict[str, Any]:
     """The data files and local checkpoint folders as absolute paths: report.json names the files measured, and
     the recommended config, written into the run folder, still finds them (hub ids stay as they are)."""
@@ -133,5 +195,5 @@ def as_saved(values: dict[str, Any], saved: Path) -> dict[str, Any]:
     return {**values, "data": [str(saved)], "symbol_column": None, "date_format": None, "train_until": None}
 
 
-__all__ = ["SAVED_DATA", "USER_EVAL_WINDOWS", "as_saved", "benchmarked_phase", "located", "machine_hardware", "save_data",
-           "train_values", "user_preset"]
+__all__ = ["PREDICT_INPUT_KEYS", "SAVED_DATA", "USER_EVAL_WINDOWS", "as_saved", "benchmarked_phase", "located", "machine_hardware", "save_data",
+           "train_values", "user_predict_preset", "user_preset"]

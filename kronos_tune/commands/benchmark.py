@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
     @app.command("benchmark")
     def benchmark(
         preset: Annotated[Optional[str], typer.Option("--preset", help="Preset name or TOML file (kronos-tune presets); with --config: the hardware budget to simulate.")] = None,
-        config: Annotated[Optional[Path], typer.Option("--config", help="Your finetune: a training TOML (kronos-tune config keys) or an upstream finetune_csv YAML; the workload measured is its own.", dir_okay=False)] = None,
+        config: Annotated[Optional[Path], typer.Option("--config", help="Your job: a training TOML (kronos-tune config keys) or an upstream finetune_csv YAML; with --task predict a [predict] file. The workload measured is its own.", dir_okay=False)] = None,
         phase: Annotated[Optional[str], typer.Option("--phase", help="With --config of two phases: tokenizer or predictor [default: predictor].")] = None,
         task: Annotated[str, typer.Option("--task", help="train or predict.")] = "train",
         out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="Run folder (default: runs/benchmark/<preset>-<task>-<time>/).", file_okay=False)] = None,
@@ -196,9 +196,8 @@ def register(app: typer.Typer) -> None:
             raise KronosTuneError(f"--phase {phase}: use tokenizer or predictor")
         if phase is not None and config is None:
             raise KronosTuneError("--phase chooses a phase of a --config file; give --config FILE")
-        if config is not None and task != "train":
-            raise KronosTuneError(f"benchmark --task {task} --config: only the train task measures a --config "
-                                  f"file here; run --task predict with --preset NAME")
+        if phase is not None and task != "train":
+            raise KronosTuneError(f"--phase chooses a training phase; --task {task} has none")
         if design not in DESIGN_CHOICES:
             raise KronosTuneError(f"--design {design}: use one of {', '.join(DESIGN_CHOICES)}")
         if resume and out is None:
@@ -215,9 +214,10 @@ def register(app: typer.Typer) -> None:
         chosen = None if preset is None else resolve_preset(preset, list(preset_dir or []))
         plan_lines: list[str] = []
         if config is not None:
-            from kronos_tune.benchmark.user_job import user_preset
+            from kronos_tune.benchmark.user_job import user_predict_preset, user_preset
 
-            chosen, plan_lines = user_preset(config, phase, chosen)
+            chosen, plan_lines = (user_preset(config, phase, chosen) if task == "train" else
+                                  user_predict_preset(config, chosen))
         assert chosen is not None
         defaults = BenchmarkOptions()
         options = BenchmarkOptions(

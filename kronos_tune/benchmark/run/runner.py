@@ -116,6 +116,9 @@ class BenchmarkRun:
         job = self.preset.job
         if job is None:
             return None
+        if job.get("task") == "predict":  # every trial reads the user's files itself (predict's own loader)
+            return {key: job[key] for key in ("task", "source", "data", "series", "values")} | {
+                "lookback": self.preset.predict.lookback, "pred_len": self.preset.predict.pred_len}
         from kronos_tune.benchmark.user_job import SAVED_DATA, as_saved, save_data
 
         saved = out / SAVED_DATA
