@@ -159,6 +159,7 @@ class Preset:
     predict: PredictWorkload
     source_path: Path | None = None
     benchmark: BenchmarkBudget = BenchmarkBudget()
+    job: dict[str, Any] | None = None  # `benchmark --config`: the user's finetune (kronos_tune.benchmark.user_job)
 
     @property
     def budget_bytes(self) -> int:

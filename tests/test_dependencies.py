@@ -22,7 +22,7 @@ else:
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = {"kronos_core", "kronos_tune"}
-CORE_ALLOWED = {"torch", "numpy", "pandas", "psutil", "safetensors", "tomli-w", "tomli", "pyarrow",
+CORE_ALLOWED = {"torch", "numpy", "pandas", "psutil", "safetensors", "tomli-w", "tomli", "pyarrow", "pyyaml",
                 "huggingface-hub"}  # huggingface-hub: the [hub] extra, imported only to resolve a hub id
 UI_MODULES = {"kronos_tune", "rich", "textual", "typer", "click", "textual_plotext", "plotext"}
 

@@ -104,6 +104,7 @@ class PredictSettings:
     agreement_series: int | None = None  # series the quality check compares (None: measured_series); the
     #                                      timed series are the first measured_series of them
     chunk_series: int | None = None  # series per chunk of predict's pipeline (None: as predict chooses)
+    inputs: dict[str, Any] | None = None  # `benchmark --config`: the user's data and model keys (None: synthetic)
 
     @property
     def quality_series(self) -> int:
@@ -313,6 +314,7 @@ class BenchmarkReport:
     started_at: str = ""
     finished_at: str = ""
     wall_time_s: float = 0.0
+    job: dict[str, Any] | None = None  # `benchmark --config`: the user's file, data, windows and keys
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -322,6 +324,11 @@ class BenchmarkReport:
 
     def trial(self, name: str) -> TrialResult | None:
         return next((t for t in self.trials if t.name == name), None)
+
+    @property
+    def subject(self) -> str:
+        """What was benchmarked, for titles: the user's file (`--config`) or the preset."""
+        return f"config {self.job['source']}" if self.job else f"preset {self.preset}"
 
     def to_dict(self) -> dict[str, Any]:
         out = {spec.name: getattr(self, spec.name) for spec in fields(self)}

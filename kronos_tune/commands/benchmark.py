@@ -107,7 +107,7 @@ CAPTIONS = {
 
 def render(console: Console, report: BenchmarkReport) -> None:
     header, rows = table(report, compact=True)
-    out = Table(title=f"kronos-tune benchmark: preset {report.preset}, task {report.task}", title_justify="left",
+    out = Table(title=f"kronos-tune benchmark: {report.subject}, task {report.task}", title_justify="left",
                 caption=report.device_line + CAPTIONS.get(report.task, ""), caption_justify="left",
                 box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
     short = {"configuration": "trial", "hardware": "hw", "time/step [IQR] n": "time/step",
@@ -157,7 +157,9 @@ def _names(values: list[str] | None) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("benchmark")
     def benchmark(
-        preset: Annotated[str, typer.Option("--preset", help="Preset name or TOML file (kronos-tune presets).")],
+        preset: Annotated[Optional[str], typer.Option("--preset", help="Preset name or TOML file (kronos-tune presets); with --config: the hardware budget to simulate.")] = None,
+        config: Annotated[Optional[Path], typer.Option("--config", help="Your job: a training TOML (kronos-tune config keys) or an upstream finetune_csv YAML; with --task predict a [predict] file. The workload measured is its own.", dir_okay=False)] = None,
+        phase: Annotated[Optional[str], typer.Option("--phase", help="With --config of two phases: tokenizer or predictor [default: predictor].")] = None,
         task: Annotated[str, typer.Option("--task", help="train or predict.")] = "train",
         out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="Run folder (default: runs/benchmark/<preset>-<task>-<time>/).", file_okay=False)] = None,
         resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out: finished trials are kept.")] = False,
@@ -183,10 +185,19 @@ def register(app: typer.Typer) -> None:
         block: Annotated[Optional[float], typer.Option("--block", metavar="SECONDS", help="Length of one paired block (default 0.5 s; at least one step).")] = None,
         tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the \\[tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
-        """Measure the preset's workload as the reference runs it, then one optimization at a time, then the
-        helpful ones together; writes the reports and a recommended config into the run folder."""
+        """Measure your finetune (--config) or a preset's workload as it runs, then one optimization at a time,
+        then the helpful ones together; writes the reports and a recommended config into the run folder."""
         if task not in TASKS:
             raise KronosTuneError(f"--task {task}: use {' or '.join(TASKS)}")
+        if preset is None and config is None:
+            raise KronosTuneError("benchmark: give --config FILE (your finetune: a training TOML or an upstream "
+                                  "finetune_csv YAML) or --preset NAME (an example job, kronos-tune presets)")
+        if phase is not None and phase not in ("tokenizer", "predictor"):
+            raise KronosTuneError(f"--phase {phase}: use tokenizer or predictor")
+        if phase is not None and config is None:
+            raise KronosTuneError("--phase chooses a phase of a --config file; give --config FILE")
+        if phase is not None and task != "train":
+            raise KronosTuneError(f"--phase chooses a training phase; --task {task} has none")
         if design not in DESIGN_CHOICES:
             raise KronosTuneError(f"--design {design}: use one of {', '.join(DESIGN_CHOICES)}")
         if resume and out is None:
@@ -200,7 +211,14 @@ def register(app: typer.Typer) -> None:
             from kronos_tune.run_logs import want_tensorboard
 
             want_tensorboard(True)  # not installed: the pip line, exit 2
-        chosen = resolve_preset(preset, list(preset_dir or []))
+        chosen = None if preset is None else resolve_preset(preset, list(preset_dir or []))
+        plan_lines: list[str] = []
+        if config is not None:
+            from kronos_tune.benchmark.user_job import user_predict_preset, user_preset
+
+            chosen, plan_lines = (user_preset(config, phase, chosen) if task == "train" else
+                                  user_predict_preset(config, chosen))
+        assert chosen is not None
         defaults = BenchmarkOptions()
         options = BenchmarkOptions(
             steps=steps or defaults.steps, max_steps=max(max_steps or defaults.max_steps, steps or 1),
@@ -215,6 +233,8 @@ def register(app: typer.Typer) -> None:
         if not console.is_terminal:
             console.width = max(console.width, 140)  # a file or pipe: no reason to fold the table
         check_options(task, options)  # bad flags: one line before the runner (and torch) loads
+        for line in plan_lines:
+            console.print(f"plan: {escape(line)}", highlight=False, soft_wrap=True)
         from kronos_tune.benchmark.run.runner import run_benchmark
 
         cancel = threading.Event()

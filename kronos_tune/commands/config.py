@@ -1,10 +1,12 @@
-"""`kronos-tune config keys`: every TrainConfig key (the keys of a `train --config` file) with type and default."""
+"""`kronos-tune config keys`: every TrainConfig key (the keys of a `train --config` file) with type and default;
+`kronos-tune config convert FILE.yaml`: an upstream finetune_csv config as the equivalent TOML."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Group
@@ -12,6 +14,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from kronos_tune.commands.common import make_console
+from kronos_tune.errors import KronosTuneError
 
 # What each key does, in a line. A key missing here is still listed (with its type and default).
 DESCRIPTIONS: dict[str, str] = {
@@ -130,7 +133,7 @@ def keys_listing(keys: list[KeyInfo]) -> Group:
     return Group(*parts)
 
 
-config_app = typer.Typer(help="Training configuration files: the keys they take.", no_args_is_help=True)
+config_app = typer.Typer(help="Training configuration files: the keys they take, and converting upstream YAML.", no_args_is_help=True)
 
 
 @config_app.command("keys")
@@ -141,6 +144,32 @@ def keys(as_json: Annotated[bool, typer.Option("--json", help="Print the keys as
         typer.echo(json.dumps([dataclasses.asdict(key) for key in found], indent=2))
         return
     make_console().print(keys_listing(found))
+
+
+@config_app.command("convert")
+def convert(
+    source: Annotated[Path, typer.Argument(help="An upstream Kronos finetune_csv YAML (or a kronos-tune TOML).", dir_okay=False)],
+    out: Annotated[Optional[Path], typer.Option("--out", help="The TOML to write [default: SOURCE with .toml].", dir_okay=False)] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the file --out names.")] = False,
+) -> None:
+    """Write a training file as the equivalent kronos-tune TOML, each key under a comment naming where it came
+    from (the data is read to count the windows of upstream's epoch)."""
+    from kronos_core.files import write_text_atomic
+    from kronos_core.train.train_file import load_train_file
+    from kronos_tune.train.convert import default_target, train_file_toml
+
+    target = out or default_target(source)
+    if target.resolve() == source.resolve():
+        raise KronosTuneError(f"config convert: --out {target} is the file being converted; name another file")
+    if target.exists() and not overwrite:
+        raise KronosTuneError(f"config convert: {target} exists; give --out ANOTHER.toml or add --overwrite")
+    job = load_train_file(source)
+    write_text_atomic(target, train_file_toml(job))
+    console = make_console()
+    for note in job.notes:
+        console.print(f"[cyan]note:[/] {note}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {target} ({' then '.join(job.phases) or job.what}); train it with: kronos-tune train "
+                  f"--config {target}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

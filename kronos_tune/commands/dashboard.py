@@ -11,7 +11,10 @@ from kronos_tune.telemetry.sampler import Sampler, validate_interval
 
 def dashboard(
     preset: Annotated[Optional[str], typer.Option(
-        "--preset", help="Preset to start with (kronos-tune presets).")] = None,
+        "--preset", help="Preset to start with (kronos-tune presets); with --config: the hardware budget.")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="Your finetune (a training TOML or an upstream finetune_csv YAML): the benchmark's "
+                         "workload.", dir_okay=False)] = None,
     preset_dir: Annotated[Optional[list[Path]], typer.Option(
         "--preset-dir", help="Extra folder of preset TOML files (repeatable).")] = None,
     interval: Annotated[float, typer.Option(
@@ -26,6 +29,12 @@ def dashboard(
     dirs = list(preset_dir or [])
     interval_s = validate_interval(interval, where="--interval")
     chosen = resolve_preset(preset, dirs) if preset is not None else None  # errors before the app starts
+    if config is not None:
+        from kronos_tune.benchmark.user_job import user_preset
+
+        chosen, plan = user_preset(config, None, chosen)
+        for line in plan:
+            typer.echo(f"plan: {line}")
     preset_dirs(dirs)  # a missing --preset-dir is an error now, not when the picker opens
 
     from kronos_tune.tui.app import DashboardApp

@@ -43,13 +43,15 @@ from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineO
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
-from kronos_tune.train.job import STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
+from kronos_tune.train.job import PHASES_FILE, STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
+from kronos_tune.train.checks import job_checks
 from kronos_tune.train.moved import Movement
 from kronos_tune.train.run_folder import check_resume_folder, partial_config_note, run_label
 from kronos_tune.train.schedule import TrainSchedule
 
 if TYPE_CHECKING:
     from kronos_core.train import StepRecord
+    from kronos_core.train.train_file import TrainFile
     from kronos_core.train.records import PhaseMeter
 
 
@@ -61,26 +63,36 @@ def _preset_fields(name: str) -> dict[str, Any]:
 
 
 def build_config(preset: str | None, config: Path | None, resume: Path | None,
-                 overrides: dict[str, Any]) -> tuple[TrainConfig, str]:
-    """The run's TrainConfig from a preset, a TOML file or the resumed run's config.toml, with `overrides`
-    (TrainConfig keys the flags set; None: not given) on top; and where it came from ("preset NAME", the
-    file). Its output_dir is decided by the job."""
+                 overrides: dict[str, Any]) -> tuple[TrainConfig, str, TrainFile | None]:
+    """The run's TrainConfig from a preset, a training file (TOML or upstream YAML, kronos_core.train.train_file)
+    or the resumed run's config.toml (phases.toml for a two-phase run), with `overrides` (TrainConfig keys the
+    flags set; None: not given) on top; where it came from ("preset NAME", the file); and the training file
+    (None for a preset or a one-phase resume). Its output_dir is decided by the job."""
+    from kronos_core.train.train_file import load_train_file
+
     if preset and config:
         raise KronosTuneError("train: give either --preset NAME or --config FILE, not both")
+    job: TrainFile | None = None
     if config is not None:
-        values = TrainConfig.from_toml(config).to_dict()
-        source = str(config)
+        job = load_train_file(config)
+        values, source = job.values(), str(config)
     elif preset:
         values, source = _preset_fields(preset), f"preset {preset}"
     elif resume is not None:
-        values = TrainConfig.from_toml(Path(resume) / "config.toml").to_dict()
         source = str((read_run_file(resume) or {}).get("identity", {}).get("source") or resume)
+        if (Path(resume) / PHASES_FILE).is_file():
+            job = load_train_file(Path(resume) / PHASES_FILE)
+            values = job.values()
+        else:
+            values = TrainConfig.from_toml(Path(resume) / "config.toml").to_dict()
     else:
         raise KronosTuneError("train: nothing to train; give --preset NAME (see `kronos-tune presets`), "
-                              "--config FILE (TrainConfig keys: `kronos-tune config keys`) or --resume DIR of an "
-                              "earlier run")
+                              "--config FILE (TrainConfig keys: `kronos-tune config keys`, or an upstream "
+                              "finetune_csv YAML) or --resume DIR of an earlier run")
+    if job is not None and overrides.get("what") in job.phases:  # --what names one phase of a two-phase file
+        values = job.values(overrides["what"])
     values.update({key: value for key, value in overrides.items() if value is not None})
-    return TrainConfig.from_dict(values, source=source), source
+    return TrainConfig.from_dict(values, source=source), source, job
 
 
 class TrainProgress(LiveProgress):
@@ -299,8 +311,8 @@ def register(app: typer.Typer) -> None:
         if what is not None and what not in STAGES:
             raise KronosTuneError(f"train: --what {what!r}; use one of {', '.join(STAGES)}")
         if what == "both" and resume is not None:
-            raise KronosTuneError("train: --resume continues one stage; use --what tokenizer or --what predictor "
-                                  "with --resume OUT/tokenizer or OUT/predictor")
+            raise KronosTuneError("train: --resume continues the run as it was started; leave out --what (a "
+                                  "two-phase run's folder continues its unfinished phase)")
         if resume is not None and out is not None:
             raise KronosTuneError(f"train: --resume {resume} continues in its own folder; leave out --out {out}")
         if resume is not None:
@@ -316,8 +328,9 @@ def register(app: typer.Typer) -> None:
         overrides = {"data": list(data) if data else None, "what": None if what == "both" else what,
                      "device": device, "symbol_column": symbol_column, "train_until": train_until,
                      "date_format": date_format}
-        base, source = build_config(preset, config, resume, overrides)
-        base = base.replace(**checked_weights(base, what))
+        base, source, job = build_config(preset, config, resume, overrides)
+        both = what == "both" or (what is None and job is not None and job.two_phases)
+        base = base.replace(**checked_weights(base, "both" if both else what))
         if not base.is_synthetic:  # a missing path or dates read two ways: one line before any folder is made
             from kronos_core.data.file_dates import check_file_dates
             from kronos_core.data.kline import find_data_files
@@ -338,6 +351,10 @@ def register(app: typer.Typer) -> None:
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
         console = make_console()
+        if job is not None:
+            for line in job.notes:
+                console.print(Text.assemble(("note:", "cyan"), " ", line), soft_wrap=True)
+        checks = job_checks(base, upstream=job is not None and job.upstream)
         weights = _pretrained_weights(base, what, offline, console)
         if config is not None:
             partial = partial_config_note(config)
@@ -350,7 +367,8 @@ def register(app: typer.Typer) -> None:
                               f"({partial.lstrip('# ')}); training with it anyway (--strict refuses)",
                               highlight=False, soft_wrap=True)
         request = TrainRequest(
-            base, source, label=run_label(preset, config) if resume is None else resume.name, both=what == "both",
+            base, source, label=run_label(preset, config, job) if resume is None else resume.name, both=both,
+            phases=job.phases if both and job is not None else {}, checks=checks,
             steps=steps, resume=resume, out=out, overwrite=overwrite, new_run=new_run, keep_batch=keep_batch,
             launch=LaunchSpec(nproc, nnodes, node_rank, rdzv_endpoint, rdzv_id or "kronos-tune", rdzv_backend),
             tensorboard=board, weights=weights)

@@ -31,7 +31,8 @@ from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.train.config import WHAT, TrainConfig
 from kronos_core.train.signals import StopForwarder, stop_on_signals
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log
-from kronos_tune.runs import RunDir
+from kronos_tune.errors import KronosTuneError
+from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train.moved import measure, record_start
 from kronos_tune.train.run_folder import (
     Start, checkpoint_step, choose_folder, claim_train_dir, finish_status, run_step,
@@ -56,6 +57,7 @@ class TrainRequest:
     source: str  # where the config came from ("preset NAME", a file), recorded in run.json
     label: str = "run"  # a new folder is runs/train/<label>-<time>/
     both: bool = False  # the tokenizer (OUT/tokenizer), then the predictor on its best weights (OUT/predictor)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # with `both`: each phase's own keys
     steps: int | None = None  # stop at this global optimizer step
     resume: Path | None = None  # the folder of a run to continue
     out: Path | None = None  # write here instead of a new folder
@@ -65,6 +67,7 @@ class TrainRequest:
     launch: LaunchSpec = field(default_factory=LaunchSpec)  # more than one process: torchrun
     tensorboard: bool = False
     weights: dict[str, Any] = field(default_factory=dict)  # resolved hub snapshots, for run.json
+    checks: list[str] = field(default_factory=list)  # the job checked against its data (train.checks), in the plan
 
 
 @dataclass(frozen=True)
@@ -137,15 +140,29 @@ class TrainListener:
         """A stage ended (not called when it raised: the job re-raises the error)."""
 
 
-def stages(base: TrainConfig, both: bool) -> list[TrainConfig]:
-    """`both`: the tokenizer first (OUT/tokenizer), then the predictor on its best weights (OUT/predictor)."""
+def stages(base: TrainConfig, both: bool, phases: dict[str, dict[str, Any]] | None = None) -> list[TrainConfig]:
+    """`both`: the tokenizer first (OUT/tokenizer), then the predictor on its best weights (OUT/predictor);
+    `phases`: each phase's own keys (a training file's [tokenizer] / [predictor] tables) over `base`."""
     if not both:
         return [base]
-    root = Path(base.output_dir)
-    tokenizer = base.replace(what="tokenizer", output_dir=str(root / "tokenizer"))
-    predictor = base.replace(what="predictor", output_dir=str(root / "predictor"),
-                             tokenizer_dir=str(root / "tokenizer" / "best"))
+    root, own = Path(base.output_dir), phases or {}
+    tokenizer = base.replace(**{**own.get("tokenizer", {}), "what": "tokenizer",
+                                "output_dir": str(root / "tokenizer")})
+    predictor = base.replace(**{**own.get("predictor", {}), "what": "predictor", "output_dir": str(root / "predictor"),
+                                "tokenizer_dir": str(root / "tokenizer" / "best")})
     return [tokenizer, predictor]
+
+
+def phase_done(folder: Path) -> bool:
+    """A phase folder whose run finished its schedule: a resume of the run goes on with the next phase."""
+    return (read_run_file(folder) or {}).get("status") == "complete"
+
+
+def phase_resume(folder: Path) -> Path | None:
+    """Where an unfinished phase continues: its folder when it has a checkpoint, else None (it starts over)."""
+    from kronos_core.train.train_state import checkpoint_path
+
+    return folder if checkpoint_path(folder).is_file() else None
 
 
 def check_logs(configs: list[TrainConfig], tensorboard: bool) -> None:
@@ -339,60 +356,102 @@ def run_training(request: TrainRequest, listener: TrainListener | None = None,
     if spec.launched:
         torchrun_command(spec, WORKER_MODULE, [])  # a missing rendezvous flag: one line, before any folder
     processes = world_size(spec.nproc, spec.nnodes) if spec.launched else 1
-    start_step = run_step(resume) if resume is not None else 0
-    base, schedule = schedule_training(request.config, processes, steps, start_step, resume, request.keep_batch)
+    both = request.both
+    start_step = run_step(resume) if resume is not None and not both else 0
+    # two phases: each is scheduled on its own below (its epochs, its --steps, its resumed step)
+    base, schedule = schedule_training(request.config, processes, None if both else steps, start_step,
+                                       None if both else resume, request.keep_batch)
     if spec.multi_node:  # every node must write to the same shared folder: no per-node fresh names
         folder = request.out or Path(base.output_dir)
         begin = Start(folder, resume, "--out", request.overwrite, f"output: {folder} (shared by all nodes)")
     else:
         begin = choose_folder(request.label, base, processes, steps, resume, request.out, request.overwrite,
                               request.new_run)
-        if begin.resume is not None and resume is None:  # a cancelled run found: schedule from its step
+        if begin.resume is not None and resume is None and not both:  # a cancelled run found: from its step
             start_step = run_step(begin.resume)
             base, schedule = schedule_training(base, processes, steps, start_step, begin.resume, False)
     base = base.replace(output_dir=str(begin.folder))
-    configs = stages(base, request.both)
+    configs = stages(base, both, request.phases)
+    plans: list[tuple[TrainConfig, TrainSchedule, Path | None]] = []
+    kept: list[str] = []
+    for stage in configs:
+        if not both:
+            plans.append((stage, schedule, begin.resume))
+            continue
+        folder = Path(stage.output_dir)
+        if begin.resume is not None and phase_done(folder):
+            kept.append(f"{stage.what}: complete in {folder}, kept")
+            continue
+        stage_resume = phase_resume(folder) if begin.resume is not None else None
+        stage_start = run_step(stage_resume) if stage_resume is not None else 0
+        stage, stage_schedule = schedule_training(stage, processes, steps, stage_start, stage_resume, False)
+        plans.append((stage, stage_schedule, stage_resume))
+    if both and not plans:
+        raise KronosTuneError(f"--resume {begin.folder}: both phases are complete; there is nothing to continue, "
+                              f"start a new run instead")
     if begin.resume is not None:  # the only folder kept as it is: its logs must take more lines
-        check_logs(configs, request.tensorboard)
+        check_logs([stage for stage, _, stage_resume in plans if stage_resume is not None or not both],
+                   request.tensorboard)
     run: RunDir | None = None
     if not spec.multi_node:
         run = claim_train_dir(begin.folder, base, request.source, resume=begin.resume is not None,
                               overwrite=begin.overwrite, flag=begin.flag, processes=processes,
-                              what="both" if request.both else None)
+                              what="both" if both else None)
         if request.weights:
             run.mark("running", weights=request.weights)
-    if request.both:
-        schedule.what = "tokenizer, then predictor,"
-    listener.announce(begin.why, schedule)
+        if both:
+            write_phases(begin.folder, base, request.phases)
+    if both:
+        schedule = plans[0][1]
+        announced = TrainSchedule(**{**schedule.__dict__, "notes": [
+            *schedule.notes, *kept, *(line for _, later, _ in plans[1:] for line in later.lines()), *request.checks]})
+    else:
+        announced = TrainSchedule(**{**schedule.__dict__, "notes": [*schedule.notes, *request.checks]})
+    listener.announce(begin.why, announced)
     ended: list[StageResult] = []
-    for stage in configs:
-        stage_run = run if not request.both else claim_train_dir(
-            Path(stage.output_dir), stage, request.source, resume=False, overwrite=False, processes=processes)
+    for stage, stage_schedule, stage_resume in plans:
+        stage_run = run if not both else claim_train_dir(
+            Path(stage.output_dir), stage, request.source, resume=stage_resume is not None, overwrite=False,
+            processes=processes)
         if spec.launched:
             config_file = Path(stage.output_dir) / "config.toml"
             stage.to_toml(config_file)
-            command = torchrun_command(spec, WORKER_MODULE, worker_args(config_file, steps, begin.resume))
-            outcome = train_launched(stage, command, schedule.end_step, listener, run=stage_run,
+            command = torchrun_command(spec, WORKER_MODULE, worker_args(config_file, steps, stage_resume))
+            outcome = train_launched(stage, command, stage_schedule.end_step, listener, run=stage_run,
                                      tensorboard=request.tensorboard, cancel=cancel)
         else:
-            outcome = train_here(stage, steps, begin.resume, listener, run=stage_run,
+            outcome = train_here(stage, steps, stage_resume, listener, run=stage_run,
                                  tensorboard=request.tensorboard, cancel=cancel)
         ended.append(outcome)
         if outcome.exit_code != 0:
             from kronos_core.train.__main__ import EXIT_INTERRUPTED
 
             status = "cancelled" if outcome.exit_code == EXIT_INTERRUPTED else "failed"
-            if request.both and run is not None:
+            if both and run is not None:
                 run.mark(status, stage=stage.what)
-            return TrainResult(begin.folder, begin.why, schedule, ended, status if request.both else outcome.status,
+            return TrainResult(begin.folder, begin.why, announced, ended, status if both else outcome.status,
                                outcome.exit_code)
     status = ended[-1].status
-    if request.both:
-        status = "complete" if steps is None else "partial"
+    if both:
+        status = "complete" if all(result.status == "complete" for result in ended) else "partial"
         if run is not None:
-            run.mark(status, stages=["tokenizer", "predictor"])
-    return TrainResult(begin.folder, begin.why, schedule, ended, status, 0)
+            run.mark(status, stages=[stage.what for stage, _, _ in plans])
+    return TrainResult(begin.folder, begin.why, announced, ended, status, 0)
 
 
-__all__ = ["STAGES", "STOP_GRACE_S", "StageResult", "StageStart", "TrainListener", "TrainRequest", "TrainResult",
-           "check_logs", "run_training", "stages", "train_here", "train_launched", "worker_args"]
+PHASES_FILE = "phases.toml"  # a two-phase run's shared keys and per-phase tables: what --resume rebuilds it from
+
+
+def write_phases(root: Path, base: TrainConfig, phases: dict[str, dict[str, Any]]) -> None:
+    from kronos_core.files import write_toml
+
+    tables = {phase: dict(phases.get(phase, {})) for phase in WHAT[::-1]}  # tokenizer, then predictor
+    own = {key for table in tables.values() for key in table}
+    shared = {key: value for key, value in base.to_dict().items() if key not in ("what", "output_dir", *own)}
+    write_toml(root / PHASES_FILE, {**shared, **tables}, header="kronos-tune: the two phases of this run "
+               "(kronos-tune train --resume continues the unfinished one)")
+
+
+__all__ = ["PHASES_FILE", "STAGES", "STOP_GRACE_S", "StageResult", "StageStart", "TrainListener", "TrainRequest",
+           "TrainResult", "check_logs", "phase_done", "phase_resume", "run_training", "stages", "train_here",
+           "train_launched", "worker_args", "write_phases"]

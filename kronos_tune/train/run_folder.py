@@ -13,24 +13,32 @@ What the start will do (steps, epochs, effective batch) is kronos_tune.train.sch
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kronos_core.train import TrainConfig
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir, read_run_file
 
+if TYPE_CHECKING:
+    from kronos_core.train.train_file import TrainFile
+
 COMMAND = "train"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PARTIAL_MARK = "# partial"
 RUNS_ROOT = Path("runs")  # relative: run folders land under the current directory
 
 
-def run_label(preset: str | None, config_file: Path | None) -> str:
-    """The folder label: the preset's name, else the config file's name without .toml."""
+def run_label(preset: str | None, config_file: Path | None, job: TrainFile | None = None) -> str:
+    """The folder label: the preset's name, else an upstream file's experiment name, else the config file's name
+    without its suffix."""
     if preset:
         return preset
+    if job is not None and job.label and _NAME.fullmatch(str(job.label)):
+        return str(job.label)
     return Path(config_file).stem if config_file is not None else "run"
 
 
@@ -81,6 +89,8 @@ def check_resume_folder(folder: Path) -> None:
     if running is not None:
         raise KronosTuneError(f"--resume {folder}: that run is still training (process {running}); stop it first "
                               f"(Ctrl-C saves a checkpoint) or wait for it to end")
+    if (folder / "phases.toml").is_file():  # a two-phase run: each phase folder is judged when it is reached
+        return
     if not (folder / "config.toml").is_file():
         raise KronosTuneError(f"--resume {folder}: no config.toml there, so it is not a training run's folder; give "
                               f"the folder `kronos-tune train` printed")

@@ -38,7 +38,12 @@ from kronos_tune.predict.config import PredictConfig, predictor_spec
 
 
 def _predictor(config: PredictConfig) -> KronosPredictor:
-    return build_predictor(predictor_spec(config))
+    """The trial's predictor: random weights of its size, or the user's checkpoint (`benchmark --config`)."""
+    if config.checkpoint is None:
+        return build_predictor(predictor_spec(config))
+    from kronos_tune.predict.job import resolve_weights
+
+    return build_predictor(predictor_spec(config, resolve_weights(config, lambda level, message: None)))
 
 
 def _timed(predictor: KronosPredictor, config: PredictConfig, series) -> float:

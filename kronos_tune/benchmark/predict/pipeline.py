@@ -15,6 +15,7 @@ the quality check's greedy outputs come from a pass with top-k 1.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,7 @@ from kronos_tune.benchmark.results import PredictSettings
 from kronos_tune.benchmark.predict.summary import recommended_settings
 from kronos_tune.predict.chunk_run import ChunkSettings
 from kronos_tune.predict.config import PredictConfig
+from kronos_tune.predict.config_file import PATH_KEYS
 from kronos_tune.predict.series import LoadedSeries
 
 
@@ -51,14 +53,22 @@ def predict_config(settings: PredictSettings, device: str, count: int | None = N
     synthetic series."""
     keys = {k: v for k, v in recommended_settings(asdict(settings), device).items() if v is not None}
     keys["synthetic"] = count or settings.measured_series
+    if settings.inputs:  # the user's files and model (`benchmark --config`): the first `count` series of them
+        keys.pop("synthetic")
+        if settings.inputs.get("checkpoint"):
+            keys.pop("size", None)
+        keys.update({key: tuple(map(Path, value)) if key == "data" else Path(value) if key in PATH_KEYS else value
+                     for key, value in settings.inputs.items()})
     return PredictConfig(**keys)
 
 
 def benchmark_series(settings: PredictSettings, device: str, count: int | None = None) -> LoadedSeries:
-    """The first `count` (default: measured_series) series, as `kronos-tune predict --synthetic` reads them."""
+    """The first `count` (default: measured_series) series, as `kronos-tune predict` reads them (`--synthetic`, or
+    the user's files in their order)."""
     from kronos_tune.predict.inputs import load_inputs
 
-    return load_inputs(predict_config(settings, device, count), lambda level, message: None)
+    series = load_inputs(predict_config(settings, device, count), lambda level, message: None)
+    return series.take(slice(0, count or settings.measured_series)) if settings.inputs else series
 
 
 def decoding(config: PredictConfig, greedy: bool = False) -> ChunkSettings:

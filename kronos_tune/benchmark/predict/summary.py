@@ -11,9 +11,11 @@ touches a device.
 from __future__ import annotations
 
 import textwrap
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.config_file import SETTINGS_KEYS, predict_file_toml
 from kronos_tune.benchmark.train.decide import FLOOR, drift_estimate
 from kronos_tune.benchmark.predict.decide import (
@@ -89,6 +91,8 @@ def recommended_predict_toml(report: BenchmarkReport) -> str | None:
     rec = report.recommended
     if rec is None or not rec.settings:
         return None
+    if report.job:
+        return user_predict_toml(report)
     header = []
     if report.partial:
         header.append(f"partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'}"
@@ -104,6 +108,37 @@ def recommended_predict_toml(report: BenchmarkReport) -> str | None:
     return predict_file_toml(settings, header)
 
 
+def user_predict_toml(report: BenchmarkReport) -> str:
+    """The user's [predict] file with the chosen trial's settings, under a header naming each change and what the
+    benchmark measured of it."""
+    rec, job = report.recommended, report.job or {}
+    assert rec is not None and rec.settings is not None
+    values = dict(job.get("values") or {})
+    defaults = {spec.name: spec.default for spec in fields(PredictConfig)}
+    before = {key: values.get(key, defaults.get(key)) for key in SETTINGS_KEYS}
+    if report.device != "cuda":
+        before["cuda_graphs"] = False  # unset means on with CUDA only
+    changes = {key: rec.settings[key] for key in SETTINGS_KEYS
+               if rec.settings.get(key) is not None and before[key] != rec.settings[key]}
+    header = []
+    if report.partial:
+        header.append(f"partial: the benchmark did not finish (missing trials: {', '.join(report.missing) or 'none'})")
+    header += [f"kronos-tune benchmark --task predict of {job.get('source')} ({report.device_line}): "
+               f"recommended {rec.source}", *textwrap.wrap(f"why: {rec.reason}", 110, subsequent_indent="  ")]
+    chosen = _find(report.trials, rec.source)
+    for key, value in changes.items():
+        header.append(f"change: {key} = {value!r} (was {'not set' if before[key] is None else repr(before[key])})")
+    if changes and chosen is not None and chosen.name != BASELINE:
+        speed = f"{chosen.speedup:.2f}x the recompute's series/s" if chosen.speedup else "speed not measured"
+        header.append(f"  measured, {chosen.name}: {speed}, {(chosen.quality or {}).get('class')} output")
+    elif changes:
+        header.append(f"  measured: {BASELINE}, the reference method, as no other setting was faster (why above)")
+    if not changes:
+        header.append("no change: your settings as they are")
+    header.append(f"run: {rec.command}")
+    return predict_file_toml({**values, **changes}, header)
+
+
 def predict_setup_line(report: BenchmarkReport) -> str:
     """What every predict trial predicted and how often (from the trials' settings)."""
     configs = [t.config for t in report.trials if t.config]
@@ -114,7 +149,9 @@ def predict_setup_line(report: BenchmarkReport) -> str:
     reference = int((base.config or {}).get("measured_series") or 0) if base is not None else 0
     subset = (f" (the recompute reference the first {reference} of them: its cost per series does not fall with "
               f"more)" if 0 < reference < timed else "")
-    return (f"Every trial times the same {timed} synthetic series{subset}, greedy: one metered run, then "
+    what = (f"series of {', '.join(report.job['data'])} (your job: {report.job['source']})" if report.job
+            else "synthetic series")
+    return (f"Every trial times the same {timed} {what}{subset}, greedy: one metered run, then "
             f"{report.options.get('predict_repeats')} timed runs; quality compares the outputs of {compared} series.")
 
 

@@ -43,7 +43,8 @@ def plan_predict(preset: Preset, options: BenchmarkOptions, device: str) -> list
     measured, agreement = predict_counts(p.series_count, options)
     cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
                              measured, use_cache=True, seed=options.seed, agreement_series=agreement,
-                             chunk_series=choose_chunk_series(measured, 1, device, p.sample_count))
+                             chunk_series=choose_chunk_series(measured, 1, device, p.sample_count),
+                             inputs=preset.job["inputs"] if preset.job is not None else None)
     reference = reference_series(measured, p.lookback, p.pred_len, p.sample_count, device)
     base = replace(cached, use_cache=False, agreement_series=None, measured_series=reference,
                    chunk_series=choose_chunk_series(reference, 1, device, p.sample_count))

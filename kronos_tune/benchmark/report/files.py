@@ -29,7 +29,7 @@ REPORT_FILES = ("report.json", "report.csv", "report.md", "recommended.toml")
 
 def report_markdown(report: BenchmarkReport, picture: str | None = None) -> str:
     """`picture`: the line shown under the table (the embedded picture, or how to get one)."""
-    title = f"# kronos-tune benchmark: preset {report.preset}, task {report.task}"
+    title = f"# kronos-tune benchmark: {report.subject}, task {report.task}"
     lines = [title + (" (partial)" if report.partial else ""), "", report.device_line, ""]
     if report.partial:
         lines += [f"**Partial run**: {'cancelled; ' if report.cancelled else ''}missing trials: "

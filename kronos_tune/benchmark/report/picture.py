@@ -55,7 +55,7 @@ def write_picture(report: BenchmarkReport, folder: Path) -> tuple[list[Path], st
         return [], "No picture: no trial finished with both a time and a peak memory."
     if not have_matplotlib():
         return [], missing_hint(folder, markdown=True)
-    title = f"kronos-tune benchmark: preset {report.preset}, task {report.task}"
+    title = f"kronos-tune benchmark: {report.subject}, task {report.task}"
     key = picture_key(scatter, title)
     line = f"![{PICTURE_ALT}]({FILES[0]})"
     if png_key(folder / FILES[0]) == key and (folder / FILES[1]).is_file():

@@ -133,7 +133,7 @@ def load_run(path: str | Path, out_dir: str | Path | None = None) -> LoadedRun:
         preset_source=facts.get("preset_source"),
         out_dir=str(out_dir) if out_dir is not None else str(folder) if folder is not None else None,
         started_at=facts.get("started_at", ""), finished_at=facts.get("finished_at", facts.get("updated_at", "")),
-        flops=_recorded_flops(folder))
+        flops=_recorded_flops(folder), job=facts.get("job"))
     return LoadedRun(summarize(report, preset), results_file, folder, dropped)
 
 

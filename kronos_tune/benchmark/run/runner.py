@@ -83,6 +83,7 @@ class BenchmarkRun:
             out_dir = default_run_dir("benchmark", f"{preset.name}-{task}")
         self.out_dir = out_dir
         self.run_dir = self._claim(out_dir, resume, overwrite)
+        self.job = self._user_job(out_dir)
         self.curves = TrialCurves(out_dir, tensorboard)  # OUT/curves/<trial>.jsonl (+ OUT/tensorboard/<trial>/)
         self.budget_mode, self.device_line = self._device_line()
         self.run_dir.mark("running", **self._run_facts())
@@ -109,13 +110,35 @@ class BenchmarkRun:
             self.previous = {r.name: r for r in load_results(out) if r.finished}
         return run_dir
 
+    def _user_job(self, out: Path) -> dict[str, Any] | None:
+        """`benchmark --config`: the user's data read once into OUT/data, which every trial's config reads;
+        what report.json says of the job (its file, data, windows)."""
+        job = self.preset.job
+        if job is None:
+            return None
+        if job.get("task") == "predict":  # every trial reads the user's files itself (predict's own loader)
+            return {key: job[key] for key in ("task", "source", "data", "series", "values")} | {
+                "lookback": self.preset.predict.lookback, "pred_len": self.preset.predict.pred_len}
+        from kronos_tune.benchmark.user_job import SAVED_DATA, as_saved, save_data
+
+        saved = out / SAVED_DATA
+        if not (self.run_dir.resumed and saved.is_dir()):
+            saved = save_data(self.preset, out)
+        for spec in self.specs:
+            if spec.config is not None:
+                spec.config = spec.config.replace(**as_saved({}, saved))
+        return {key: job[key] for key in ("source", "phase", "data", "windows", "upstream")} | {
+            "saved_data": str(saved), "lookback_window": self.preset.workload.lookback_window,
+            "predict_window": self.preset.workload.predict_window, "values": job["values"],
+            "shared": job["shared"], "phases": job["phases"], "sources": job["sources"]}
+
     def _run_facts(self) -> dict[str, Any]:
         """What `kronos-tune report` needs to rebuild the report on another machine."""
         return {"preset_source": str(self.preset.source_path) if self.preset.source_path else None,
                 "started_at": self.started_at, "device": self.device, "device_line": self.device_line,
                 "budget_bytes": self.budget_bytes, "budget_mode": self.budget_mode,
                 "options": self.options.to_dict(), "planned": [s.name for s in self.specs],
-                "trial_timeout_s": self.trial_timeout_s}
+                "trial_timeout_s": self.trial_timeout_s, "job": self.job}
 
     def stack_file(self, trial: str) -> Path:
         folder = self.out_dir / "stacks"
@@ -282,7 +305,7 @@ class BenchmarkRun:
             environment=collect_environment(), options=options,
             notes=list(self.notes), preset_source=str(self.preset.source_path) if self.preset.source_path else None,
             out_dir=str(self.out_dir), started_at=self.started_at, finished_at=_now(),
-            wall_time_s=time.perf_counter() - self.started)
+            wall_time_s=time.perf_counter() - self.started, job=self.job)
         return summarize(report, self.preset)
 
 

@@ -75,9 +75,11 @@ def recommendation(report: BenchmarkReport, decision_source: str, reason: str, p
                    ) -> Recommendation:
     chosen = _find(report.trials, decision_source) or reference(report.trials)
     config = dict(chosen.config) if chosen is not None and chosen.config else {}
-    if preset is not None:
+    if report.job is not None:  # the user's own config, with what the chosen trial changed
+        config = {**report.job["values"], **chosen_changes(report, chosen)}
+    elif preset is not None:
         config["eval_samples"] = max(1, preset.workload.eval_samples)
-    if config:
+    if config and report.job is None:
         config["output_dir"] = f"runs/train/{report.preset}"
     nproc = chosen.nproc if chosen is not None else 1
     toml = str(Path(report.out_dir) / "recommended.toml") if report.out_dir else "recommended.toml"
@@ -85,6 +87,20 @@ def recommendation(report: BenchmarkReport, decision_source: str, reason: str, p
     return Recommendation(chosen.name if chosen is not None else "baseline", reason,
                           dict(chosen.changes) if chosen is not None else {}, command, report.partial,
                           list(report.missing), config=config, nproc=nproc)
+
+
+# What the benchmark sets on every trial for its own measuring, never a change it recommends.
+MEASURING_KEYS = ("data", "symbol_column", "date_format", "train_until", "seed", "eval_samples", "output_dir",
+                  "device", "predictor_dir", "tokenizer_dir")
+
+
+def chosen_changes(report: BenchmarkReport, chosen: TrialResult | None) -> dict[str, Any]:
+    """The TrainConfig keys the chosen trial runs differently from the baseline."""
+    base = reference(report.trials)
+    if chosen is None or base is None or not chosen.config or not base.config:
+        return {}
+    return {key: value for key, value in chosen.config.items()
+            if key not in MEASURING_KEYS and base.config.get(key) != value}
 
 
 def flops_section(report: BenchmarkReport, preset: Preset | None) -> dict[str, Any] | None:
@@ -126,11 +142,26 @@ def headroom(report: BenchmarkReport) -> dict[str, Any] | None:
             "fits_batch": fits if isinstance(fits, int) else None, "text": text}
 
 
+def val_resolution(base: TrialResult | None) -> dict[str, Any] | None:
+    """The smallest change in mean val loss (% of the baseline's) that the baseline's validation windows resolve:
+    2 standard errors of the per-window losses (kronos_tune.train.checks.resolvable_share)."""
+    if base is None or not base.val_windows or not base.val_loss:
+        return None
+    from kronos_tune.train.checks import resolvable_share
+
+    losses = [float(window[0]) for window in base.val_windows]
+    mean = sum(losses) / len(losses)
+    spread = (sum((loss - mean) ** 2 for loss in losses) / max(len(losses) - 1, 1)) ** 0.5
+    return {"windows": len(losses), "pct": 100 * resolvable_share(len(losses)) * spread / abs(base.val_loss)}
+
+
 def summarize_train(report: BenchmarkReport, preset: Preset | None) -> None:
     """Fill the train report's derived sections from its trials (see the module docstring)."""
     trials = report.trials
     opts = report.options
     base = reference(trials)
+    if report.job is not None:
+        report.job = {**report.job, "val_resolution": val_resolution(base)}
     factor, floor = float(opts.get("noise_factor", 2.0)), float(opts.get("quality_floor", 0.005))
     quality = guard_all(trials, base, _find(trials, NOISE_PROBE), factor, floor)
     threshold = quality["threshold"]

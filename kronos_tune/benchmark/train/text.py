@@ -4,6 +4,7 @@ config file, and the notes the terminal prints under the table."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
@@ -22,6 +23,8 @@ def recommended_toml(report: BenchmarkReport) -> str | None:
     rec = report.recommended
     if rec is None or not rec.config:
         return None
+    if report.job is not None:
+        return user_recommended_toml(report)
     text = TrainConfig.from_dict(rec.config, source="recommended", portable=True).to_toml()
     header = []
     if report.partial:
@@ -31,6 +34,67 @@ def recommended_toml(report: BenchmarkReport) -> str | None:
                *textwrap.wrap(f"why: {rec.reason}", 110, initial_indent="# ", subsequent_indent="#   "),
                f"# run: {rec.command}"]
     return "\n".join(header) + "\n" + text
+
+
+def _effect(trial: TrialResult | None, base: TrialResult | None) -> str:
+    """What the benchmark measured of a trial against the baseline, in one phrase."""
+    if trial is None or base is None:
+        return "not measured"
+    parts = []
+    comparison = trial.comparison
+    if comparison is not None:
+        interval = "" if comparison.low is None or comparison.high is None else \
+            f" [{comparison.low:.3f}, {comparison.high:.3f}]"
+        parts.append(f"time/step x{comparison.ratio:.3f}{interval} ({comparison.verdict})")
+    if trial.peak_memory_bytes and base.peak_memory_bytes:
+        parts.append(f"peak memory {trial.peak_memory_bytes / 2**20:,.0f} MiB vs {base.peak_memory_bytes / 2**20:,.0f}")
+    loss = (trial.deltas or {}).get("val_loss")
+    if loss is not None:
+        parts.append(f"val loss {loss.pct:+.2f}%")
+    return ", ".join(parts) or "no figure"
+
+
+def user_recommended_toml(report: BenchmarkReport) -> str:
+    """The user's file as TOML (also for a YAML) with the chosen changes in the benchmarked phase, under a
+    header naming each change and what it measured."""
+    from kronos_core.train.train_file import TrainFile
+    from kronos_tune.benchmark.train.decide import reference
+    from kronos_tune.benchmark.train.summary import chosen_changes
+    from kronos_tune.train.convert import train_file_toml
+
+    job, rec = report.job or {}, report.recommended
+    assert rec is not None
+    chosen = report.trial(rec.source)
+    base = reference(report.trials)
+    changes = chosen_changes(report, chosen)
+    shared = dict(job.get("shared") or {})
+    phases = {name: dict(keys) for name, keys in (job.get("phases") or {}).items()}
+    if phases:
+        phases[job["phase"]].update(changes)
+    else:
+        shared.update(changes)
+    header = []
+    if report.partial:
+        header.append(f"partial: the benchmark did not finish (missing trials: "
+                      f"{', '.join(report.missing) or 'none'})")
+    header += [f"kronos-tune benchmark of {job.get('source')} ({job.get('phase')} phase, {report.device_line}):"
+               f" recommended {rec.source}"]
+    header += textwrap.wrap(f"why: {rec.reason}", 108, subsequent_indent="  ")
+    if not changes:
+        header.append("no change: your config as it is")
+    decision = _decision(report)
+    members = list(decision.combination) if decision is not None and rec.source == "combined" else [rec.source]
+    for key, value in changes.items():
+        before = base.config.get(key) if base is not None and base.config else None
+        header.append(f"change: {key} = {value!r} (was {before!r})")
+    for name in members if changes else []:
+        header.append(f"  measured, {name}: {_effect(report.trial(name), base)}")
+    if changes and rec.source == "combined":
+        header.append(f"  measured, combined: {_effect(chosen, base)}")
+    header.append(f"run: {rec.command}")
+    file = TrainFile(Path(str(job.get("source"))), shared, phases, upstream=bool(job.get("upstream")),
+                     sources=dict(job.get("sources") or {}))
+    return train_file_toml(file, header)
 
 
 def _aa_rounds(report: BenchmarkReport) -> str:
@@ -257,12 +321,32 @@ def _guard_figures(q: dict[str, Any]) -> str:
     return f"noise {noise}, threshold {threshold} (the repeat rule: results without per-window losses)"
 
 
+def user_job_line(report: BenchmarkReport) -> str | None:
+    """`benchmark --config`: whose job was measured, on how many windows, and the change in val loss those
+    windows resolve (from the baseline's per-window spread)."""
+    job = report.job
+    if not job:
+        return None
+    windows = job.get("windows") or {}
+    line = (f"your job: {job.get('source')} ({job.get('phase')} phase) on {', '.join(map(str, job.get('data') or []))}: "
+            f"{windows.get('train', 0):,} training windows, {windows.get('evaluated', 0):,} of its "
+            f"{windows.get('val', 0):,} validation windows evaluated by every trial")
+    resolution = job.get("val_resolution")
+    if resolution:
+        line += (f"; a change in val loss under {resolution['pct']:.2f}% cannot be resolved with "
+                 f"{resolution['windows']} windows")
+    return line
+
+
 def console_notes(report: BenchmarkReport) -> list[str]:
     """The lines the terminal prints under the table: the quality guard, the timing designs, what the quick run
     left out, memory and MFU."""
     q, t = report.quality, report.timing
     lines = [f"quality guard: {q.get('rule')}; {_guard_figures(q)}, val loss after {q.get('val_loss_step')} steps "
              f"on {q.get('eval_windows')} windows; Δ loss shows the 95% interval of the paired windows"]
+    job_line = user_job_line(report)
+    if job_line:
+        lines.insert(0, job_line)
     decision = _decision(report)
     paired = [trial.name for trial in _designs(report, "paired")]
     sequential = [f"{trial.name} ({trial.design_reason})" for trial in _designs(report, "sequential")]

@@ -36,6 +36,11 @@ def baseline_config(preset: Preset, options: BenchmarkOptions, device: str) -> T
     """The preset's workload as the reference trains it: fp32, no checkpointing, no accumulation (the
     effective batch in one micro-batch), no compile, torch's default AdamW, data read in the main process."""
     work = preset.workload
+    if preset.job is not None:  # the user's own job, as they run it; the trials read the data the runner saved
+        from kronos_tune.benchmark.user_job import train_values
+
+        return TrainConfig.from_dict({**train_values(preset), "eval_samples": work.eval_samples,
+                                      "output_dir": "runs/benchmark", "device": device}, source=preset.job["source"])
     return TrainConfig(
         what="predictor", model_size=work.model_size, data=["synthetic"], lookback_window=work.lookback_window,
         predict_window=work.predict_window, batch_size=work.batch_size * work.accumulation_steps,
@@ -86,7 +91,7 @@ def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions,
         _single("checkpointing", TrialKind("memory", "checkpointing", "equivalent"), base,
                 {"activation_checkpointing": "all"}, "activation checkpointing of every transformer block"),
         _single("accumulation", TrialKind("memory", "batch", "equivalent", True), base,
-                {"batch_size": batch // 2, "accumulation_steps": 2},
+                {"batch_size": batch // 2, "accumulation_steps": 2 * base.accumulation_steps},
                 "half the micro-batch, 2 accumulation steps: the same effective batch", halves),
         TrialSpec("autobatch", "single", {"batch_size": "autobatch", "accumulation_steps": "keeps the effective batch"},
                   None, None if autobatch_available() else "autobatch not available",
@@ -125,10 +130,11 @@ def plan_train(preset: Preset, options: BenchmarkOptions, device: str) -> list[T
     optional = tuple(n for n in TRAIN_TRIALS if n not in ("baseline", *BASELINE_REPEATS, "combined"))
     work = preset.workload
     folded = (f"; the preset's {work.batch_size} x {work.accumulation_steps} accumulation is one micro-batch of "
-              f"{base.batch_size}" if work.accumulation_steps > 1 else "")
-    specs = [TrialSpec("baseline", "baseline", {}, base, None, "the preset's workload as the reference trains it: "
-                       "fp32, no checkpointing, no accumulation, no compile, torch's default AdamW, no loader "
-                       "workers" + folded, kind=REFERENCE),
+              f"{base.batch_size}" if work.accumulation_steps > 1 and preset.job is None else "")
+    described = ("the preset's workload as the reference trains it: fp32, no checkpointing, no accumulation, no "
+                 "compile, torch's default AdamW, no loader workers" + folded) if preset.job is None else \
+        f"your job as {preset.job['source']} sets it, on its data"
+    specs = [TrialSpec("baseline", "baseline", {}, base, None, described, kind=REFERENCE),
              TrialSpec(NOISE_PROBE, "baseline", {"seed": base.seed + 1}, base.replace(seed=base.seed + 1), None,
                        "the baseline again from the same initial weights on the same windows, shuffled with "
                        "another seed: the run-to-run noise of the validation loss, and the A/A timing comparison "

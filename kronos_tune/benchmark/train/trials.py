@@ -157,18 +157,24 @@ def resolve_bigger_batch(run: RunContext, spec: TrialSpec) -> tuple[TrialSpec, l
 
 
 def materialize_probe(config: TrainConfig, base: TrainConfig, work: Path) -> TrainConfig:
-    """The noise probe reads the baseline's synthetic series from CSV files and starts from its initial
-    weights, so only the sampler seed (the order of the training windows) differs from the baseline."""
-    data = work / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    frames = synthetic_series(base.synthetic_series, n_rows=base.synthetic_rows, seed=base.seed)
-    for index, frame in enumerate(frames):
-        frame.to_csv(data / f"series-{index:03d}.csv", index=False)
+    """The noise probe reads the baseline's series from CSV files (synthetic ones written here) and starts from
+    its initial weights, so only the sampler seed (the order of the training windows) differs from the baseline."""
+    data = base.data
+    if base.is_synthetic:  # a user's job already reads files (the run's saved copy of them)
+        folder = work / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        frames = synthetic_series(base.synthetic_series, n_rows=base.synthetic_rows, seed=base.seed)
+        for index, frame in enumerate(frames):
+            frame.to_csv(folder / f"series-{index:03d}.csv", index=False)
+        data = [str(folder)]
     model, tokenizer = build_models(base)
+    if base.what == "tokenizer":  # the tokenizer phase trains the tokenizer itself: only it has a start
+        model.save_pretrained(work / "tokenizer")
+        return config.replace(data=data, tokenizer_dir=str(work / "tokenizer"))
     model.save_pretrained(work / "predictor")
     assert tokenizer is not None
     tokenizer.save_pretrained(work / "tokenizer")
-    return config.replace(data=[str(data)], predictor_dir=str(work / "predictor"),
+    return config.replace(data=data, predictor_dir=str(work / "predictor"),
                           tokenizer_dir=str(work / "tokenizer"))
 
 
