@@ -14,6 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.cpu_features import detect_cpu_features
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry.nvml import GpuSnapshot
@@ -111,6 +112,7 @@ def render(snapshot: Snapshot, interval_s: float, pid: int) -> Group:
         parts.extend(_gpu_table(gpu) for gpu in snapshot.gpus)
     else:
         parts.append(Text(f"No NVIDIA GPU: {snapshot.gpu_unavailable_reason or 'none visible'}", style="yellow"))
+    parts.append(Text(f"CPU: {detect_cpu_features().summary()}"))
     parts.append(_host_table(snapshot, pid))
     parts.append(_cores_grid(snapshot.host.cpu_percent_per_core))
     parts.append(
@@ -141,7 +143,8 @@ def _run_json(sampler: Sampler, interval_s: float, duration_s: float | None) -> 
     stdout = sys.stdout
     try:
         for _ in _ticks(interval_s, duration_s):
-            stdout.write(json.dumps(sampler.sample_once().to_dict()) + "\n")
+            sample = {**sampler.sample_once().to_dict(), "cpu_features": detect_cpu_features().to_dict()}
+            stdout.write(json.dumps(sample) + "\n")
             stdout.flush()
     except BrokenPipeError:  # `monitor --json | head`: the reader left, that is fine
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from kronos_core.cpu_features import detect_cpu_features
 from kronos_core.files import write_text_atomic
 from kronos_core.hostmem import total_ram_bytes
 from kronos_tune.errors import KronosTuneError
@@ -121,6 +122,8 @@ def collect_environment(sampler: Sampler | None = None, cwd: str | None = None) 
         "gpu_unavailable_reason": sampler.gpu_unavailable_reason if sampler is not None else None,
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
+        "cpu_features": detect_cpu_features().to_dict(),
+        "cpu_summary": detect_cpu_features().summary(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
         "ram_total_bytes": total_ram_bytes(),

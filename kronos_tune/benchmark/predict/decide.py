@@ -48,8 +48,10 @@ from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
 BASELINE = "recompute"
-REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "autobatch": "kv-cache", "sharding": "kv-cache"}
-EXACTNESS = {"kv-cache": "exact", "autobatch": "exact", "sharding": "exact", "bf16": "approximate"}
+REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "bf16-weights": "kv-cache", "autobatch": "kv-cache",
+             "sharding": "kv-cache"}
+EXACTNESS = {"kv-cache": "exact", "autobatch": "exact", "sharding": "exact", "bf16": "approximate",
+             "bf16-weights": "approximate"}
 EXACT_TOLERANCE = 1e-6  # history standard deviations: float error, never a different greedy token
 DEFAULT_MIN_SPEARMAN = 0.95
 MIN_AGREEMENT_SERIES = 3  # a Spearman correlation of fewer series means nothing
