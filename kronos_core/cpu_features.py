@@ -54,6 +54,11 @@ class CpuFeatures:
         model = f"{self.model}, " if self.model else ""
         return f"{model}{self.cores} cores, {self.vector_width}, {bf16}, {int8}"
 
+    def brief(self) -> str:
+        """For a status line: e.g. 'CPU AVX2, bf16 emulated' or 'CPU AVX-512, bf16 AMX-BF16 + AVX512-BF16, AMX int8'."""
+        bf16 = f"bf16 {self.bf16_units()}" if self.native_bf16 else "bf16 emulated"
+        return f"CPU {self.vector_width}, {bf16}" + (", AMX int8" if self.amx_int8 else "")
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "native_bf16": self.native_bf16, "vector_width": self.vector_width}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kronos_core.cpu_features import NO_NATIVE_BF16
 from kronos_core.train import TrainConfig
 from kronos_tune.precision import bf16_support
 from kronos_tune.presets import Preset
@@ -46,7 +47,7 @@ def train_config_from_preset(preset: Preset, **overrides: Any) -> tuple[TrainCon
             notes.append(f'amp fp16 needs a CUDA device, none is visible: the config uses {fields["amp"]} '
                          + ("(same activation bytes)" if bf16.runs else f"({bf16.reason})")
                          + '; set amp = "fp16" again on the GPU')
-        if fields["amp"] == "bf16" and bf16.note:
-            notes.append(bf16.note)
+        if fields["amp"] == "bf16" and not bf16.native:  # asked or forced: it runs, emulated
+            notes.append(f"bf16 autocast: {bf16.note or NO_NATIVE_BF16}; the run goes on")
     fields.update(overrides)
     return TrainConfig(**fields), notes

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import kronos_core.cpu_features
 from kronos_core.cpu_features import NO_NATIVE_BF16, detect_cpu_features, features_from_flags, parse_cpuinfo
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.predict.trial_list import plan_predict
@@ -74,18 +75,33 @@ def test_a_preset_forcing_bf16_runs_it_with_the_emulation_note(tmp_path: Path) -
     assert spec.skip_reason == "the preset turns bf16 off (hardware.bf16_supported = false)"
 
 
-def test_a_presets_fp16_on_the_cpu_follows_this_machines_bf16(tmp_path: Path) -> None:
+def _fake_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> None:
+    """The detection's input, /proc/cpuinfo, as a CPU with these flags writes it."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: faked\nflags\t\t: {' '.join(flags)}\n")
+    monkeypatch.setattr(kronos_core.cpu_features, "CPUINFO", cpuinfo)
+
+
+@pytest.mark.parametrize("flags, native", [(SAPPHIRE_RAPIDS, True), (EPYC_ROME, False)])
+def test_a_presets_fp16_on_the_cpu_follows_its_bf16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     flags: list[str], native: bool) -> None:
     from tiny_preset import write_tiny_preset
 
+    _fake_cpuinfo(tmp_path, monkeypatch, flags)
+    assert detect_cpu_features().native_bf16 is native
     folder = write_tiny_preset(tmp_path, "tiny-fp16")
     path = folder / "tiny-fp16.toml"
     path.write_text(path.read_text().replace('bf16_supported = false', 'bf16_supported = "auto"')
                     .replace('amp = "none"', 'amp = "fp16"'))
     config, notes = train_config_from_preset(resolve_preset(str(path)))
-    native = detect_cpu_features().native_bf16
     assert config.amp == ("bf16" if native else "none")
-    assert any("amp fp16 needs a CUDA device" in note for note in notes)
-    assert native or any(NO_NATIVE_BF16 in note for note in notes)
+    mapped = [note for note in notes if "amp fp16 needs a CUDA device" in note]
+    assert len(mapped) == 1 and (native or NO_NATIVE_BF16 in mapped[0])
+    # a preset forcing bf16 on a CPU without it: bf16 runs, with one note that it is emulated
+    path.write_text(path.read_text().replace('bf16_supported = "auto"', "bf16_supported = true"))
+    config, notes = train_config_from_preset(resolve_preset(str(path)))
+    emulated = [note for note in notes if NO_NATIVE_BF16 in note]
+    assert config.amp == "bf16" and len(emulated) == (0 if native else 1)
 
 
 def test_predict_amp_bf16_on_an_emulating_cpu_prints_one_note_and_runs(tmp_path: Path) -> None:
@@ -99,3 +115,13 @@ def test_predict_amp_bf16_on_an_emulating_cpu_prints_one_note_and_runs(tmp_path:
     lines = [line for line in done.stderr.splitlines() if NO_NATIVE_BF16 in line]
     assert lines == [f"note: --amp bf16: {NO_NATIVE_BF16}; the run goes on"]
     assert json.loads(done.stdout)["series_predicted"] == 2
+
+
+def test_predict_amp_fp16_on_the_cpu_is_a_one_line_refusal(capsys: pytest.CaptureFixture[str]) -> None:
+    from kronos_tune.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["predict", "--size", "tiny", "--synthetic", "2", "--lookback", "32", "--pred-len", "4",
+              "--device", "cpu", "--amp", "fp16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and len(err) == 1 and "fp16" in err[0] and "CUDA" in err[0]
