@@ -55,6 +55,10 @@ def test_bf16_trials_follow_the_cpu_flags_under_auto(flags: list[str], native: b
     predict = {s.name: s for s in plan_predict(preset, options, "cpu", cpu)}
     for spec in (train["bf16"], predict["bf16"], predict["bf16-weights"]):
         assert spec.skip_reason == (None if native else NO_NATIVE_BF16)
+    gpu = resolve_preset("rtx4090")  # a GPU preset run on this CPU: the CPU decides, not the preset's GPU
+    assert gpu.hardware.bf16_supported == "auto"
+    assert next(s for s in plan_train(gpu, options, "cpu", cpu) if s.name == "bf16").skip_reason == \
+        (None if native else NO_NATIVE_BF16)
     if native:
         assert train["bf16"].config.amp == "bf16" and predict["bf16"].config.amp == "bf16"
         assert predict["bf16-weights"].config.weight_dtype == "bf16" and predict["bf16-weights"].config.amp == "none"

@@ -53,11 +53,11 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                        should_stop: Callable[[], bool] = lambda: False,
                        reference: PredictSettings | None = None, order_seed: str = "",
                        seed_spread: bool = False) -> PredictMeasurement:
-    """One metered pass (peak, budget), then `repeats` timed passes; out-of-memory is a result. `seed_spread`: one
-    more untimed sampled pass on the next seed (the float32 sampling noise the bf16 trials are held to). With `reference`
-    (paired), each timed pass is a round: the trial's pass and the reference settings' pass on the same series,
-    in an order drawn from `order_seed` per pair of rounds and mirrored in the second (order.trial_leads). The
-    reference's predictor is built after the metered pass, so the meter sees the trial alone."""
+    """One metered pass (peak, budget), then `repeats` timed passes; out-of-memory is a result. `seed_spread`:
+    one more untimed sampled pass on the next seed (the float32 sampling noise the bf16 trials are held to).
+    With `reference` (paired), each timed pass is a round: the trial's pass and the reference settings' pass on
+    the same series, in an order drawn from `order_seed` per pair of rounds and mirrored in the second
+    (order.trial_leads). The reference's predictor is built after the metered pass, so the meter sees the trial alone."""
     from kronos_tune.memory import make_meter
 
     settings = with_chunk(settings, device)
