@@ -41,6 +41,7 @@ TOKENIZERS: tuple[str, ...] = ("base", "2k", "tiny")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 PRESET_DIR_ENV = "KRONOS_TUNE_PRESET_DIR"
+BF16_AUTO = "auto"
 BYTES_PER_GIB = 2**30
 
 _TOP_KEYS = ("name", "description", "hardware", "workload", "predict", "benchmark")
@@ -65,7 +66,7 @@ class HardwareSpec:
     device: str
     device_count: int
     memory_per_device_gb: float
-    bf16_supported: bool
+    bf16_supported: bool | str  # true / false as the preset forces it, or "auto": the device the run uses decides
     cuda_context_overhead_gb: float
     peak_fp32_tflops: float | None = None
     peak_tf32_tflops: float | None = None
@@ -226,9 +227,6 @@ class _Table:
             raise self.fail(key, f"must be {bound} (got {value})", f"set it to a number {bound}")
         return float(value)
 
-    def boolean(self, key: str) -> bool:
-        return self._typed(key, self._get(key, _MISSING, "true"), bool, True)
-
     def string(self, key: str, choices: tuple[str, ...] | None = None, default: Any = _MISSING) -> str:
         value = self._get(key, default, f'"{choices[0]}"' if choices else '"..."')
         value = self._typed(key, value, str, choices[0] if choices else "...")
@@ -257,12 +255,21 @@ def _parse_hardware(path: Path, data: Any) -> HardwareSpec:
         device=table.string("device", DEVICES),
         device_count=table.integer("device_count", 1),
         memory_per_device_gb=memory_gb,
-        bf16_supported=table.boolean("bf16_supported"),
+        bf16_supported=_bf16_setting(table),
         cuda_context_overhead_gb=overhead_gb,
         peak_tflops_source=source,
         interconnect=interconnect,
         **peaks,
     )
+
+
+def _bf16_setting(table: _Table) -> bool | str:
+    """hardware.bf16_supported: true, false, or "auto" (the default: decided on the device a run uses)."""
+    value = table.data.get("bf16_supported", BF16_AUTO)
+    if value == BF16_AUTO or isinstance(value, bool):
+        return value
+    raise table.fail("bf16_supported", f"must be true, false or \"{BF16_AUTO}\" (got {value!r})",
+                     f'set it to "{BF16_AUTO}" (detected on the device the run uses) or true / false to force it')
 
 
 def _parse_workload(path: Path, data: Any, hardware: HardwareSpec) -> TrainWorkload:
@@ -300,7 +307,7 @@ def _parse_workload(path: Path, data: Any, hardware: HardwareSpec) -> TrainWorkl
             f" (batch_size x accumulation_steps x device_count = {per_step})",
             f"set it to at least {per_step}",
         )
-    if workload.amp == "bf16" and not hardware.bf16_supported:
+    if workload.amp == "bf16" and hardware.bf16_supported is False:
         raise table.fail("amp", "is 'bf16' but hardware.bf16_supported is false", 'use amp = "fp16" or "none"')
     return workload
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kronos_core.cpu_features import NO_NATIVE_BF16
 from kronos_core.train import TrainConfig
+from kronos_tune.precision import bf16_support
 from kronos_tune.presets import Preset
 
 WORKLOAD_FIELDS = ("model_size", "lookback_window", "predict_window", "batch_size", "accumulation_steps",
@@ -38,9 +40,14 @@ def train_config_from_preset(preset: Preset, **overrides: Any) -> tuple[TrainCon
     notes = [note] if note else []
     fields["device"] = device
     fields["output_dir"] = str(Path("runs") / preset.name)
-    if device != "cuda" and fields["amp"] == "fp16":
-        fields["amp"] = "bf16"
-        notes.append('amp fp16 needs a CUDA device, none is visible: the config uses bf16 (same activation '
-                     'bytes); set amp = "fp16" again on the GPU')
+    if device != "cuda" and fields["amp"] in ("fp16", "bf16"):
+        bf16 = bf16_support(preset.hardware, device)
+        if fields["amp"] == "fp16":
+            fields["amp"] = "bf16" if bf16.runs else "none"
+            notes.append(f'amp fp16 needs a CUDA device, none is visible: the config uses {fields["amp"]} '
+                         + ("(same activation bytes)" if bf16.runs else f"({bf16.reason})")
+                         + '; set amp = "fp16" again on the GPU')
+        if fields["amp"] == "bf16" and not bf16.native:  # asked or forced: it runs, emulated
+            notes.append(f"bf16 autocast: {bf16.note or NO_NATIVE_BF16}; the run goes on")
     fields.update(overrides)
     return TrainConfig(**fields), notes

@@ -128,7 +128,7 @@ def test_parse_setting():
     assert parse_setting("shift", base).window_mode == "shift"
     both = parse_setting("bf16, sample-count=10,max-context=128", base)
     assert (both.amp, both.sample_count, both.max_context) == ("bf16", 10, 128)
-    assert both.label() == "exact bf16 sample_count=10 max_context=128"
+    assert both.label() == "bf16 autocast sample_count=10 max_context=128"
     with pytest.raises(KronosTuneError, match="not a setting"):
         parse_setting("warp=9", base)
     with pytest.raises(KronosTuneError, match="not a int"):

@@ -197,6 +197,28 @@ def test_cli_json_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     assert "predicted 0 symbol-origins" in out and "symbols x origins" not in out
 
 
+def test_compare_bf16_ends_with_one_verdict_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread):
+    from kronos_core.cpu_features import NO_NATIVE_BF16, detect_cpu_features
+
+    code, out, err = _cli(capsys, "--synthetic", 6, "--origins", 3, "--lookback", 32, "--pred-len", 4,
+                          "--top-k", 2, "--compare", "bf16", "--out", tmp_path / "run")
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("bf16 autocast vs float32: RankIC diff ") and "both predicted in this run" in last
+    assert "symbol-origins/s" in last and "exact" not in out
+    report = json.loads((tmp_path / "run" / "backtest.json").read_text())
+    assert report["compare"]["precision_verdict"] == last
+    assert report["compare"]["setting"]["label"] == "bf16 autocast"
+    emulated = [line for line in out.splitlines() if NO_NATIVE_BF16 in line]
+    assert len(emulated) == (0 if detect_cpu_features().native_bf16 else 1)
+    # read back from saved origins, nothing is timed: the speed is not compared
+    code, out, err = _cli(capsys, "--synthetic", 6, "--origins", 3, "--lookback", 32, "--pred-len", 4,
+                          "--top-k", 2, "--compare", "bf16", "--out", tmp_path / "run", "--resume")
+    assert code == 0, err
+    assert out.strip().splitlines()[-1].endswith("speed not compared: a setting was read back from saved origins, "
+                                                 "not predicted in this run")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--synthetic", 6, "--cost-bps", -1], "--cost-bps -1.0: a transaction cost must be >= 0"),
     (["--synthetic", 6, "--top-k", 4], "--top-k 4: a long-short book needs 2 x top-k = 8 symbols"),

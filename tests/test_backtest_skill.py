@@ -156,7 +156,7 @@ def test_compare_verdict_and_its_tests(compared):
     report = json.loads((run / "backtest.json").read_text())
     verdict = report["compare"]["verdict"]
     # both settings predict with random weights (the run has no checkpoint): the verdict says so first
-    assert verdict.startswith("random weights: not a finding: exact fp32 temperature=3 vs exact fp32: MAE +")
+    assert verdict.startswith("random weights: not a finding: float32 temperature=3 vs float32: MAE +")
     assert report["compare"]["test"]["verdict"] == verdict
     test = report["compare"]["test"]
     for key in ("mae_dm", "ic_diff", "rank_ic_diff"):
@@ -207,7 +207,7 @@ def test_random_weights_and_few_periods_say_so_in_every_view(compared):
     assert curve.sharpe_low < curve.sharpe < curve.sharpe_high
     report = json.loads((run / "backtest.json").read_text())
     assert report["periods"] == 14 and report["sharpe_low"] == pytest.approx(curve.sharpe_low)
-    assert any(c.startswith("exact fp32, exact fp32 temperature=3: random weights: not a finding")
+    assert any(c.startswith("float32, float32 temperature=3: random weights: not a finding")
                for c in report["caveats"])
     assert any("14 rebalances (fewer than 30)" in c for c in report["caveats"])
     # no sample paths: the random-walk band's figures are still shown, as backtest.json holds them

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import kronos_core.cpu_features
+from kronos_core.cpu_features import NO_NATIVE_BF16
+
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.benchmark import (
     Delta, BenchmarkOptions, BenchmarkReport, Spread, TrialResult, TrialSpec, plan_trials,
@@ -11,6 +14,15 @@ from kronos_tune.benchmark import (
 from kronos_tune.benchmark.train.trial_list import combine
 from kronos_tune.benchmark.quality import compute_deltas, noise_estimate, quality_guard, quality_threshold
 from kronos_tune.benchmark.stats import Comparison
+
+
+@pytest.fixture(autouse=True)
+def avx2_only_cpu(tmp_path_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plans below as on a CPU without native bf16, whatever this machine has: the detection reads a
+    /proc/cpuinfo of an AVX2-only CPU (test_cpu_features.py fakes both kinds)."""
+    cpuinfo = tmp_path_factory.mktemp("cpu") / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AVX2 only\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    monkeypatch.setattr(kronos_core.cpu_features, "CPUINFO", cpuinfo)
 
 
 def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> None:
@@ -28,7 +40,7 @@ def test_cpu_preset_plan_runs_baseline_first_singles_then_combined_last() -> Non
     assert by_name["fp16"].skip_reason == "fp16 autocast needs CUDA"
     assert by_name["tf32"].skip_reason == by_name["compile-cudagraphs"].skip_reason == \
         "needs a CUDA device (this run is on the CPU)"
-    assert by_name["bf16"].skip_reason.startswith("the preset's hardware has no native bf16")  # cpu preset says so
+    assert by_name["bf16"].skip_reason == NO_NATIVE_BF16  # the cpu preset's "auto" on an AVX2-only CPU
     assert by_name["ddp"].skip_reason.startswith("DDP needs 2+ devices")
     assert all(by_name[n].skip_reason is None for n in ("baseline", "checkpointing", "accumulation",
                                                         "compile", "dataloader", "fused-adamw", "drift-1"))
@@ -102,7 +114,7 @@ def test_skip_and_only_select_trials_and_bad_names_are_one_line_errors() -> None
 
 def test_predict_plan_compares_against_full_recompute() -> None:
     specs = plan_trials("cpu", task="predict")
-    assert [s.name for s in specs] == ["recompute", "kv-cache", "bf16", "autobatch", "sharding"]
+    assert [s.name for s in specs] == ["recompute", "kv-cache", "bf16", "bf16-weights", "autobatch", "sharding"]
     assert specs[0].stage == "baseline" and specs[0].config.use_cache is False
     assert specs[1].config.use_cache is True
     assert specs[-1].skip_reason == "sharding series needs 2+ devices"
@@ -118,8 +130,8 @@ def test_predict_plan_times_the_presets_series_and_skips_bf16_as_train_does(tmp_
     assert reference.measured_series == 10 and reference.quality_series == 10
     assert "timed and metered on the first 10 of the 100 series" in specs["recompute"].description
     train_bf16 = next(s for s in plan_trials("cpu", task="train") if s.name == "bf16")
-    assert specs["bf16"].skip_reason == train_bf16.skip_reason == \
-        "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    assert specs["bf16"].skip_reason == specs["bf16-weights"].skip_reason == train_bf16.skip_reason == \
+        NO_NATIVE_BF16  # the cpu preset's "auto" on an AVX2-only CPU
     folder = write_tiny_preset(tmp_path, "tiny-bf16", bf16_supported=True, series_count=200)
     small = {s.name: s for s in plan_trials(str(folder / "tiny-bf16.toml"), task="predict",
                                             options=BenchmarkOptions(predict_series=20))}

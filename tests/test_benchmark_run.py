@@ -69,6 +69,9 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
     assert {"preset", "task", "environment", "trials", "device_line", "quality", "timing", "flops",
             "recommended"} <= set(data)
     assert data["preset"] == "tiny-bench" and data["task"] == "train" and data["environment"]["torch"]
+    cpu = data["environment"]["cpu_features"]  # what this CPU computes fast, in every report
+    assert isinstance(cpu["native_bf16"], bool) and cpu["vector_width"] in ("AVX-512", "AVX2", "no AVX2")
+    assert f"CPU: {data['environment']['cpu_summary']}" in (out / "report.md").read_text()
     assert data["device_line"].startswith("device: cpu (") and "simulated" in data["device_line"]
     assert [t["name"] for t in data["trials"]][0] == "baseline" and data["trials"][-1]["name"] == "combined"
     for trial in data["trials"]:

@@ -31,7 +31,8 @@ def test_predict_benchmark_reports_the_cache_speedup_row_and_recommends_settings
     report = run_benchmark(preset, task="predict", options=BenchmarkOptions(predict_repeats=2, predict_series=3,
                                                                           agreement_series=5),
                           out_dir=tmp_path / "out", on_event=events)
-    assert [t.name for t in report.trials] == ["recompute", "kv-cache", "bf16", "autobatch", "sharding"]
+    assert [t.name for t in report.trials] == ["recompute", "kv-cache", "bf16", "bf16-weights", "autobatch",
+                                               "sharding"]
     reference, cached = report.trial("recompute"), report.trial("kv-cache")
     for row in (reference, cached):
         assert row.status == "ok" and row.series_per_s.n == 2 and row.projected_predict_time_s > 0
@@ -47,6 +48,14 @@ def test_predict_benchmark_reports_the_cache_speedup_row_and_recommends_settings
     assert report.trial("autobatch").quality["sampled_max_abs_diff"] == 0.0  # another chunk size, same draws
     bf16 = report.trial("bf16").quality
     assert bf16["series"] == 5 and bf16["reference"] == "kv-cache" and bf16["class"] == "approximate"
+    # held to float32 in a quant's terms: identical greedy tokens, the forecast's relative difference, the sampled
+    # return difference against two float32 seeds' spread (kv-cache sampled once more on the next seed)
+    for name in ("bf16", "bf16-weights"):
+        quality = report.trial(name).quality
+        assert 0.0 <= quality["identical_tokens"] <= 1.0 and quality["forecast_max_rel_diff"] >= 0.0, name
+        spread = quality["sampled_vs_float32"]
+        assert spread["sampled_series"] == 5 and spread["seed_spread"] > 0, name
+        assert "identical greedy tokens" in quality["text"] and "sampling noise" in quality["text"], name
     assert report.trial("sharding").status == "skipped"
     assert report.trial("autobatch").status == "ok" and report.trial("autobatch").changes["max_batch_size"] >= 1
     # bf16 and autobatch alternate their timed runs with kv-cache's settings in one worker: paired, 6+ rounds
@@ -65,9 +74,9 @@ def test_predict_benchmark_reports_the_cache_speedup_row_and_recommends_settings
     assert "paired over 6 rounds" in "\n".join(predict_decision_lines(report))
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["task"] == "predict" and data["trials"][1]["speedup"] == pytest.approx(cached.speedup)
-    assert set(data["decision"]["verdicts"]) == {"kv-cache", "bf16", "autobatch"}
+    assert set(data["decision"]["verdicts"]) == {"kv-cache", "bf16", "bf16-weights", "autobatch"}
     assert data["recommended"]["source"] == report.recommended.source in ("recompute", "kv-cache", "bf16",
-                                                                              "autobatch")
+                                                                              "bf16-weights", "autobatch")
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "| kv-cache (use_cache=True) |" in markdown
     assert f"Recommended: **{report.recommended.source}**" in markdown and "kv-cache (exact): " in markdown

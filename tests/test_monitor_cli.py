@@ -38,6 +38,8 @@ def _check_sample_line(line: str) -> dict:
     assert len(sample["host"]["cpu_percent_per_core"]) == psutil.cpu_count()
     if NO_GPU:
         assert sample["gpus"] == [] and "NVML" in sample["gpu_unavailable_reason"]
+    cpu = sample["cpu_features"]  # this machine's, read from /proc/cpuinfo
+    assert cpu["cores"] >= 1 and cpu["native_bf16"] == (cpu["amx_bf16"] or cpu["avx512_bf16"] or cpu["arm_bf16"])
     return sample
 
 
@@ -55,6 +57,7 @@ def test_live_view_in_process() -> None:
     assert result.exit_code == 0, result.output
     assert "RAM" in result.stdout and "Swap" in result.stdout and "Process tree RSS" in result.stdout
     assert "cpu0" in result.stdout
+    assert "CPU: " in result.stdout and ("native bf16" in result.stdout or "bf16 emulated" in result.stdout)
     if NO_GPU:
         assert "No NVIDIA GPU: NVML" in result.stdout
 

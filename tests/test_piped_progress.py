@@ -117,7 +117,7 @@ def test_piped_backtest_prints_progress_lines_and_a_hang_up_keeps_its_chunks(tmp
     out = tmp_path / "bt"
     run = PipedRun(["backtest", "--size", "tiny", "--synthetic", "60", "--lookback", "64", "--pred-len", "4",
                     "--origins", "1500", "--top-k", "3", "--batch-size", "200", "--out", str(out)], tmp_path)
-    run.wait_for(r"backtest exact fp32: [\d,]+/90,000 symbol-origins \(\d+%\), .*", 2)
+    run.wait_for(r"backtest float32: [\d,]+/90,000 symbol-origins \(\d+%\), .*", 2)
     code = run.hang_up()
     assert code == 128 + signal.SIGHUP, "\n".join(run.err[-20:])
     assert any(line.startswith("stopped by SIGHUP: finished chunks are kept") for line in run.out + run.err)

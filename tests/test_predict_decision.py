@@ -137,7 +137,8 @@ def test_the_recommended_settings_round_trip_through_the_config_file(tmp_path: P
     # job is built from these keys); chunk_series absent: a report from before it was recorded
     assert read_predict_file(path) == {"size": "mini", "lookback": 400, "pred_len": 30, "sample_count": 1,
                                        "synthetic": 100, "seed": 100, "temperature": 1.0, "top_k": 0, "top_p": 0.9,
-                                       "device": "cpu", "window_mode": "refill", "amp": "none", "cuda_graphs": False,
+                                       "device": "cpu", "window_mode": "refill", "amp": "none", "weight_dtype": "fp32",
+                                       "cuda_graphs": False,
                                        "kv_cache": True, "nproc": 1}
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# kronos-tune benchmark --task predict, preset cpu: kv-cache")
@@ -177,3 +178,34 @@ def test_a_paired_trial_is_decided_from_its_rounds_and_drift_cannot_hide_its_eff
     bf16.timing["paired_with"] = "recompute"  # paired with another trial than its reference: the sequential rule
     sequential = decide_predict(trials, threshold=0.03).verdicts["bf16"]
     assert sequential.vs_reference.design == "sequential" and sequential.vs_reference.verdict != "faster"
+
+
+def test_a_precision_trials_verdict_states_its_agreement_with_float32() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from kronos_tune.benchmark.predict.decide import quality_check
+    from kronos_tune.benchmark.predict.precision_agreement import (identical_token_share, max_relative_difference,
+                                                                   sampled_agreement)
+
+    tokens = np.zeros((2, 4, 2), dtype=np.int32)
+    other = tokens.copy()
+    other[1, 3, 1] = 7  # one of 8 positions differs in its s2 id
+    assert identical_token_share(other, tokens) == 7 / 8
+    columns = ["open", "high", "low", "close", "volume", "amount"]
+    history = [pd.DataFrame([[10.0, 10, 10, 10, 0, 0]], columns=columns)] * 3
+
+    def forecast(close: float) -> pd.DataFrame:
+        return pd.DataFrame([[10.0, 10, 10, close, 0, 0]], columns=columns)
+
+    float32, seed2 = [forecast(c) for c in (11.0, 9.0, 10.0)], [forecast(c) for c in (10.0, 10.0, 11.0)]
+    bf16 = [forecast(c) for c in (11.0, 9.0, 10.1)]
+    assert max_relative_difference(bf16, float32) == pytest.approx(0.01)  # volume 0 is left out
+    spread = sampled_agreement(bf16, float32, seed2, history)
+    assert spread["return_diff"] == pytest.approx(0.01 / 3) and spread["seed_spread"] == pytest.approx(0.1)
+    trial = _trial("bf16", 1.0, spearman=0.99)
+    trial.quality.update(identical_tokens=7 / 8, forecast_max_rel_diff=0.01, sampled_vs_float32=spread)
+    check = quality_check(trial, 0.95)
+    assert check.passed and check.text.startswith("ranking agreement Spearman 0.990 >= 0.95")
+    assert "87.5% identical greedy tokens; forecast max relative difference 1%" in check.text
+    assert "within sampling noise (two float32 seeds differ by 10%, ratio 0.03, 3 series)" in check.text

@@ -341,3 +341,24 @@ def test_the_core_predicts_without_loading_any_ui_library():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_weights_held_in_bf16_leave_the_callers_modules_and_stay_near_float32(tiny):
+    model, tokenizer = tiny
+    frames = [synthetic_kline(120, seed=seed) for seed in range(3)]
+    dfs, xs, ys = _batch(frames, 100, 6)
+    exact = KronosPredictor(model, tokenizer, device="cpu")
+    held = KronosPredictor(model, tokenizer, device="cpu", weight_dtype="bf16")
+    tokens: list[tuple[torch.Tensor, torch.Tensor]] = []
+    held.token_sink = lambda s1, s2: tokens.append((s1, s2))
+    reference = exact.predict_batch(dfs, xs, ys, 6, top_k=1, verbose=False)
+    halved = held.predict_batch(dfs, xs, ys, 6, top_k=1, verbose=False)
+    assert next(model.parameters()).dtype == torch.float32 and next(tokenizer.parameters()).dtype == torch.float32
+    assert next(held.model.parameters()).dtype == torch.bfloat16 and held.amp == "bf16"
+    assert [tuple(s1.shape) for s1, _ in tokens] == [(3, 6)] and tokens[0][1].shape == (3, 6)
+    for mine, theirs in zip(halved, reference):
+        assert np.isfinite(mine.to_numpy()).all()
+        close = theirs["close"].to_numpy()
+        assert np.max(np.abs(mine["close"].to_numpy() - close) / np.abs(close)) < 0.5  # same scale, not identical
+    with pytest.raises(KronosError, match="weight_dtype='bf16' runs under bf16 autocast"):
+        KronosPredictor(model, tokenizer, device="cpu", amp="fp16", weight_dtype="bf16")

@@ -202,7 +202,7 @@ BAD_DOCS = [
     ),
     (_set("workload", "batch_size", 8.5), "workload.batch_size must be an integer (got float 8.5)"),
     (_set("workload", "batch_size", True), "workload.batch_size must be an integer (got boolean True)"),
-    (_set("hardware", "bf16_supported", "yes"), "hardware.bf16_supported must be true or false"),
+    (_set("hardware", "bf16_supported", "yes"), "hardware.bf16_supported must be true, false or \"auto\""),
     (_set("hardware", "device", 1), "hardware.device must be a string"),
     (_set("", "hardware", "fast"), "hardware must be a table"),
     # impossible values

@@ -111,7 +111,8 @@ async def test_a_finished_predict_run_shows_every_row_and_its_recommended_settin
     async with app.run_test(size=(160, 50)) as pilot:
         await _finish(pilot, app, report.trials, report, gpus=False)
         text = _assert_all_on_screen(app, report.trials)
-        assert ("▶ run kv-cache: window_mode = refill, amp = none, cuda_graphs = False, kv_cache = True, nproc = 1"
+        assert ("▶ run kv-cache: window_mode = refill, amp = none, weight_dtype = fp32, cuda_graphs = False, "
+                "kv_cache = True, nproc = 1"
                 in text)
         assert "why 10.00x (95% interval" in text and "identical greedy output to recompute's over 100 series" in text
         assert "command kronos-tune predict --config runs/benchmark/cpu-predict-20261130-120000/recommended.toml" \

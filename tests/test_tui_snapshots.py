@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 from textual.pilot import Pilot
 
+from kronos_core.cpu_features import features_from_flags
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
@@ -24,7 +25,8 @@ FINISHED_SIZES = [(80, 24), (100, 30), (120, 40), (160, 50)]  # a finished bench
 
 def canned_app() -> DashboardApp:
     """The dashboard without a live sampler: telemetry comes only from the test."""
-    return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False)
+    cpu = features_from_flags("fpu sse2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_int8".split(), cores=2)
+    return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False, cpu=cpu)
 
 
 def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, benchmark: bool = False,

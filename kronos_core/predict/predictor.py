@@ -5,12 +5,13 @@ window has not slid, see generation.py); one tokenizer encode per series, not
 per sample copy; s1 head logits for the last position only; series of
 different lengths grouped by length (each group exact, nothing truncated);
 work split into chunks so thousands of series fit in memory; optional return
-of every sample path; optional bf16/fp16 autocast.
+of every sample path; optional bf16/fp16 autocast, or the weights held in bf16.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from kronos_core.predict.streams import RowStreams, as_int64_keys, pad_rows, ser
 from kronos_core.tokenizer import KronosTokenizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+WEIGHT_DTYPES = {"bf16": torch.bfloat16}
 CPU_MAX_ROWS = 256  # larger batches stop paying off on CPU and only cost memory
 # glibc serves a block above its mmap threshold (at most 32 MiB on 64-bit) from fresh pages each time and
 # returns them when it is freed, so a CPU call whose activations exceed it faults its pages in again on every
@@ -112,7 +114,9 @@ class KronosPredictor:
     at once, default derived from free memory; `cuda_graphs` (None = on when
     the device is CUDA) replays each cached one-token step as CUDA graphs over
     a fixed-shape cache; `static_cache=True` runs those fixed-shape steps
-    eagerly (see static_cache.py).
+    eagerly (see static_cache.py). `weight_dtype="bf16"` holds a bf16 copy of the model and the tokenizer
+    (the caller's modules are left as they are) and runs them under bf16 autocast: each decode step reads half
+    the weight bytes, and the activations between matmuls stay bf16 too.
 
     Sampling: with `keys` (and a `seed`), every (series, sample path) draws from its own random stream
     (streams.py), so a series' sampled forecast is the same alone, in any batch, order or chunk. Without
@@ -123,15 +127,21 @@ class KronosPredictor:
     per chunk "encode", "step" (after each generated step) and "decode", per
     group "d2h" (de-normalization and copy back); output frames come after the
     last mark. Benchmarks use it to time the phases (it should synchronize the
-    device itself).
+    device itself). `token_sink`, when set, is called per chunk with the generated s1 and s2 ids
+    ([rows, pred_len] each, rows = series x sample_count in row order): agreement statistics use it.
     """
 
     def __init__(self, model: Kronos, tokenizer: KronosTokenizer, device: str | torch.device | None = None,
                  max_context: int = 512, clip: float = 5, amp: str | None = None, window_mode: str = "refill",
                  use_cache: bool = True, max_batch_size: int | None = None, cuda_graphs: bool | None = None,
-                 static_cache: bool = False):
+                 static_cache: bool = False, weight_dtype: str | None = None):
         if amp is not None and amp not in AMP_DTYPES:
             raise KronosError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
+        if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
+            raise KronosError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)} or None, got {weight_dtype!r}")
+        if weight_dtype is not None and amp not in (None, weight_dtype):
+            raise KronosError(f"weight_dtype={weight_dtype!r} runs under {weight_dtype} autocast; amp={amp!r} "
+                              f"contradicts it: leave amp None")
         if window_mode not in WINDOW_MODES:
             raise KronosError(f"window_mode must be one of {WINDOW_MODES}, got {window_mode!r}")
         if max_context < 1:
@@ -139,11 +149,14 @@ class KronosPredictor:
         self.device = torch.device(device if device is not None else default_device())
         if amp == "fp16" and self.device.type != "cuda":
             raise KronosError("amp='fp16' needs a CUDA device; use amp='bf16' or None on CPU")
+        if weight_dtype is not None:
+            model, tokenizer = (copy.deepcopy(module).to(WEIGHT_DTYPES[weight_dtype]) for module in (model, tokenizer))
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer.to(self.device).eval()
         self.max_context = max_context
         self.clip = clip
-        self.amp = amp
+        self.weight_dtype = weight_dtype
+        self.amp = weight_dtype or amp
         self.window_mode = window_mode
         self.use_cache = use_cache
         self.max_batch_size = max_batch_size
@@ -152,6 +165,7 @@ class KronosPredictor:
         self.cuda_graphs = cuda_graphs
         self.static_cache = static_cache
         self.phase_clock: Callable[[str], None] | None = None
+        self.token_sink: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.price_cols = list(PRICE_COLUMNS)
         self.vol_col, self.amt_vol = "volume", "amount"
 
@@ -378,6 +392,8 @@ class KronosPredictor:
                                              use_cache=self.use_cache, window_mode=self.window_mode,
                                              cache_dtype=cache_dtype, on_step=stepped,
                                              decode_step=self.decode_step, streams=streams)
+            if self.token_sink is not None:
+                self.token_sink(new_s1[:count * sample_count], new_s2[:count * sample_count])
             total = s1.shape[1] + pred_len
             start = max(0, total - self.max_context)
             full_s1 = torch.cat([s1, new_s1], dim=1)[:, start:]

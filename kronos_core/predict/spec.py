@@ -22,6 +22,7 @@ class PredictorSpec:
     seed: int = 0                     # of the random weights
     device: str = "cpu"               # "cpu", "cuda", "cuda:N" (a rank or actor may put it on another device)
     amp: str | None = None            # None, "bf16" or "fp16"
+    weight_dtype: str | None = None   # None (as loaded, float32) or "bf16": the weights held in bf16
     max_context: int = 512
     window_mode: str = "refill"
     use_cache: bool = True
@@ -70,7 +71,8 @@ def build_predictor(spec: PredictorSpec, weights: Weights | None = None):
     model, tokenizer = weights if weights is not None else load_weights(spec)
     return KronosPredictor(model, tokenizer, device=spec.device, max_context=spec.max_context, amp=spec.amp,
                            window_mode=spec.window_mode, use_cache=spec.use_cache,
-                           max_batch_size=spec.max_batch_size, cuda_graphs=spec.cuda_graphs)
+                           max_batch_size=spec.max_batch_size, cuda_graphs=spec.cuda_graphs,
+                           weight_dtype=spec.weight_dtype)
 
 
 __all__ = ["PredictorSpec", "build_predictor", "load_weights"]

@@ -1,7 +1,7 @@
 """Ranking agreement between two prediction settings: does an approximation change which stocks come out on top?
 
 ``ranking_agreement(pred_a, pred_b, realized=None)`` takes predicted returns of
-setting A (the reference, e.g. exact fp32) and setting B (e.g. the shift window
+setting A (the reference, e.g. float32) and setting B (e.g. the shift window
 or bf16) either as one cross-section (1-D, aligned by position or by a Series
 index) or as a DataFrame with one row per origin and one column per symbol.
 Per origin it gives the Spearman correlation of A's and B's predicted returns;

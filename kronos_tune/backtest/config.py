@@ -40,9 +40,10 @@ class PredictionSetting:
     tokenizer: str | None = None    # that model's tokenizer; None: found beside its training run, or --tokenizer
 
     def label(self) -> str:
-        """Short name for tables: only what differs from the defaults, e.g. 'shift bf16'."""
-        parts = [self.window_mode if self.window_mode != "refill" else "exact",
-                 "fp32" if self.amp == "none" else self.amp]
+        """Short name for tables, naming what the setting is: 'float32', 'bf16 autocast', 'shift float32' (the
+        window mode only when it is not the exact refill), then what differs from the defaults."""
+        parts = [self.window_mode] if self.window_mode != "refill" else []
+        parts.append("float32" if self.amp == "none" else f"{self.amp} autocast")
         for name, default in (("sample_count", 1), ("temperature", 1.0), ("top_p", 0.9), ("sample_top_k", 0),
                               ("max_context", None)):
             value = getattr(self, name)

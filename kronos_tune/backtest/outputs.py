@@ -195,6 +195,9 @@ def to_json_dict(result: BacktestResult) -> dict[str, Any]:
             verdict = with_caveat(result.comparison.verdict(), result.comparison_caveat())
             report["compare"]["test"] = {**result.comparison.to_dict(), "verdict": verdict}
             report["compare"]["verdict"] = verdict
+            precision = result.precision_verdict()
+            if precision is not None:
+                report["compare"]["precision_verdict"] = precision
         calibration = calibration_dict(other, result)
         if calibration is not None:
             report["compare"]["calibration"] = calibration

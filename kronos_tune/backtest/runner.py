@@ -35,6 +35,7 @@ from kronos_tune.backtest.significance import STATS_WARNING, hac_lag, min_origin
 from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.predict.config import emulated_bf16_note
 from kronos_tune.predict.job_state import JobProgress
 from kronos_tune.predict.shards import check_shards
 from kronos_tune.runs import claim_run_dir, default_run_dir
@@ -73,6 +74,7 @@ class Session:
 
     predicted: int = 0
     predict_seconds: float = 0.0
+    per_setting: list[tuple[int, float]] = field(default_factory=list)  # (predicted, seconds) per setting, in order
     notes: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -96,6 +98,10 @@ def synthetic_rows(config: BacktestConfig, origins: int) -> int:
 
 def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
+    asked = [f"{flag} bf16" for setting, flag in zip(settings, ("--amp", "--compare")) if setting.amp == "bf16"]
+    emulated = emulated_bf16_note(" and ".join(asked) or None, config.device)
+    if emulated:
+        note("note", emulated)
     for setting in settings:
         context = config.max_context(setting)
         if config.lookback > context:
@@ -194,6 +200,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                 continue
             session.predicted += outcome.predicted
             session.predict_seconds += outcome.seconds
+            session.per_setting.append((outcome.predicted, outcome.seconds))
             if config.launch.multi_node:  # keep what the other nodes recorded (their settings' ranks)
                 run.take_fields_of_other_nodes()
             run.mark("running", **{f"origins_saved_{slot}": len(schedule.origins)},
@@ -207,6 +214,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         result.notes = session.notes
         result.session_predicted = session.predicted
         result.session_predict_seconds = session.predict_seconds
+        result.session_per_setting = list(session.per_setting)
         result.plot = write_outputs(result, run.path, note)
     except KeyboardInterrupt:
         run.mark("cancelled", **_timing(session))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,7 @@ class BacktestResult:
     notes: list[tuple[str, str]] = field(default_factory=list)
     session_predicted: int = 0
     session_predict_seconds: float = 0.0
+    session_per_setting: list[tuple[int, float]] = field(default_factory=list)  # (predicted, seconds), in order
     plot: Path | None = None
 
     @property
@@ -117,6 +118,33 @@ class BacktestResult:
         if self.session_predict_seconds <= 0:
             return None
         return self.session_predicted / self.session_predict_seconds
+
+    def precision_verdict(self) -> str | None:
+        """With --compare changing only the autocast (e.g. bf16): one line, the agreement (the RankIC difference
+        with its 95 % interval) and both settings' speed as this run measured them; None for other comparisons."""
+        if self.comparison is None or len(self.scores) != 2:
+            return None
+        a, b = (scores.setting for scores in self.scores)
+        if a.amp == b.amp or replace(a, amp=b.amp) != b:
+            return None
+        title_a, title_b = self.config.titles([a, b])
+        rank_ic = self.comparison.rank_ic
+        if rank_ic.low is None:
+            agreement = f"RankIC diff {rank_ic.mean:+.4f} (interval not available: {rank_ic.reason})"
+        else:
+            judged = (f"{title_b} {'higher' if rank_ic.mean > 0 else 'lower'} (p < 0.05)" if rank_ic.significant
+                      else "no difference shown at 5 %")
+            agreement = (f"RankIC diff {rank_ic.mean:+.4f} (95% CI {rank_ic.low:+.4f} to {rank_ic.high:+.4f}, "
+                         f"{rank_ic.n} origins): {judged}")
+        rates = [predicted / seconds if predicted and seconds > 0 else None
+                 for predicted, seconds in self.session_per_setting]
+        if len(rates) == 2 and None not in rates:
+            speed = (f"speed {title_b} {rates[1]:,.2f} vs {title_a} {rates[0]:,.2f} symbol-origins/s "
+                     f"({rates[1] / rates[0]:.2f}x), both predicted in this run, {title_a} first (its time "
+                     f"holds the process's first calls)")
+        else:
+            speed = "speed not compared: a setting was read back from saved origins, not predicted in this run"
+        return f"{title_b} vs {title_a}: {agreement}; {speed}"
 
     def random_weights(self, setting: PredictionSetting) -> bool:
         """Whether `setting` predicted with random weights (no checkpoint of its own or of the run)."""

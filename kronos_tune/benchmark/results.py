@@ -98,6 +98,7 @@ class PredictSettings:
     measured_series: int  # series predicted per timed repeat
     use_cache: bool = True
     amp: str = "none"
+    weight_dtype: str = "fp32"  # bf16: the weights held in bf16
     max_batch_size: int | None = None  # sequences per chunk; None = KronosPredictor's default
     devices: int = 1
     seed: int = 0

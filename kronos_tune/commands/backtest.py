@@ -342,6 +342,9 @@ def backtest_command(
                   + (f" ({rate:,.2f} symbols x origins per s)" if rate is not None else " (all were saved already)")
                   + f"; results in {result.run_path}" + ("" if result.plot else " (no picture)"),
                   markup=False, highlight=False, soft_wrap=True)
+    precision = result.precision_verdict()
+    if precision is not None:
+        console.print(precision, markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.cpu_features import CpuFeatures, detect_cpu_features
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry.nvml import GpuSnapshot
@@ -104,13 +105,14 @@ def _cores_grid(per_core: tuple[float, ...]) -> Table:
     return grid
 
 
-def render(snapshot: Snapshot, interval_s: float, pid: int) -> Group:
+def render(snapshot: Snapshot, interval_s: float, pid: int, cpu: CpuFeatures | None = None) -> Group:
     """The whole live view for one snapshot; `pid` is the root of the measured process tree."""
     parts: list[Table | Text] = []
     if snapshot.gpus:
         parts.extend(_gpu_table(gpu) for gpu in snapshot.gpus)
     else:
         parts.append(Text(f"No NVIDIA GPU: {snapshot.gpu_unavailable_reason or 'none visible'}", style="yellow"))
+    parts.append(Text(f"CPU: {(cpu or detect_cpu_features()).summary()}"))
     parts.append(_host_table(snapshot, pid))
     parts.append(_cores_grid(snapshot.host.cpu_percent_per_core))
     parts.append(
@@ -139,9 +141,11 @@ def _ticks(interval_s: float, duration_s: float | None) -> Iterator[None]:
 
 def _run_json(sampler: Sampler, interval_s: float, duration_s: float | None) -> None:
     stdout = sys.stdout
+    cpu = detect_cpu_features().to_dict()
     try:
         for _ in _ticks(interval_s, duration_s):
-            stdout.write(json.dumps(sampler.sample_once().to_dict()) + "\n")
+            sample = {**sampler.sample_once().to_dict(), "cpu_features": cpu}
+            stdout.write(json.dumps(sample) + "\n")
             stdout.flush()
     except BrokenPipeError:  # `monitor --json | head`: the reader left, that is fine
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -152,10 +156,11 @@ def _run_live(sampler: Sampler, interval_s: float, duration_s: float | None) -> 
     from rich.live import Live
 
     console = Console()
+    cpu = detect_cpu_features()
     try:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             for _ in _ticks(interval_s, duration_s):
-                live.update(render(sampler.sample_once(), interval_s, sampler.pid), refresh=True)
+                live.update(render(sampler.sample_once(), interval_s, sampler.pid, cpu), refresh=True)
     finally:
         if not console.is_terminal:  # Live leaves the last line open when not on a terminal
             console.line()

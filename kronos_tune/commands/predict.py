@@ -157,6 +157,9 @@ def predict_command(
         "--out", help="Write every prediction, long format, to FILE.csv or FILE.parquet.")] = None,
     device: DeviceOption = "auto",
     amp: AmpOption = "none",
+    weight_dtype: Annotated[str, typer.Option(
+        "--weight-dtype", help="fp32, or bf16: hold the weights in bf16 and run under bf16 autocast (half the "
+                               "weight bytes per decode step).")] = "fp32",
     max_batch_size: Annotated[Optional[int], typer.Option(
         "--max-batch-size", help="Sequences (series x samples) at once; default from free memory.")] = None,
     max_context: Annotated[Optional[int], typer.Option(
@@ -224,7 +227,8 @@ def predict_command(
     values = dict(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, sample_count=sample_count, temperature=temperature,
-        top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, max_batch_size=max_batch_size,
+        top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, weight_dtype=weight_dtype,
+        max_batch_size=max_batch_size,
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column, date_format=date_format,
         skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,

@@ -68,7 +68,7 @@ def _presets_table(presets: list[Preset]) -> Table:
         table.add_row(
             preset.name,
             f"{hw.device_count} x {memory}" if hw.device == "cuda" else f"{hw.device} {memory}",
-            "yes" if hw.bf16_supported else "no",
+            {True: "yes", False: "no"}.get(hw.bf16_supported, str(hw.bf16_supported)),
             "unknown" if peak is None else f"{peak:g}",
             wl.model_size,
             f"{wl.batch_size} x {wl.accumulation_steps}",

@@ -5,7 +5,7 @@ file) draws nothing until it stops, so a long run looks hung. While a bar runs o
 prints one plain line on stderr every KRONOS_TUNE_PROGRESS_EVERY seconds (default 30; 0 turns them off) for
 each visible task of the bar: what is done of the total, the rate and the time left.
 
-    backtest exact fp32: 120/480 symbol-origins (25%), 3.21/s, 1.9 min left, 38.0 s elapsed
+    backtest float32: 120/480 symbol-origins (25%), 3.21/s, 1.9 min left, 38.0 s elapsed
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ def check_input_spec(config: InputSpec) -> None:
 
 DEVICES = ("auto", "cpu", "cuda")
 AMP_CHOICES = ("none", "bf16", "fp16")
+WEIGHT_DTYPES = ("fp32", "bf16")
 DEFAULT_MAX_CONTEXT = 512
 RUNNERS = ("torchrun", "ray")
 RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
@@ -84,6 +85,7 @@ class PredictConfig(InputSpec):
     out: Path | None = None
     device: str = "auto"
     amp: str = "none"
+    weight_dtype: str = "fp32"  # bf16: the weights held in bf16 and run under bf16 autocast
     max_batch_size: int | None = None
     max_context: int | None = None
     seed: int = 0
@@ -143,6 +145,11 @@ def check_config(config: PredictConfig) -> None:
         raise KronosTuneError(f"--device {config.device}: choose one of {', '.join(DEVICES)}")
     if config.amp not in AMP_CHOICES:
         raise KronosTuneError(f"--amp {config.amp}: choose one of {', '.join(AMP_CHOICES)}")
+    if config.weight_dtype not in WEIGHT_DTYPES:
+        raise KronosTuneError(f"--weight-dtype {config.weight_dtype}: choose one of {', '.join(WEIGHT_DTYPES)}")
+    if config.weight_dtype == "bf16" and config.amp not in ("none", "bf16"):
+        raise KronosTuneError(f"--weight-dtype bf16 runs under bf16 autocast; --amp {config.amp} contradicts it: "
+                              f"leave --amp out")
     if config.device == "cuda" and config.runner != "ray" and not _cuda_visible():  # Ray's actors hold the GPUs
         raise KronosTuneError("--device cuda: no CUDA device is visible to torch; use --device cpu or auto")
     if config.amp == "fp16" and resolve_device(config.device) == "cpu":
@@ -240,6 +247,7 @@ def predictor_spec(config: PredictConfig, weights: dict | None = None) -> Predic
     return PredictorSpec(size=config.size, checkpoint=None if checkpoint is None else str(checkpoint.path),
                          tokenizer=None if tokenizer is None else str(tokenizer.path), seed=config.seed,
                          device=resolve_device(config.device), amp=None if config.amp == "none" else config.amp,
+                         weight_dtype=None if config.weight_dtype == "fp32" else config.weight_dtype,
                          max_context=resolve_max_context(config), window_mode=config.window_mode,
                          use_cache=config.kv_cache, max_batch_size=config.max_batch_size,
                          cuda_graphs=config.cuda_graphs)
@@ -249,6 +257,21 @@ def _cuda_visible() -> bool:
     import torch  # only here: the other checks answer bad input without loading torch
 
     return torch.cuda.is_available()
+
+
+def emulated_bf16_note(flag: str | None, device: str) -> str | None:
+    """The note for bf16 asked (`flag`, e.g. "--amp bf16") on a CPU that would emulate it (the run goes on);
+    None where bf16 is native, not asked, or the device is a GPU."""
+    from kronos_core.cpu_features import NO_NATIVE_BF16, detect_cpu_features
+
+    if flag is None or not resolve_device(device).startswith("cpu") or detect_cpu_features().native_bf16:
+        return None
+    return f"{flag}: {NO_NATIVE_BF16}; the run goes on"
+
+
+def bf16_flag(config: PredictConfig) -> str | None:
+    """The flag that asked predict for bf16, if one did."""
+    return "--amp bf16" if config.amp == "bf16" else "--weight-dtype bf16" if config.weight_dtype == "bf16" else None
 
 
 def resolve_device(device: str) -> str:

@@ -14,6 +14,7 @@ wins over the file::
     max_batch_size = 100    # sequences (series x sample paths) per chunk; absent: from free memory
     window_mode = "refill"  # refill (exact) or shift (approximate)
     amp = "none"            # none, bf16 or fp16 (CUDA)
+    weight_dtype = "fp32"   # fp32, or bf16: the weights held in bf16 (under bf16 autocast)
     cuda_graphs = false     # replay the cached one-token steps as CUDA graphs; absent: on with CUDA
     kv_cache = true         # false: recompute the whole window for every token (the reference method)
     nproc = 1               # processes on this node (one per GPU); > 1 shards the series with torchrun
@@ -37,7 +38,7 @@ from kronos_tune.errors import KronosTuneError
 
 TABLE = "predict"
 PATH_KEYS = ("checkpoint", "tokenizer", "out")
-SETTINGS_KEYS = ("max_batch_size", "window_mode", "amp", "cuda_graphs", "kv_cache", "nproc",
+SETTINGS_KEYS = ("max_batch_size", "window_mode", "amp", "weight_dtype", "cuda_graphs", "kv_cache", "nproc",
                  "chunk_series")  # what the benchmark decides
 EXCLUSIVE = (("size", ("checkpoint", "tokenizer")), ("checkpoint", ("size",)), ("data", ("synthetic",)),
              ("synthetic", ("data",)))  # a flag on the command line drops these keys of the file
@@ -61,6 +62,7 @@ class PredictFileKeys:
     seed: int | None = None
     device: Literal["auto", "cpu", "cuda"] | None = None
     amp: Literal["none", "bf16", "fp16"] | None = None
+    weight_dtype: Literal["fp32", "bf16"] | None = None
     max_batch_size: int | None = None
     max_context: int | None = None
     window_mode: Literal["refill", "shift"] | None = None

@@ -26,8 +26,8 @@ from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
 from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.spec import build_predictor, load_weights
-from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, resolve_max_context,
-                                        check_config, predictor_spec, resolve_device)
+from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, bf16_flag, check_config,
+                                        emulated_bf16_note, predictor_spec, resolve_device, resolve_max_context)
 from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.job_state import JobProgressCallback
 from kronos_tune.predict.large import SMALL_RUN_SERIES, run_job
@@ -189,6 +189,9 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
     max_context = resolve_max_context(config)
     if config.size is not None and config.checkpoint is None:
         note("warning", RANDOM_WEIGHTS_NOTE)
+    emulated = emulated_bf16_note(bf16_flag(config), config.device)
+    if emulated:
+        note("note", emulated)
     if config.lookback > max_context:
         note("warning", f"--lookback {config.lookback} is longer than max_context {max_context}: every row sets "
                         f"the normalization, but the predictor only sees the last {max_context} tokens")

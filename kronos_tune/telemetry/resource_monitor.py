@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from kronos_core.cpu_features import detect_cpu_features
 from kronos_core.files import write_text_atomic
 from kronos_core.hostmem import total_ram_bytes
 from kronos_tune.errors import KronosTuneError
@@ -112,6 +113,7 @@ def _torch_facts(nvml_gpu_names: list[str]) -> dict[str, Any]:
 def collect_environment(sampler: Sampler | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Python, torch, CUDA, driver, CPU, RAM, host and git facts for a report."""
     latest = sampler.latest() if sampler is not None else None
+    cpu = detect_cpu_features()
     gpu_names = [gpu.name or f"GPU {gpu.index}" for gpu in latest.gpus] if latest is not None else []
     return {
         "python": platform.python_version(),
@@ -121,6 +123,8 @@ def collect_environment(sampler: Sampler | None = None, cwd: str | None = None) 
         "gpu_unavailable_reason": sampler.gpu_unavailable_reason if sampler is not None else None,
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
+        "cpu_features": cpu.to_dict(),
+        "cpu_summary": cpu.summary(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
         "ram_total_bytes": total_ram_bytes(),

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
+from kronos_core.cpu_features import CpuFeatures, detect_cpu_features
 from kronos_core.errors import KronosError, one_line
 from kronos_tune.presets import Preset, list_presets, resolve_preset
 from kronos_tune.runs import default_run_dir
@@ -48,10 +49,11 @@ class DashboardApp(ResultsView, App[int]):
     def __init__(self, preset: Preset | None = None, preset_dirs: list[Path] | None = None,
                  sampler: Sampler | None = None, out_dir: Path = Path("runs"),
                  benchmark_options: BenchmarkOptions | None = None, host_label: str | None = None,
-                 timestamps: bool = True) -> None:
+                 timestamps: bool = True, cpu: CpuFeatures | None = None) -> None:
         """`sampler`: started on mount and stopped on quit (None: telemetry arrives as TelemetryUpdated
         messages posted by the caller, as the snapshot tests do). `benchmark_options`: BenchmarkOptions for
-        every benchmark (None: the benchmark's defaults). `out_dir`: the root of the run folders
+        every benchmark (None: the benchmark's defaults). `cpu`: the CPU the header names (None: this machine's,
+        kronos_core.cpu_features; the snapshot tests pass a fixed one). `out_dir`: the root of the run folders
         (OUT/benchmark/<preset>-<task>-<time>/, OUT/train/<preset>-<time>/, OUT/exports/...): one per run."""
         super().__init__()
         self.preset = preset
@@ -60,6 +62,7 @@ class DashboardApp(ResultsView, App[int]):
         self.out_dir = Path(out_dir)
         self.benchmark_options = benchmark_options
         self.host_label = host_label or socket.gethostname()
+        self.cpu = cpu or detect_cpu_features()
         self.timestamps = timestamps
         self.telemetry = TelemetryHistory()
         self.run_state = RunState()
@@ -167,7 +170,7 @@ class DashboardApp(ResultsView, App[int]):
         if self.paused:
             state += " · paused"
         style = {"running": "green", "cancelling": "yellow", "failed": "red"}.get(run.phase, "")
-        self.query_one(StatusBar).show(self.host_label, devices, preset, state, style)
+        self.query_one(StatusBar).show(self.host_label, devices, preset, state, style, self.cpu.brief())
 
     # -- telemetry ------------------------------------------------------------------------
     def on_telemetry_updated(self, message: TelemetryUpdated) -> None:

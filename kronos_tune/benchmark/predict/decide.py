@@ -25,9 +25,11 @@ The rule:
    (``output_max_abs_diff`` within ``EXACT_TOLERANCE`` history standard
    deviations, over every compared series), and so must the output of one
    untimed sampled run (T 1.0, top-p 0.9, per-series random streams: the same
-   draws for a series however it is batched) where the trial made one. *approximate* (bf16): the ranking
-   agreement of the predicted returns with the exact reference's
-   (backtest.agreement) must reach ``min_spearman``. The exact reference is
+   draws for a series however it is batched) where the trial made one. *approximate* (bf16, bf16-weights):
+   the ranking agreement of the predicted returns with the exact reference's
+   (backtest.agreement) must reach ``min_spearman``; the verdict carries the agreement with float32 stated
+   (predict/precision_agreement.py: identical greedy tokens, the forecast's max relative difference, the
+   sampled difference against two float32 seeds' spread). The exact reference is
    the recompute's output, or kv-cache's once it proved identical to it
    (predict/trials.py, exact_reference).
 3. A trial is eligible when it ran, kept its quality and is faster than its
@@ -42,14 +44,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from kronos_tune.benchmark.predict.precision_agreement import agreement_text
 from kronos_tune.benchmark.predict.same_work import same_work_gaps
 from kronos_tune.benchmark.predict.verdicts import PredictDecision, PredictVerdict, QualityCheck, speedup_text
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import CONFIDENCE, Comparison, block_ratios, paired_compare, ratio_ci, verdict
 
 BASELINE = "recompute"
-REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "autobatch": "kv-cache", "sharding": "kv-cache"}
-EXACTNESS = {"kv-cache": "exact", "autobatch": "exact", "sharding": "exact", "bf16": "approximate"}
+REFERENCE = {"kv-cache": BASELINE, "bf16": "kv-cache", "bf16-weights": "kv-cache", "autobatch": "kv-cache",
+             "sharding": "kv-cache"}
+EXACTNESS = {"kv-cache": "exact", "autobatch": "exact", "sharding": "exact", "bf16": "approximate",
+             "bf16-weights": "approximate"}
 EXACT_TOLERANCE = 1e-6  # history standard deviations: float error, never a different greedy token
 DEFAULT_MIN_SPEARMAN = 0.95
 MIN_AGREEMENT_SERIES = 3  # a Spearman correlation of fewer series means nothing
@@ -107,9 +112,10 @@ def quality_check(trial: TrialResult, min_spearman: float) -> QualityCheck:
                             f"series)", threshold=min_spearman)
     passed = spearman >= min_spearman
     relation = ">=" if passed else "<"
+    statement = agreement_text(agreement)
     return QualityCheck(exactness, passed, f"ranking agreement Spearman {spearman:.3f} {relation} "
-                        f"{min_spearman:g} over {series} series", spearman=spearman, series=series,
-                        threshold=min_spearman)
+                        f"{min_spearman:g} over {series} series" + (f"; {statement}" if statement else ""),
+                        spearman=spearman, series=series, threshold=min_spearman)
 
 
 def _compared_ratio(verdict: PredictVerdict) -> float:

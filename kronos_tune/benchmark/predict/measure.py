@@ -31,8 +31,9 @@ from kronos_core.predict.spec import build_predictor
 from kronos_core.units import format_bytes
 from kronos_tune.benchmark.run.order import trial_leads
 from kronos_tune.benchmark.events import PredictStep
-from kronos_tune.benchmark.predict.pipeline import (PredictMeasurement, benchmark_series, frames_of, predict_config,
-                                                    predict_pass, quality_step, with_chunk)
+from kronos_tune.benchmark.predict.pipeline import (PredictMeasurement, benchmark_series, frames_of,
+                                                    greedy_pass_with_tokens, predict_config, predict_pass,
+                                                    quality_step, with_chunk)
 from kronos_tune.benchmark.results import PredictSettings
 from kronos_tune.predict.config import PredictConfig, predictor_spec
 
@@ -55,11 +56,13 @@ def _timed(predictor: KronosPredictor, config: PredictConfig, series) -> float:
 def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int, repeats: int,
                        on_step: Callable[[PredictStep], None] | None = None,
                        should_stop: Callable[[], bool] = lambda: False,
-                       reference: PredictSettings | None = None, order_seed: str = "") -> PredictMeasurement:
-    """One metered pass (peak, budget), then `repeats` timed passes; out-of-memory is a result. With `reference`
-    (paired), each timed pass is a round: the trial's pass and the reference settings' pass on the same series,
-    in an order drawn from `order_seed` per pair of rounds and mirrored in the second (order.trial_leads). The
-    reference's predictor is built after the metered pass, so the meter sees the trial alone."""
+                       reference: PredictSettings | None = None, order_seed: str = "",
+                       seed_spread: bool = False) -> PredictMeasurement:
+    """One metered pass (peak, budget), then `repeats` timed passes; out-of-memory is a result. `seed_spread`:
+    one more untimed sampled pass on the next seed (the float32 sampling noise the bf16 trials are held to).
+    With `reference` (paired), each timed pass is a round: the trial's pass and the reference settings' pass on
+    the same series, in an order drawn from `order_seed` per pair of rounds and mirrored in the second
+    (order.trial_leads). The reference's predictor is built after the metered pass, so the meter sees the trial alone."""
     from kronos_tune.memory import make_meter
 
     settings = with_chunk(settings, device)
@@ -118,7 +121,8 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
         wider = settings.quality_series > settings.measured_series
         quality = benchmark_series(settings, device, settings.quality_series) if wider else series
         start = time.perf_counter()
-        result.outputs = frames_of(predict_pass(predictor, config, quality, greedy=True), quality)
+        greedy, result.greedy_tokens = greedy_pass_with_tokens(predictor, config, quality)
+        result.outputs = frames_of(greedy, quality)
         if wider and on_step is not None:
             on_step(quality_step(settings, repeats, time.perf_counter() - start))
         if wider:
@@ -127,6 +131,9 @@ def measure_prediction(settings: PredictSettings, device: str, budget_bytes: int
                 return result
             sampled = predict_pass(predictor, config, quality)
         result.sampled_outputs = frames_of(sampled, quality)
+        if seed_spread and not should_stop():
+            result.other_seed_outputs = frames_of(predict_pass(predictor, config, quality, seed=config.seed + 1),
+                                                  quality)
         return result
     except torch.OutOfMemoryError as error:
         result.status, result.reason = "oom", one_line(error, typed=False)

@@ -41,6 +41,8 @@ class PredictMeasurement:
     sampled_outputs: list[pd.DataFrame] = field(default_factory=list)  # predict's decoding (quality set)
     reference_seconds: list[float] = field(default_factory=list)  # paired: the reference's run in each round
     order: list[str] = field(default_factory=list)  # paired: which side ran first in each round
+    greedy_tokens: np.ndarray | None = None  # the greedy pass's (s1, s2) ids [rows, pred_len, 2]
+    other_seed_outputs: list[pd.DataFrame] = field(default_factory=list)  # sampled again on another seed
 
 
 def quality_step(settings: PredictSettings, repeats: int, seconds: float) -> PredictStep:
@@ -83,18 +85,33 @@ def chunks_of(series: LoadedSeries, size: int) -> list[LoadedSeries]:
     return [series.take(slice(begin, begin + size)) for begin in range(0, len(series), max(1, size))]
 
 
-def predict_pass(predictor, config: PredictConfig, series: LoadedSeries, greedy: bool = False) -> np.ndarray:
-    """One pass of predict's pipeline over `series`: mean paths [N, P, 6] (volumes clipped at 0, as written)."""
+def predict_pass(predictor, config: PredictConfig, series: LoadedSeries, greedy: bool = False,
+                 seed: int | None = None) -> np.ndarray:
+    """One pass of predict's pipeline over `series`: mean paths [N, P, 6] (volumes clipped at 0, as written);
+    `seed`: the sampling streams' seed instead of the config's (the weights stay those of the config's)."""
     import torch
 
     from kronos_tune.predict.chunk_run import predict_chunk
 
     chunk = decoding(config, greedy)
+    if seed is not None:
+        chunk = replace(chunk, seed=seed)
     torch.manual_seed(config.seed)  # the streams make sampled paths independent of it; kept for the greedy pass
     tables = [predict_chunk(predictor, part, chunk)[0] for part in chunks_of(series, config.chunk_series or 1)]
     if predictor.device.type == "cuda":
         torch.cuda.synchronize(predictor.device)
     return values_of(tables, config.pred_len)
+
+
+def greedy_pass_with_tokens(predictor, config: PredictConfig, series: LoadedSeries) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy pass, and the (s1, s2) ids it generated [rows, pred_len, 2] in series order."""
+    tokens: list[np.ndarray] = []
+    predictor.token_sink = lambda s1, s2: tokens.append(np.stack([s1.cpu().numpy(), s2.cpu().numpy()], axis=-1))
+    try:
+        values = predict_pass(predictor, config, series, greedy=True)
+    finally:
+        predictor.token_sink = None
+    return values, np.concatenate(tokens).astype(np.int32)
 
 
 def values_of(tables: list[pd.DataFrame], pred_len: int) -> np.ndarray:

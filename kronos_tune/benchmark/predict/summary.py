@@ -47,7 +47,8 @@ def recommended_settings(config: dict[str, Any], device: str) -> dict[str, Any]:
             "sample_count": config.get("sample_count"), "synthetic": config.get("measured_series"),
             "seed": config.get("seed", 0), "temperature": 1.0, "top_k": 0, "top_p": 0.9,
             "device": device if device in ("cpu", "cuda") else None, "max_batch_size": config.get("max_batch_size"),
-            "window_mode": "refill", "amp": config.get("amp", "none"), "cuda_graphs": device == "cuda" and cached,
+            "window_mode": "refill", "amp": config.get("amp", "none"),
+            "weight_dtype": config.get("weight_dtype", "fp32"), "cuda_graphs": device == "cuda" and cached,
             "kv_cache": cached, "nproc": int(config.get("devices", 1)), "chunk_series": config.get("chunk_series")}
 
 

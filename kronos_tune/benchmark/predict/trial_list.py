@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import replace
-
+from typing import TYPE_CHECKING
 
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import PredictSettings, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, selection_reason
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_size import choose_chunk_series
+from kronos_tune.precision import bf16_support
 from kronos_tune.presets import Preset
 
-PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "autobatch", "sharding")
+if TYPE_CHECKING:
+    from kronos_core.cpu_features import CpuFeatures
+
+PREDICT_TRIALS = ("recompute", "kv-cache", "bf16", "bf16-weights", "autobatch", "sharding")
 AGREEMENT_SERIES = 100  # the ranking agreement (and the exactness check) covers at least this many series
 # Tokens one forward pass of the full-recompute reference holds at least: past this its cost per series no longer
 # falls with more series (the cores / the GPU are busy), so it is timed on that many series, not the whole count.
@@ -36,9 +40,9 @@ def reference_series(measured: int, lookback: int, pred_len: int, sample_count: 
     return min(measured, max(1, -(-REFERENCE_TOKENS.get(device, REFERENCE_TOKENS["cuda"]) // window)))
 
 
-def plan_predict(preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
-    import torch  # only the plan of a CUDA run asks the device
-
+def plan_predict(preset: Preset, options: BenchmarkOptions, device: str,
+                 cpu: CpuFeatures | None = None) -> list[TrialSpec]:
+    """The trial list; `cpu`: the CPU's features that decide bf16 on a CPU run (default: this machine's)."""
     p = preset.predict
     measured, agreement = predict_counts(p.series_count, options)
     cached = PredictSettings(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count,
@@ -48,11 +52,8 @@ def plan_predict(preset: Preset, options: BenchmarkOptions, device: str) -> list
     reference = reference_series(measured, p.lookback, p.pred_len, p.sample_count, device)
     base = replace(cached, use_cache=False, agreement_series=None, measured_series=reference,
                    chunk_series=choose_chunk_series(reference, 1, device, p.sample_count))
-    bf16_skip = None
-    if device == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16_skip = "this GPU has no bf16 support"
-    elif not preset.hardware.bf16_supported:  # as the train task: the preset says the hardware has none
-        bf16_skip = "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    bf16 = bf16_support(preset.hardware, device, cpu)
+    emulated = f" ({bf16.note})" if bf16.note else ""
     devices = shard_processes(device)
     specs = [
         TrialSpec("recompute", "baseline", {"use_cache": False}, base, None,
@@ -63,8 +64,11 @@ def plan_predict(preset: Preset, options: BenchmarkOptions, device: str) -> list
                      else "")),
         TrialSpec("kv-cache", "single", {"use_cache": True}, cached, None,
                   "key/value cache: one new position per step (exact while the window has not slid)"),
-        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16_skip,
-                  "KV cache with bf16 autocast"),
+        TrialSpec("bf16", "single", {"use_cache": True, "amp": "bf16"}, replace(cached, amp="bf16"), bf16.reason,
+                  "KV cache with bf16 autocast (float32 weights, matmuls in bf16)" + emulated),
+        TrialSpec("bf16-weights", "single", {"use_cache": True, "weight_dtype": "bf16"},
+                  replace(cached, weight_dtype="bf16"), bf16.reason,
+                  "KV cache with the weights held in bf16 (half the bytes each decode step reads)" + emulated),
         TrialSpec("autobatch", "single", {"use_cache": True, "max_batch_size": "autobatch"}, None,
                   None if autobatch_available() else "autobatch not available",
                   "KV cache with the chunk size autobatch finds within the budget"),

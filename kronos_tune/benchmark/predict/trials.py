@@ -14,6 +14,8 @@ from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_tune.benchmark.predict.decide import BASELINE, EXACT_TOLERANCE, REFERENCE
 from kronos_tune.benchmark.predict.measure import output_max_abs_diff
 from kronos_tune.benchmark.predict.pipeline import benchmark_series, histories
+from kronos_tune.benchmark.predict.precision_agreement import (agreement_text, identical_token_share,
+                                                               max_relative_difference, sampled_agreement)
 from kronos_tune.benchmark.run.context import RunContext
 from kronos_tune.benchmark.events import PredictStep, TrialStep
 from kronos_tune.benchmark.results import Spread, TrialResult, TrialSpec
@@ -21,6 +23,8 @@ from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
 from kronos_tune.benchmark.run.trial_worker import PREDICT_EVENT
 
 PAIRED_MIN_ROUNDS = 6  # the fewest pairs whose signed-rank interval exists at 95 %
+FLOAT32 = "kv-cache"  # the float32 run the reduced-precision trials are held to
+PRECISION_TRIALS = ("bf16", "bf16-weights")
 
 
 def _outputs(path: Path, ys: list[pd.Series]) -> list[pd.DataFrame]:
@@ -55,11 +59,14 @@ def paired_reference(run: RunContext, spec: TrialSpec) -> tuple[TrialResult | No
 def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     settings = spec.config
     result_file, outputs_file, sampled_file = work / "result.json", work / "outputs.npz", work / "sampled.npz"
+    other_seed_file, tokens_file = work / "other_seed.npz", work / "tokens.npy"
     partner, design_reason = paired_reference(run, spec)
     repeats = spec.measured_steps if partner is None else max(spec.measured_steps, PAIRED_MIN_ROUNDS)
+    precision_runs = any(s.name in PRECISION_TRIALS and s.skip_reason is None for s in run.specs)
     job = {"kind": "predict", "settings": settings.to_dict(), "device": run.device, "budget_bytes": run.budget_bytes,
            "repeats": repeats, "result_file": str(result_file), "outputs_file": str(outputs_file),
-           "sampled_file": str(sampled_file)}
+           "sampled_file": str(sampled_file), "tokens_file": str(tokens_file),
+           "seed_spread": spec.name == FLOAT32 and precision_runs, "other_seed_file": str(other_seed_file)}
     if partner is not None:
         job["reference_settings"] = partner.config
         job["order_seed"] = f"{run.options.seed}:{spec.name}"
@@ -100,11 +107,38 @@ def run_trial(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     reference = run.results.get("recompute")
     if reference is not None and reference.series_per_s and result.series_per_s:
         result.speedup = result.series_per_s.median / reference.series_per_s.median
+    tokens = np.load(tokens_file) if tokens_file.is_file() else None
     if spec.stage == "baseline":
         run.references["outputs"], run.references["sampled"] = outputs, sampled
         return result
     compare_quality(run, result, outputs, dfs, sampled)
+    if spec.name == FLOAT32:
+        run.references["float32"] = {"outputs": outputs, "sampled": sampled, "tokens": tokens,
+                                     "other_seed": _outputs(other_seed_file, ys)}
+    elif spec.name in PRECISION_TRIALS and result.quality:
+        compare_with_float32(run.references.get("float32"), result, outputs, sampled, tokens, dfs)
     return result
+
+
+def compare_with_float32(float32: dict | None, result: TrialResult, outputs: list[pd.DataFrame],
+                         sampled: list[pd.DataFrame], tokens: np.ndarray | None,
+                         histories: list[pd.DataFrame]) -> None:
+    """The agreement of a reduced-precision trial with the float32 run (precision_agreement.py), into
+    result.quality and one note."""
+    if not float32:
+        return
+    shared = min(len(outputs), len(float32["outputs"]))
+    if tokens is not None and float32["tokens"] is not None:
+        result.quality["identical_tokens"] = identical_token_share(tokens, float32["tokens"])
+    if shared:
+        result.quality["forecast_max_rel_diff"] = max_relative_difference(outputs[:shared],
+                                                                          float32["outputs"][:shared])
+    spread = sampled_agreement(sampled, float32["sampled"], float32["other_seed"], histories)
+    if spread is not None:
+        result.quality["sampled_vs_float32"] = spread
+    text = agreement_text(result.quality)
+    if text:
+        result.notes.append(f"agreement with float32 ({FLOAT32}): {text}")
 
 
 def exact_reference(run: RunContext, name: str, sampled: bool = False) -> tuple[str, list[pd.DataFrame]]:

@@ -31,6 +31,8 @@ def report_markdown(report: BenchmarkReport, picture: str | None = None) -> str:
     """`picture`: the line shown under the table (the embedded picture, or how to get one)."""
     title = f"# kronos-tune benchmark: {report.subject}, task {report.task}"
     lines = [title + (" (partial)" if report.partial else ""), "", report.device_line, ""]
+    if report.environment.get("cpu_summary"):
+        lines += [f"CPU: {report.environment['cpu_summary']}", ""]
     if report.partial:
         lines += [f"**Partial run**: {'cancelled; ' if report.cancelled else ''}missing trials: "
                   f"{', '.join(report.missing) or 'none'}. The recommendation is from the trials that ran.", ""]

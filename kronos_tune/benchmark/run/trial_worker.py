@@ -156,11 +156,15 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag, hooks: TrialHooks) -
 
     reference = PredictSettings(**job["reference_settings"]) if job.get("reference_settings") else None
     m = measure_prediction(settings, device, budget, int(job["repeats"]), emit, should_stop, reference,
-                           str(job.get("order_seed", "")))
-    for frames, name in ((m.outputs, job["outputs_file"]), (m.sampled_outputs, job.get("sampled_file"))):
+                           str(job.get("order_seed", "")), bool(job.get("seed_spread")))
+    for frames, name in ((m.outputs, job["outputs_file"]), (m.sampled_outputs, job.get("sampled_file")),
+                         (m.other_seed_outputs, job.get("other_seed_file"))):
         if frames and name:
             with atomic_writer(Path(name), "wb") as handle:
                 np.savez(handle, *[frame.to_numpy() for frame in frames])
+    if m.greedy_tokens is not None and job.get("tokens_file"):
+        with atomic_writer(Path(job["tokens_file"]), "wb") as handle:
+            np.save(handle, m.greedy_tokens)
     write_json(Path(job["result_file"]), {"status": m.status, "reason": m.reason, "seconds": m.seconds,
                                           "peak_memory_bytes": m.peak_memory_bytes,
                                           "metered_time_s": m.metered_time_s,

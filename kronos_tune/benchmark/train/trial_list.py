@@ -8,7 +8,7 @@ optimizer steps from the same initial weights.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from kronos_core.train import TrainConfig
@@ -16,7 +16,11 @@ from kronos_tune.benchmark.kinds import TrialKind
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, quick_reason, selection_reason
+from kronos_tune.precision import bf16_support
 from kronos_tune.presets import Preset
+
+if TYPE_CHECKING:
+    from kronos_core.cpu_features import CpuFeatures
 
 TRAIN_TRIALS = ("baseline", "noise-probe", "bf16", "fp16", "tf32", "checkpointing", "accumulation", "autobatch",
                 "bigger-batch", "compile", "compile-cudagraphs", "dataloader", "fused-adamw", "ddp", "fsdp",
@@ -59,15 +63,10 @@ def _single(name: str, kind: TrialKind, base: TrainConfig, changes: dict[str, An
     return TrialSpec(name, "single", changes, config, skip, description, nproc=nproc, kind=kind)
 
 
-def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
-    import torch  # only the plan of a CUDA run asks the device
-
+def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions, device: str,
+                   cpu: CpuFeatures | None) -> list[TrialSpec]:
     batch = base.batch_size
-    bf16_skip = None
-    if device == "cuda" and not torch.cuda.is_bf16_supported():
-        bf16_skip = "this GPU has no bf16 support"
-    elif not preset.hardware.bf16_supported:
-        bf16_skip = "the preset's hardware has no native bf16 (hardware.bf16_supported = false)"
+    bf16 = bf16_support(preset.hardware, device, cpu)
     cuda_only = None if device == "cuda" else "needs a CUDA device (this run is on the CPU)"
     halves = None if batch % 2 == 0 else f"batch size {batch} is odd: it cannot be halved keeping the effective batch"
     world = device_count(device) if device == "cuda" else (CPU_DDP_PROCESSES if options.cpu_ddp else 1)
@@ -82,8 +81,8 @@ def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions,
         loader_changes["pin_memory"] = True
     parallel_skip = ddp_skip.replace("DDP", "FSDP") if ddp_skip else None
     return [
-        _single("bf16", TrialKind("speed", "precision", "approximate"), base, {"amp": "bf16"}, "bf16 autocast",
-                bf16_skip),
+        _single("bf16", TrialKind("speed", "precision", "approximate"), base, {"amp": "bf16"},
+                "bf16 autocast" + (f" ({bf16.note})" if bf16.note else ""), bf16.reason),
         _single("fp16", TrialKind("speed", "precision", "approximate"), base, {"amp": "fp16"},
                 "fp16 autocast with GradScaler", "fp16 autocast needs CUDA" if device != "cuda" else None),
         _single("tf32", TrialKind("speed", "matmul", "close"), base, {"matmul_precision": "high"},
@@ -125,7 +124,9 @@ def _train_singles(preset: Preset, base: TrainConfig, options: BenchmarkOptions,
     ]
 
 
-def plan_train(preset: Preset, options: BenchmarkOptions, device: str) -> list[TrialSpec]:
+def plan_train(preset: Preset, options: BenchmarkOptions, device: str,
+               cpu: CpuFeatures | None = None) -> list[TrialSpec]:
+    """The trial list; `cpu`: the CPU's features that decide bf16 on a CPU run (default: this machine's)."""
     base = baseline_config(preset, options, device)
     optional = tuple(n for n in TRAIN_TRIALS if n not in ("baseline", *BASELINE_REPEATS, "combined"))
     work = preset.workload
@@ -139,7 +140,7 @@ def plan_train(preset: Preset, options: BenchmarkOptions, device: str) -> list[T
                        "the baseline again from the same initial weights on the same windows, shuffled with "
                        "another seed: the run-to-run noise of the validation loss, and the A/A timing comparison "
                        "that says how small a change this run can resolve", kind=REPEAT)]
-    singles = _train_singles(preset, base, options, device)
+    singles = _train_singles(preset, base, options, device, cpu)
     for single in singles:
         if single.skip_reason is None:
             single.skip_reason = selection_reason(single.name, options, optional)

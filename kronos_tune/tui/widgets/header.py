@@ -1,4 +1,5 @@
-"""One status line: preset, run state, host, devices (in that order, so a narrow terminal cuts the least useful)."""
+"""One status line: preset, run state, host, devices, the CPU's fast precisions (in that order, so a narrow terminal
+cuts the least useful)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ class StatusBar(Widget):
         super().__init__(id="status")
         self._parts: list[tuple[str, str]] = [("kronos-tune", "bold")]
 
-    def show(self, host: str, devices: str, preset: str, state: str, state_style: str = "") -> None:
+    def show(self, host: str, devices: str, preset: str, state: str, state_style: str = "", cpu: str = "") -> None:
         self._parts = [("kronos-tune", "bold"), (preset, "cyan"), (state, state_style), (host, ""), (devices, "")]
+        if cpu:
+            self._parts.append((cpu, "dim"))
         self.refresh()
 
     def render(self) -> Text:
