@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from kronos_core.errors import KronosError, one_line
+from kronos_core.optional import require
 
 CONFIG_NAME = "config.json"     # a pretrained folder's two files (kronos_core.pretrained reads them)
 WEIGHTS_NAME = "model.safetensors"
 NEEDED_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 DEFAULT_REVISION = "main"
-INSTALL_HINT = 'pip install "kronos-tune[hub]"'
 # OWNER/NAME as the hub spells repo ids (letters, digits, '-', '_', '.'; no leading '.' or '-', so './x' and
 # '../x' stay paths), then an optional @REVISION (a branch, tag or commit hash).
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9_][\w.-]{0,95})(?:@(?P<revision>[^\s@]+))?$")
@@ -126,14 +126,11 @@ def resolve_pretrained(source: str | os.PathLike, offline: bool | None = None,
 
 
 def _resolve_hub(text: str, hub_id: HubId, offline: bool, label: str) -> PretrainedSource:
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.utils import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                           RevisionNotFoundError)
-    except ImportError:
-        raise KronosError(f"{label} {text}: no such folder, and loading it as a Hugging Face hub id needs the "
-                          f"huggingface_hub package: {INSTALL_HINT} (or pass a folder holding {CONFIG_NAME} and "
-                          f"{WEIGHTS_NAME})") from None
+    require("hub", f"{label} {text}: no such folder, and loading it as a Hugging Face hub id",
+            instead=f"pass a folder holding {CONFIG_NAME} and {WEIGHTS_NAME}")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                       RevisionNotFoundError)
 
     cache = hub_cache_dir()
     revision = hub_id.revision or DEFAULT_REVISION

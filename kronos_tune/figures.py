@@ -7,30 +7,26 @@ through matplotlib's Agg renderer, SVG through its SVG one).
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kronos_core.files import atomic_path
+from kronos_core.optional import missing
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PLOT_EXTRA = 'pip install "kronos-tune[plot]"'
-
-
 def have_matplotlib() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    return missing("plot") is None
 
 
 def new_figure(**kwargs: Any) -> Figure | None:
     """A matplotlib Figure (keyword arguments as Figure's), or None when matplotlib is not installed."""
-    try:
-        import matplotlib  # noqa: F401 - the package itself first: a loaded submodule would hide its absence
-        from matplotlib.figure import Figure
-    except ImportError:
+    if not have_matplotlib():
         return None
+    from matplotlib.figure import Figure
+
     return Figure(**kwargs)
 
 

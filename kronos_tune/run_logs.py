@@ -35,12 +35,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from kronos_core.optional import missing, require
 from kronos_tune.errors import KronosTuneError
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CURVES_DIR = "curves"
-INSTALL_HINT = 'pip install "kronos-tune[tensorboard]"'
+TENSORBOARD_MODULE = "torch.utils.tensorboard"  # torch's writer, over the tensorboard package
 STEP_KEYS = ("step", "epoch", "loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "step_time_s",
              "samples", "tokens", "peak_memory_bytes", "skipped")
 TRAIN_SCALARS = ("loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "step_time_s")
@@ -48,22 +49,17 @@ TRAIN_SCALARS = ("loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "st
 
 def tensorboard_available() -> bool:
     """Whether torch.utils.tensorboard imports (the tensorboard package is installed and usable)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-    except Exception:  # noqa: BLE001 - missing, blocked or broken: all mean "no TensorBoard here"
-        return False
-    return True
+    return missing("tensorboard", TENSORBOARD_MODULE) is None
 
 
 def want_tensorboard(flag: bool | None) -> bool:
     """--tensorboard / --no-tensorboard / neither (on when the package imports); asked for without it: one line."""
     if flag is False:
         return False
-    available = tensorboard_available()
-    if flag and not available:
-        raise KronosTuneError(f"--tensorboard: the tensorboard package is not installed; {INSTALL_HINT} (or "
-                              f"leave out --tensorboard)")
-    return available
+    if flag:
+        require("tensorboard", "--tensorboard", TENSORBOARD_MODULE, instead="leave out --tensorboard")
+        return True
+    return tensorboard_available()
 
 
 def check_log_paths(metrics: Path, tensorboard: Path | None) -> None:
@@ -239,5 +235,5 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return kept
 
 
-__all__ = ["CURVES_DIR", "INSTALL_HINT", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "TrialCurves",
+__all__ = ["CURVES_DIR", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "TrialCurves",
            "check_log_paths", "read_metrics", "stage_log", "tensorboard_available", "want_tensorboard"]

@@ -166,7 +166,7 @@ def test_picture_written_and_missing_matplotlib_is_one_note(tmp_path: Path, monk
                           forecaster_factory=_oracle_factory)
     assert result.plot is None and not (tmp_path / "without" / "backtest.png").exists()
     assert [m for m in notes if "matplotlib" in m] == [
-        "no picture: matplotlib is not installed (pip install 'kronos-tune[plot]'); the other files are written"]
+        'no picture: matplotlib is not installed (pip install "kronos-tune[plot]"); the other files are written']
     assert (tmp_path / "without" / "backtest.json").exists() and (tmp_path / "without" / "origins.csv").exists()
 
 

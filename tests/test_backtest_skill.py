@@ -277,11 +277,11 @@ def test_without_statsmodels_one_line_says_how_to_install_and_the_rest_runs(tmp_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "pip install 'kronos-tune[stats]'" in line]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if 'pip install "kronos-tune[stats]"' in line]
     assert len(lines) == 1 and lines[0].startswith("warning: statsmodels is not installed")
     assert "Traceback" not in done.stderr
     report = json.loads((tmp_path / "run" / "backtest.json").read_text())
-    assert report["skill"]["ic"]["not_available"] == "statsmodels is not installed (the [stats] extra)"
+    assert report["skill"]["ic"]["not_available"] == 'statsmodels is not installed (pip install "kronos-tune[stats]")'
     assert report["skill"]["mae_ratio_to_persistence"] > 0 and report["ic_mean"] is not None
 
 
@@ -290,4 +290,4 @@ def test_without_statsmodels_the_tests_say_why(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setitem(sys.modules, name, None)
     test = hac_mean_test(np.arange(12.0), lag=1)
     assert test.t is None and test.p is None and test.mean == 5.5
-    assert test.reason == "statsmodels is not installed (the [stats] extra)"
+    assert test.reason == 'statsmodels is not installed (pip install "kronos-tune[stats]")'

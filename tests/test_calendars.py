@@ -203,7 +203,7 @@ def test_without_the_package_the_hint_names_the_extra(tmp_path: Path):
                            "--lookback", "8", "--pred-len", "2", "--data", str(data), "--calendar", "XSHG"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == ('error: --calendar XSHG needs the exchange-calendars package: '
+    assert done.stderr.strip() == ('error: --calendar XSHG needs exchange-calendars, which is not installed: '
                                    'pip install "kronos-tune[calendars]"')
 
 

@@ -163,7 +163,6 @@ def test_read_fills_missing_volume_and_amount(tmp_path) -> None:
 
 
 def test_parquet_round_trip(tmp_path) -> None:
-    pytest.importorskip("pyarrow")
     df = synthetic_kline(200, seed=3)
     path = tmp_path / "k.parquet"
     df.to_parquet(path, index=False)
@@ -173,7 +172,6 @@ def test_parquet_round_trip(tmp_path) -> None:
 
 
 def test_parquet_with_datetime_index(tmp_path) -> None:
-    pytest.importorskip("pyarrow")
     df = small_frame().set_index("timestamps")
     path = tmp_path / "k.parquet"
     df.to_parquet(path)

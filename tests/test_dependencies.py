@@ -173,3 +173,51 @@ def test_the_training_package_imports_pandas_only_when_a_table_is_read() -> None
     before, after = result.stdout.strip().splitlines()[-2:]
     assert before == "False"  # kronos-tune plan traces fake steps on random tensors: no table, no pandas
     assert after == "True True pandas"  # the deferred name is the module itself once read
+
+
+def test_the_optional_table_is_pyproject_extras() -> None:
+    from kronos_core.optional import EXTRAS
+
+    required, extras = declared(ROOT / "pyproject.toml")
+    assert set(EXTRAS) == set(extras) - {"dev"}
+    for extra, (distribution, module) in EXTRAS.items():
+        assert _requirement_name(distribution) in extras[extra], extra
+        assert distributions_of(module.split(".")[0]) & extras[extra], extra
+    # what a base install's own commands need: a prediction's Parquet work folder, whatever --out is
+    assert "pyarrow" in required and "pyarrow" not in set().union(*extras.values())
+
+
+def _guarded_imports(file: Path, root: Path = ROOT) -> list[str]:
+    """The modules imported inside a try block that catches ImportError (or a broader class)."""
+    caught = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Try):
+            continue
+        names = set()
+        for handler in node.handlers:
+            types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+            names |= {t.id for t in types if isinstance(t, ast.Name)} | ({"BaseException"} if handler.type is None
+                                                                          else set())
+        if names & caught:
+            found += [f"{file.relative_to(root)}:{inner.lineno} {name}" for part in node.body
+                      for inner in ast.walk(part) for name in _imported(inner)]
+    return found
+
+
+def test_every_optional_import_goes_through_the_one_helper() -> None:
+    from kronos_core.optional import EXTRAS
+
+    optional = {module.split(".")[0] for _, module in EXTRAS.values()} | {"scipy"}
+    helper = ROOT / "kronos_core" / "optional.py"
+    guarded = [g for file in sources("kronos_core") + sources("kronos_tune") if file != helper
+               for g in _guarded_imports(file) if g.rsplit(" ", 1)[1] in optional]
+    assert guarded == []  # kronos_core.optional.require / missing say what is missing, in one line
+
+
+def test_the_guard_check_sees_a_try_around_an_import(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text("try:\n    import matplotlib\nexcept (ValueError, ImportError):\n    pass\n"
+                      "try:\n    import ray\nexcept KeyError:\n    pass\n"
+                      "try:\n    from scipy import stats\nexcept:\n    pass\n", encoding="utf-8")
+    assert _guarded_imports(module, tmp_path) == ["probe.py:2 matplotlib", "probe.py:10 scipy"]

@@ -152,7 +152,7 @@ def test_paths_that_are_not_hub_ids_keep_the_folder_errors(hub: dict, tmp_path: 
 
 def test_without_the_package_a_hub_id_says_how_to_install_it(hub: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # what `import` does for a package not installed
-    with pytest.raises(KronosError, match=r'needs the huggingface_hub package: pip install "kronos-tune\[hub\]"'):
+    with pytest.raises(KronosError, match=r'needs huggingface_hub, which is not installed: pip install "kronos-tune\[hub\]"'):
         Kronos.from_pretrained(REPO)
     assert not resolve_pretrained(hub["a"]).from_hub  # folders never need it
 

@@ -67,10 +67,6 @@ def read_table(path: Path) -> pd.DataFrame:
             raise KronosError(f"{path}: could not read CSV ({one_line(exc, typed=False)}); check the file") from None
     if suffix == ".parquet":
         try:
-            import pyarrow  # noqa: F401  (only to give a clear message when it is missing)
-        except ImportError:
-            raise KronosError(f"{path}: reading Parquet needs pyarrow; pip install pyarrow") from None
-        try:
             return pd.read_parquet(path)
         except (OSError, ValueError) as exc:
             raise KronosError(f"{path}: could not read Parquet ({one_line(exc, typed=False)}); "

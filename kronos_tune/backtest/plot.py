@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from kronos_core.optional import missing
 from kronos_tune.backtest.calibration import INTERVALS, interval_name
 from kronos_tune.backtest.portfolio import equity_curve
 from kronos_tune.backtest.scoring import BacktestResult, SettingScores
 from kronos_tune.figures import new_figure, save_figure
 
-MISSING_NOTE = "no picture: matplotlib is not installed (pip install 'kronos-tune[plot]'); the other files are written"
 
 
 def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str], None]) -> Path | None:
@@ -22,7 +22,7 @@ def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str],
     heights = (3, 2, 2, 2) if banded else (3, 2, 2)
     figure = new_figure(figsize=(10, 2.4 * len(heights) + 2))
     if figure is None:
-        note("note", MISSING_NOTE)
+        note("note", f"no picture: {missing('plot')}; the other files are written")
         return None
     # Origins evenly spaced (nights and weekends would otherwise squeeze the intraday ones together).
     times = list(range(len(result.schedule.origins)))

@@ -31,7 +31,7 @@ from kronos_tune.backtest.leakage import check_spans, resolve_models, schedule_o
 from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, parse_every, schedule_origins
 from kronos_tune.backtest.outputs import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
-from kronos_tune.backtest.significance import STATS_WARNING, hac_lag, min_origins, missing_stats
+from kronos_tune.backtest.significance import hac_lag, min_origins, missing_stats
 from kronos_tune.backtest.universe import Universe, load_universe
 from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
@@ -116,8 +116,9 @@ def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
 
 def _significance_notes(config: BacktestConfig, schedule: OriginSchedule, note: NoteCallback) -> None:
     """Before any prediction: whether the significance tests will be available at all."""
-    if missing_stats() is not None:
-        note("warning", STATS_WARNING)
+    unavailable = missing_stats()
+    if unavailable is not None:
+        note("warning", f"{unavailable}: the significance tests are not available; every other figure is computed")
         return
     lag = hac_lag(config.pred_len, every_in_bars(config, schedule))
     if len(schedule.origins) < min_origins(lag):

@@ -29,11 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from kronos_core.optional import missing
+
 LEVEL = 0.05
-INSTALL = "pip install 'kronos-tune[stats]'"
-STATS_MISSING = "statsmodels is not installed (the [stats] extra)"  # a test's reason; the warning has the command
-STATS_WARNING = f"statsmodels is not installed ({INSTALL}): the significance tests are not available; every " \
-                "other figure is computed"
 MAX_ORIGINS_NEEDED = 1_000_000
 
 
@@ -57,13 +55,8 @@ def degrees_of_freedom(n: int, lag: int) -> int:
 
 
 def missing_stats() -> str | None:
-    """STATS_MISSING when statsmodels (or SciPy, which it brings) cannot be imported, else None."""
-    try:
-        import scipy.stats  # noqa: F401
-        import statsmodels.regression.linear_model  # noqa: F401
-    except ImportError:
-        return STATS_MISSING
-    return None
+    """Why the tests are not available when statsmodels (which brings SciPy) cannot be imported, else None."""
+    return missing("stats", "statsmodels.regression.linear_model")
 
 
 @dataclass(frozen=True)
@@ -170,9 +163,9 @@ def hac_mean_test(values: Any, lag: int, null: float = 0.0, bounds: tuple[float,
                                        f"least {needed} (more --origins, or a larger --every)")
     if float(np.ptp(series)) == 0.0:
         return MeanTest(**base, reason=f"the series does not vary (every one of the {n} {what} is {mean:.6g})")
-    missing = missing_stats()
-    if missing is not None:
-        return MeanTest(**base, reason=missing)
+    unavailable = missing_stats()
+    if unavailable is not None:
+        return MeanTest(**base, reason=unavailable)
     from statsmodels.regression.linear_model import OLS
 
     from scipy import stats

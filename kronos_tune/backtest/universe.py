@@ -105,7 +105,7 @@ def _panel_column(path: Path) -> str | None:
             import pyarrow.parquet as parquet
 
             columns = list(parquet.read_schema(path).names)
-    except (ImportError, OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
         return None  # read_kline gives the precise message
     return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_COLUMN_NAMES), None)
 

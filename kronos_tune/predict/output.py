@@ -99,12 +99,6 @@ def output_format(path: Path) -> str:
 def check_output_path(path: Path) -> str:
     """Suffix, folder and write permission of --out, checked by creating (and removing) a temp file there."""
     fmt = output_format(path)
-    if fmt == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise KronosTuneError(f"--out {path}: writing Parquet needs pyarrow; pip install pyarrow "
-                                  "or use a .csv name") from None
     if path.is_dir():
         raise KronosTuneError(f"--out {path} is a folder; give a file name ending in .csv or .parquet")
     folder = path.parent

@@ -9,19 +9,15 @@ from __future__ import annotations
 import socket
 
 from kronos_core.errors import one_line
+from kronos_core.optional import require
 from kronos_tune.errors import KronosTuneError
 
-INSTALL = 'pip install "kronos-tune[ray]"'
 _PROBE_SECONDS = 5.0
 
 
 def require_ray() -> None:
     """Ray Data importable, or one line saying how to install it (before any work)."""
-    try:
-        import ray.data  # noqa: F401
-    except ImportError:
-        raise KronosTuneError(f"--runner ray needs Ray Data, which is not installed; install it with {INSTALL} "
-                              f"(or pip install \"ray[data]\"), or leave --runner out for torchrun") from None
+    require("ray", "--runner ray", instead="leave --runner out for torchrun")
 
 
 def check_address(address: str | None) -> None:
@@ -41,4 +37,4 @@ def check_address(address: str | None) -> None:
                               f"start it (`ray start --head` on its head node) or check the address") from None
 
 
-__all__ = ["INSTALL", "check_address", "require_ray"]
+__all__ = ["check_address", "require_ray"]

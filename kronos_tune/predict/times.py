@@ -44,6 +44,7 @@ import pandas as pd
 
 from kronos_core.data.kline import TIME_COLUMN
 from kronos_core.data.synthetic import SESSIONS, session_bar_minutes, trading_timestamps
+from kronos_core.optional import install_command, require
 from kronos_tune.errors import KronosTuneError
 
 
@@ -116,7 +117,7 @@ def future_timestamps(stamps: pd.Series | pd.DatetimeIndex, count: int, where: s
 
 # Exchange calendars (`--calendar NAME`)
 
-INSTALL_HINT = 'pip install "kronos-tune[calendars]"'
+UPGRADE = f"{install_command('calendars')} --upgrade"
 SOME_CALENDARS = ("XSHG", "XSHE", "XHKG", "XNYS", "XNAS", "XLON", "XTKS")
 LIST_ALL = "python -c 'import exchange_calendars; print(exchange_calendars.get_calendar_names())'"
 DAY = pd.Timedelta(days=1)
@@ -125,10 +126,7 @@ DAY = pd.Timedelta(days=1)
 @functools.cache
 def exchange_calendar(name: str) -> Any:
     """The `exchange_calendars` calendar called `name` (any case), built once per name."""
-    try:
-        import exchange_calendars as xc
-    except ImportError:
-        raise KronosTuneError(f"--calendar {name} needs the exchange-calendars package: {INSTALL_HINT}") from None
+    xc = require("calendars", f"--calendar {name}")
     for candidate in dict.fromkeys((name, name.upper())):
         try:
             with warnings.catch_warnings():
@@ -223,7 +221,7 @@ class CalendarGrid:
         return KronosTuneError(
             f"{where}: {count} bars after {last} run past the end of {self.name}'s calendar "
             f"({self.calendar.last_session.date()}); lower --pred-len, or update exchange-calendars "
-            f"({INSTALL_HINT} --upgrade)")
+            f"({UPGRADE})")
 
     def after(self, last: pd.Timestamp, count: int, where: str = "<data>") -> pd.DatetimeIndex:
         """The `count` bar stamps that follow `last` on this calendar."""
@@ -254,7 +252,7 @@ class CalendarGrid:
 
 
 def _outside_range(name: str, calendar: Any, where: str, last: pd.Timestamp, early: bool) -> KronosTuneError:
-    fix = "use more recent data" if early else f"update exchange-calendars ({INSTALL_HINT} --upgrade)"
+    fix = "use more recent data" if early else f"update exchange-calendars ({UPGRADE})"
     return KronosTuneError(
         f"{where}: the last bar ({last}) is {'before the start' if early else 'past the end'} of {name}'s calendar "
         f"({calendar.first_session.date()} to {calendar.last_session.date()}); {fix}")
@@ -318,4 +316,4 @@ def calendar_grid(name: str, stamps: pd.Series | pd.DatetimeIndex, where: str = 
         f"series' own grid")
 
 
-__all__ = ["CalendarGrid", "INSTALL_HINT", "SOME_CALENDARS", "calendar_grid", "exchange_calendar"]
+__all__ = ["CalendarGrid", "SOME_CALENDARS", "calendar_grid", "exchange_calendar"]

@@ -9,7 +9,8 @@ import hashlib
 from importlib import metadata
 from pathlib import Path
 
-from kronos_tune.figures import PLOT_EXTRA, have_matplotlib, new_figure, png_key, save_figure
+from kronos_core.optional import install_command
+from kronos_tune.figures import have_matplotlib, new_figure, png_key, save_figure
 from kronos_tune.benchmark.report import pareto as pareto_module
 from kronos_tune.benchmark.report.pareto import (
     FASTEST_MARK, PICTURE_STEM, RECOMMENDED_MARK, Scatter, budget_in_view, front_staircase, memory_scale,
@@ -30,7 +31,7 @@ def missing_hint(folder: str | Path | None, markdown: bool = False) -> str:
     """How to get the picture: one line (Markdown: the commands as code and a full stop)."""
     lead, mark, end = ("No picture", "`", ".") if markdown else ("no picture", "", "")
     again = f"kronos-tune report {folder if folder is not None else 'RUN'}"
-    return f"{lead}: matplotlib is not installed; {mark}{PLOT_EXTRA}{mark}, then {mark}{again}{mark}{end}"
+    return f"{lead}: matplotlib is not installed; {mark}{install_command('plot')}{mark}, then {mark}{again}{mark}{end}"
 
 
 def picture_key(scatter: Scatter, title: str) -> str:
