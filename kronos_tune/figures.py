@@ -17,13 +17,14 @@ from kronos_core.optional import missing
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
 def have_matplotlib() -> bool:
     return missing("plot") is None
 
 
 def new_figure(**kwargs: Any) -> Figure | None:
     """A matplotlib Figure (keyword arguments as Figure's), or None when matplotlib is not installed."""
-    if not have_matplotlib():
+    if missing("plot", "matplotlib.figure") is not None:
         return None
     from matplotlib.figure import Figure
 

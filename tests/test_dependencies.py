@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OWN = {"kronos_core", "kronos_tune"}
 CORE_ALLOWED = {"torch", "numpy", "pandas", "psutil", "safetensors", "tomli-w", "tomli", "pyarrow", "pyyaml",
                 "huggingface-hub"}  # huggingface-hub: the [hub] extra, imported only to resolve a hub id
+CORE_NOT_EXTRA = ("pyarrow", "scipy", "pyyaml")
 UI_MODULES = {"kronos_tune", "rich", "textual", "typer", "click", "textual_plotext", "plotext"}
 
 
@@ -183,8 +184,9 @@ def test_the_optional_table_is_pyproject_extras() -> None:
     for extra, (distribution, module) in EXTRAS.items():
         assert _requirement_name(distribution) in extras[extra], extra
         assert distributions_of(module.split(".")[0]) & extras[extra], extra
-    # what a base install's own commands need: a prediction's Parquet work folder, whatever --out is
-    assert "pyarrow" in required and "pyarrow" not in set().union(*extras.values())
+    # decided once: a prediction's Parquet work folder (whatever --out is), the statistics, YAML configs
+    for package in CORE_NOT_EXTRA:
+        assert package in required and package not in set().union(*extras.values()), package
 
 
 def _guarded_imports(file: Path, root: Path = ROOT) -> list[str]:
@@ -208,7 +210,8 @@ def _guarded_imports(file: Path, root: Path = ROOT) -> list[str]:
 def test_every_optional_import_goes_through_the_one_helper() -> None:
     from kronos_core.optional import EXTRAS
 
-    optional = {module.split(".")[0] for _, module in EXTRAS.values()} | {"scipy"}
+    # an extra's module, or one of the packages decided core, which no code may treat as optional
+    optional = {module.split(".")[0] for _, module in EXTRAS.values()} | {"pyarrow", "scipy", "yaml"}
     helper = ROOT / "kronos_core" / "optional.py"
     guarded = [g for file in sources("kronos_core") + sources("kronos_tune") if file != helper
                for g in _guarded_imports(file) if g.rsplit(" ", 1)[1] in optional]

@@ -15,7 +15,6 @@ from kronos_tune.backtest.scoring import BacktestResult, SettingScores
 from kronos_tune.figures import new_figure, save_figure
 
 
-
 def plot_backtest(result: BacktestResult, path: Path, note: Callable[[str, str], None]) -> Path | None:
     """Write the picture to `path` and return it; without matplotlib say so in one note and return None."""
     banded = [s for s in result.scores if s.calibration is not None]

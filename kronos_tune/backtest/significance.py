@@ -16,9 +16,9 @@ with the normal distribution and 11.0 % with t at n - 1 degrees of freedom (the 
 The origins a non-significant mean would need are the smallest n at which the same mean and long-run spread
 (HAC standard error x sqrt(n)) reach p = 0.05.
 
-statsmodels (and SciPy) are the optional ``[stats]`` extra, imported here only, when a test runs; without them
-every test is "not available" with that reason, the backtest warns once with the install command, and the rest
-of it is unchanged.
+statsmodels is the optional ``[stats]`` extra (SciPy a dependency), imported here only, when a test runs;
+without it every test is "not available" with that reason, the backtest warns once with the install command,
+and the rest of it is unchanged.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def degrees_of_freedom(n: int, lag: int) -> int:
 
 
 def missing_stats() -> str | None:
-    """Why the tests are not available when statsmodels (which brings SciPy) cannot be imported, else None."""
+    """Why the tests are not available when statsmodels cannot be imported, else None."""
     return missing("stats", "statsmodels.regression.linear_model")
 
 
