@@ -321,7 +321,7 @@ def test_progress_reaches_every_step_and_series_of_every_chunk(tiny):
 
 
 def test_the_core_predicts_without_loading_any_ui_library():
-    """kronos_core draws nothing: importing it and predicting leaves rich, textual and typer unloaded."""
+    """kronos_core needs no UI library: importing it and predicting leaves rich, textual and typer unloaded."""
     import subprocess
     import sys
 

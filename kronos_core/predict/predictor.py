@@ -26,6 +26,7 @@ from kronos_core.predict.generation import WINDOW_MODES, SamplingParams, generat
 from kronos_core.hostmem import available_ram_bytes
 from kronos_core.model import Kronos
 from kronos_core.predict.arrays import N_FEATURES, NORM_EPS, normalize, prepare_lists, to_device, to_host
+from kronos_core.predict.step_bar import StepBar
 from kronos_core.predict.streams import RowStreams, as_int64_keys, pad_rows, series_key
 from kronos_core.tokenizer import KronosTokenizer
 
@@ -88,10 +89,12 @@ ProgressCallback = Callable[[PredictProgress], None]
 
 
 @contextlib.contextmanager
-def _progress(on_progress: ProgressCallback | None, steps_total: int,
-              series_total: int) -> Iterator[Callable[[int, int], None]]:
-    """Yield advance(series, steps), which reports the running totals to `on_progress` (if any)."""
-    if on_progress is None:
+def _progress(on_progress: ProgressCallback | None, steps_total: int, series_total: int,
+              verbose: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """Yield advance(series, steps), which reports the running totals to `on_progress` (if any) and, with
+    `verbose`, draws the steps as a bar on stderr."""
+    bar = StepBar(steps_total) if verbose else None
+    if on_progress is None and bar is None:
         yield lambda series, steps: None
         return
     done = [0, 0]  # steps, series
@@ -99,9 +102,16 @@ def _progress(on_progress: ProgressCallback | None, steps_total: int,
     def advance(series: int, steps: int) -> None:
         done[0] += steps
         done[1] += series
-        on_progress(PredictProgress(done[0], steps_total, done[1], series_total))
+        if bar is not None and steps:
+            bar.advance(steps)
+        if on_progress is not None:
+            on_progress(PredictProgress(done[0], steps_total, done[1], series_total))
 
-    yield advance
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 class KronosPredictor:
@@ -188,8 +198,9 @@ class KronosPredictor:
                       on_progress: ProgressCallback | None = None, keys: Sequence[str] | None = None, seed: int = 0):
         """Predict many series; they may differ in history length (grouped by length).
 
-        `verbose` is kept for the reference's signature; kronos_core draws nothing. To show progress, pass
-        `on_progress`: it is called with a PredictProgress after every generated step and finished chunk.
+        `verbose`: a progress bar of the autoregressive steps (every chunk's pred_len of them) on stderr, with
+        the rate and the time left, as the reference draws one. To follow progress in code, pass `on_progress`:
+        it is called with a PredictProgress after every generated step and finished chunk.
         `keys`: each series' name (e.g. its symbol); with them, series i samples from its own stream keyed by
         (seed, series_key(name, its last x timestamp), path), the same however the series are batched."""
         if not isinstance(df_list, (list, tuple)) or not isinstance(x_timestamp_list, (list, tuple)) \
@@ -213,7 +224,7 @@ class KronosPredictor:
         count = len(prepared.indexes)
         means: list[np.ndarray | None] = [None] * count
         samples: list[np.ndarray | None] = [None] * count
-        with _progress(on_progress, chunks * pred_len, count) as advance:
+        with _progress(on_progress, chunks * pred_len, count, verbose) as advance:
             for group in prepared.groups:
                 group_keys = None if keys is None else np.array(
                     [series_key(keys[i], int(last)) for i, last in zip(group.members, group.last_ns)], dtype=np.int64)
@@ -243,7 +254,8 @@ class KronosPredictor:
         `predict_batch` computes it (mean in normalized space, then de-normalized), or with
         `mean_and_samples` both (mean path, sample paths) from the same run. `keys`: one int per series,
         `streams.series_key(name, last history bar ns)`; with them each series samples from its own stream
-        keyed by (seed, key, path), the same however the series are batched (see predict_batch).
+        keyed by (seed, key, path), the same however the series are batched (see predict_batch). `verbose`:
+        predict_batch's progress bar.
         """
         if x.ndim != 3 or x.shape[2] != len(FEATURE_COLUMNS):
             raise KronosError(f"x must be [N, L, {len(FEATURE_COLUMNS)}], got {list(x.shape)}")
@@ -269,7 +281,7 @@ class KronosPredictor:
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
         per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
         chunks = -(-x.shape[0] // per_chunk)
-        with _progress(on_progress, chunks * pred_len, x.shape[0]) as advance:
+        with _progress(on_progress, chunks * pred_len, x.shape[0], verbose) as advance:
             mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_chunk,
                                            mean_and_samples or not mean_only, on_step=lambda _step: advance(0, 1),
                                            on_chunk=lambda done: advance(done, 0), keys=keys, seed=seed)
