@@ -3,16 +3,24 @@ a checkpoint folder, a training run's folder (its best/ and tokenizer) or a hub 
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
+from kronos_core.model import Kronos
 from kronos_core.sizes import build_model, build_tokenizer
+from kronos_core.tokenizer import KronosTokenizer
 from kronos_core.train import TrainConfig
 from kronos_tune.checkpoints import resolve_checkpoint, resolve_pair
 from kronos_tune.cli import main
 from kronos_tune.commands.train import checked_weights
 from kronos_tune.errors import KronosTuneError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +94,27 @@ def test_train_finetunes_from_a_run_folder(run_folder: Path) -> None:
                                              "tokenizer_dir": str(run_folder / "tokenizer")}
     with pytest.raises(KronosTuneError, match="^predictor_dir .*tiny-2026 does not exist"):
         checked_weights(config.replace(predictor_dir=str(run_folder.parent / "tiny-2026")), None)
+
+
+def _section_blocks(page: Path, heading: str) -> dict[str, str]:
+    """The fenced blocks (by language) of one section of a docs page."""
+    section = page.read_text(encoding="utf-8").split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return {language: body for language, body in re.findall(r"^```(\w+)\n(.*?)^```", section, re.M | re.S)}
+
+
+def test_the_docs_random_weights_of_a_published_size_load_back(tmp_path: Path, monkeypatch, capsys,
+                                                               one_thread) -> None:
+    blocks = _section_blocks(ROOT / "docs" / "checkpoints.md", "Random weights of a published size, offline")
+    monkeypatch.chdir(tmp_path)
+    exec(blocks["python"], {})  # the page's two calls, as a reader pastes them
+    model, tokenizer = Kronos.from_pretrained("Kronos-mini-random"), KronosTokenizer.from_pretrained(
+        "Kronos-Tokenizer-2k-random")
+    for loaded, built in ((model, build_model("mini", seed=0)), (tokenizer, build_tokenizer("mini", seed=0))):
+        expected = built.state_dict()
+        assert loaded.state_dict().keys() == expected.keys()
+        assert all(torch.equal(value, expected[name]) for name, value in loaded.state_dict().items())
+    command = shlex.split(blocks["bash"].replace("\\\n", " "))
+    assert command[:2] == ["kronos-tune", "predict"]
+    code, out, err = _cli(capsys, *command[1:], "--device", "cpu", "--json")
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out)["series"] == 4
