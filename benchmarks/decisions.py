@@ -234,7 +234,7 @@ def _run_row(index: int, wall: float, report: dict[str, Any], planted: str | Non
     return row
 
 
-def _change(comparison: dict[str, Any] | None) -> str:
+def change_text(comparison: dict[str, Any] | None) -> str:
     if not comparison:
         return "-"
     interval = ("" if comparison["low"] is None else
@@ -256,8 +256,8 @@ def benchmark_table(rows: list[dict[str, Any]], planted: str | None) -> tuple[li
         effect = "-" if not hit or step is None else f"{1000 * step * (1 - hit['ratio']):.0f} ms"
         resolution = "-" if row["resolution_pct"] is None else f"{row['resolution_pct']:.1f}%"
         lines.append(f"{row['run']:>3} {row['wall_s']:>5.0f}s {'-' if step is None else f'{1000 * step:.0f} ms':>7} "
-                     f"{_change(aa):>30} {resolution:>10} {'yes' if row['noisy'] else 'no':>5} "
-                     f"{_change(hit):>36} {effect:>8}  {row['recommended']}")
+                     f"{change_text(aa):>30} {resolution:>10} {'yes' if row['noisy'] else 'no':>5} "
+                     f"{change_text(hit):>36} {effect:>8}  {row['recommended']}")
     tallies = {"runs": len(rows), "planted": planted, "planted_found": found, "aa_not_different": not_different,
                "resolution_pct": sorted(r["resolution_pct"] for r in rows if r["resolution_pct"] is not None)}
     if planted:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import child_env
-from benchmarks.decisions import background_load
+from benchmarks.decisions import background_load, change_text
 
 PLAN_ENV = "KRONOS_OUTSIDE_DELAY"
 SHIM = '''"""Written by benchmarks/outside_delay.py: in a benchmark trial worker (started with --job JOB.json) whose
@@ -160,14 +160,6 @@ def run_row(index: int, wall: float, report: dict[str, Any], planted: str, exemp
             "others": others}
 
 
-def _change(comparison: dict[str, Any] | None) -> str:
-    if not comparison:
-        return "-"
-    interval = ("" if comparison["low"] is None else
-                f" [{100 * (comparison['low'] - 1):+.1f}, {100 * (comparison['high'] - 1):+.1f}]")
-    return f"{100 * (comparison['ratio'] - 1):+.1f}%{interval} {comparison['verdict']}"
-
-
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
@@ -183,9 +175,9 @@ def table(rows: list[dict[str, Any]], planted: str) -> tuple[list[str], dict[str
     for row in rows:
         hit, step = row["planted"], row["baseline_step_s"]
         lines.append(f"{row['run']:>3} {row['wall_s']:>5.0f}s {'-' if step is None else f'{1000 * step:.0f} ms':>7} "
-                     f"{_change(row['aa']):>28} {_pct(row['resolution_pct']):>7} {_pct(row['own_threshold_pct']):>7} "
+                     f"{change_text(row['aa']):>28} {_pct(row['resolution_pct']):>7} {_pct(row['own_threshold_pct']):>7} "
                      f"{_ratio(row['planted_ratio']):>8} "
-                     f"{_change(hit):>30} {(hit or {}).get('evidence') or '-':>22}  {row['recommended']}"
+                     f"{change_text(hit):>30} {(hit or {}).get('evidence') or '-':>22}  {row['recommended']}"
                      f"{' (planted config)' if row['recommended_planted'] else ''}")
     count = len(rows)
     tallies = {"runs": count,
@@ -223,8 +215,8 @@ def benchmark_runs(count: int, preset: str, extra: list[str], env: dict[str, str
             continue
         rows.append(run_row(index, wall, json.loads(done.stdout), planted, exempt, delay_s))
         row = rows[-1]
-        say(f"  run {index}: {wall:.0f} s; A/A {_change(row['aa'])}; resolution {_pct(row['resolution_pct'])}; "
-            f"planted {_change(row['planted'])} ({(row['planted'] or {}).get('evidence')}); recommended "
+        say(f"  run {index}: {wall:.0f} s; A/A {change_text(row['aa'])}; resolution {_pct(row['resolution_pct'])}; "
+            f"planted {change_text(row['planted'])} ({(row['planted'] or {}).get('evidence')}); recommended "
             f"{row['recommended']}")
     return rows
 
