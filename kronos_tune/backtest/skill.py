@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kronos_core.optional import install_command
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality
 from kronos_tune.backtest.significance import MeanTest, hac_mean_test, needed_text, p_text
 
@@ -83,7 +84,10 @@ class SettingSkill:
 def _shared_reason(*tests: MeanTest) -> str | None:
     """The one reason every test is not available for (too few origins, no statsmodels), else None."""
     reasons = {test.reason for test in tests}
-    return reasons.pop() if len(reasons) == 1 and None not in reasons else None
+    if len(reasons) != 1 or None in reasons:
+        return None
+    # the backtest's one warning line already gives the install command; the verdict names the cause only
+    return reasons.pop().replace(f" ({install_command('stats')})", "")
 
 
 def _interval(test: MeanTest) -> str:
