@@ -45,3 +45,11 @@ def bf16_support(hardware: HardwareSpec, device: str, cpu: CpuFeatures | None = 
         return Bf16Support(False, True, note=f"the preset forces bf16 (hardware.bf16_supported = true), but "
                                               f"{NO_NATIVE_BF16}")
     return Bf16Support(False, False, NO_NATIVE_BF16)
+
+
+def emulated_bf16_note(flag: str | None, device: str) -> str | None:
+    """The note for bf16 asked (`flag`, e.g. "--amp bf16") on a CPU that would emulate it (the run goes on);
+    None where bf16 is native, not asked, or `device` (resolved: "cpu", "cuda:0") is a GPU."""
+    if flag is None or not device.startswith("cpu") or detect_cpu_features().native_bf16:
+        return None
+    return f"{flag}: {NO_NATIVE_BF16}; the run goes on"

@@ -23,6 +23,7 @@ identity (preset, task, measurement options...) and how it ended
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_core.cpu_features import detect_cpu_features
 from kronos_core.files import write_text_atomic
 from kronos_core.train.signals import stop_signal_name
 from kronos_tune.errors import KronosTuneError
@@ -37,8 +39,14 @@ from kronos_tune.errors import KronosTuneError
 RUN_FILE = "run.json"
 MARK = "kronos-tune-run"
 RUN_FORMAT = 1  # run.json's layout; a folder written by a build before it (no "format") is not resumed
-_OWN_KEYS = ("tool", "format", "command", "identity", "status", "updated_at")
+_OWN_KEYS = ("tool", "format", "command", "identity", "status", "cpu", "updated_at")
 STATUSES = ("running", "complete", "partial", "cancelled", "failed")
+
+
+@functools.cache
+def this_cpu() -> str:
+    """The CPU this process runs on, in one line (a resumed run records the machine of its latest session)."""
+    return detect_cpu_features().summary()
 
 
 def timestamp(now: datetime.datetime | None = None) -> str:
@@ -106,7 +114,7 @@ class RunDir:
         if status == "cancelled" and stop_signal_name() is not None:
             self.extra.setdefault("stopped_by", stop_signal_name())
         data = {"tool": MARK, "format": RUN_FORMAT, "command": self.command, "identity": self.identity,
-                "status": status,
+                "status": status, "cpu": this_cpu(),
                 **self.extra, "updated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write_text_atomic(self.path / RUN_FILE, json.dumps(data, indent=2, default=str) + "\n")
 

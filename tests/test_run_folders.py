@@ -44,3 +44,12 @@ def test_a_second_node_joins_the_running_run_of_the_same_identity_and_nothing_el
     claim_run_dir(folder, "backtest", IDENTITY, join=True).mark("complete", origins=2)
     with pytest.raises(KronosTuneError, match="already holds"):
         claim_run_dir(folder, "backtest", IDENTITY, join=True)  # a finished run is not joined
+
+
+def test_run_json_names_the_cpu_of_the_session_that_wrote_it(tmp_path: Path) -> None:
+    from kronos_core.cpu_features import detect_cpu_features
+
+    run = claim_run_dir(tmp_path / "run", "predict", {"what": "x"})
+    run.mark("running")
+    cpu = read_run_file(run.path)["cpu"]
+    assert cpu == detect_cpu_features().summary() and "cores" in cpu

@@ -143,3 +143,21 @@ def test_a_change_inside_the_evaluation_noise_is_called_so() -> None:
     assert "barely moved" in still.line() and "-0.0010" in still.line()
     assert "beyond the evaluation's noise" in Movement(0, 2.5, 100, 2.3, -0.25, -0.15, 40).verdict()
     assert "noise unknown" in Movement(0, 2.5, 100, 2.3, None, None, 1).line()
+
+
+@pytest.mark.parametrize("flags, emulated", [(["avx2", "fma"], True), (["avx2", "avx512f", "amx_bf16"], False)])
+def test_amp_bf16_in_a_config_on_a_cpu_without_native_bf16_is_one_note_and_the_run_goes_on(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, flags: list[str], emulated: bool) -> None:
+    import kronos_tune.precision as precision
+    from kronos_core.cpu_features import NO_NATIVE_BF16, features_from_flags
+
+    monkeypatch.setattr(precision, "detect_cpu_features", lambda: features_from_flags(flags, cores=2))
+    config = write_config(tmp_path, extra='amp = "bf16"\n')
+    assert run_cli(["train", "--config", str(config), "--what", "predictor", "--steps", "1", "--device", "cpu",
+                    "--out", str(tmp_path / "out"), "--no-tensorboard"]) == 0
+    printed = capsys.readouterr().out
+    notes = [line for line in printed.splitlines() if NO_NATIVE_BF16 in line]
+    assert len(notes) == (1 if emulated else 0)
+    if emulated:
+        assert notes[0].startswith('note: amp = "bf16": ') and notes[0].endswith("the run goes on")
+    assert load_checkpoint(tmp_path / "out")["step"] == 1

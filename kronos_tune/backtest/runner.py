@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.errors import one_line
-from kronos_core.predict.predictor import default_device
 from kronos_core.predict.spec import PredictorSpec, build_predictor, load_weights
 from kronos_core.units import format_duration
 from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConfig, PredictionSetting, check_config,
@@ -33,9 +32,10 @@ from kronos_tune.backtest.outputs import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
 from kronos_tune.backtest.significance import hac_lag, min_origins, missing_stats
 from kronos_tune.backtest.universe import Universe, load_universe
+from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.predict.config import resolve_device
 from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict.config import emulated_bf16_note
 from kronos_tune.predict.job_state import JobProgress
 from kronos_tune.predict.shards import check_shards
 from kronos_tune.runs import claim_run_dir, default_run_dir
@@ -82,12 +82,6 @@ class Session:
         return self.predicted / self.predict_seconds if self.predict_seconds > 0 else None
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return default_device()
-    return "cuda:0" if device == "cuda" else device
-
-
 def synthetic_rows(config: BacktestConfig, origins: int) -> int:
     """Bars per synthetic symbol so the schedule holds exactly `origins` origins (48 five-minute bars a day)."""
     every = config.every_bars
@@ -99,7 +93,7 @@ def synthetic_rows(config: BacktestConfig, origins: int) -> int:
 def _setting_notes(config: BacktestConfig, note: NoteCallback) -> None:
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     asked = [f"{flag} bf16" for setting, flag in zip(settings, ("--amp", "--compare")) if setting.amp == "bf16"]
-    emulated = emulated_bf16_note(" and ".join(asked) or None, config.device)
+    emulated = emulated_bf16_note(" and ".join(asked) or None, resolve_device(config.device))
     if emulated:
         note("note", emulated)
     for setting in settings:

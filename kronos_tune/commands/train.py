@@ -41,6 +41,7 @@ from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
+from kronos_tune.precision import emulated_bf16_note
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import RunDir, read_run_file
 from kronos_tune.train.job import PHASES_FILE, STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
@@ -351,9 +352,10 @@ def register(app: typer.Typer) -> None:
                                       f"out --preset/--config to continue it as it was")
         board = want_tensorboard(tensorboard)
         console = make_console()
-        if job is not None:
-            for line in job.notes:
-                console.print(Text.assemble(("note:", "cyan"), " ", line), soft_wrap=True)
+        notes = list(job.notes) if job is not None else []
+        emulated = emulated_bf16_note('amp = "bf16"' if base.amp == "bf16" else None, base.resolved_device())
+        for line in notes + ([emulated] if emulated else []):
+            console.print(Text.assemble(("note:", "cyan"), " ", line), soft_wrap=True)
         checks = job_checks(base, upstream=job is not None and job.upstream)
         weights = _pretrained_weights(base, what, offline, console)
         if config is not None:

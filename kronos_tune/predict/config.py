@@ -259,16 +259,6 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def emulated_bf16_note(flag: str | None, device: str) -> str | None:
-    """The note for bf16 asked (`flag`, e.g. "--amp bf16") on a CPU that would emulate it (the run goes on);
-    None where bf16 is native, not asked, or the device is a GPU."""
-    from kronos_core.cpu_features import NO_NATIVE_BF16, detect_cpu_features
-
-    if flag is None or not resolve_device(device).startswith("cpu") or detect_cpu_features().native_bf16:
-        return None
-    return f"{flag}: {NO_NATIVE_BF16}; the run goes on"
-
-
 def bf16_flag(config: PredictConfig) -> str | None:
     """The flag that asked predict for bf16, if one did."""
     return "--amp bf16" if config.amp == "bf16" else "--weight-dtype bf16" if config.weight_dtype == "bf16" else None

@@ -26,8 +26,9 @@ from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
 from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.spec import build_predictor, load_weights
+from kronos_tune.precision import emulated_bf16_note
 from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, bf16_flag, check_config,
-                                        emulated_bf16_note, predictor_spec, resolve_device, resolve_max_context)
+                                        predictor_spec, resolve_device, resolve_max_context)
 from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.job_state import JobProgressCallback
 from kronos_tune.predict.large import SMALL_RUN_SERIES, run_job
@@ -189,7 +190,7 @@ def run_predict(config: PredictConfig, on_note: NoteCallback | None = None,
     max_context = resolve_max_context(config)
     if config.size is not None and config.checkpoint is None:
         note("warning", RANDOM_WEIGHTS_NOTE)
-    emulated = emulated_bf16_note(bf16_flag(config), config.device)
+    emulated = emulated_bf16_note(bf16_flag(config), resolve_device(config.device))
     if emulated:
         note("note", emulated)
     if config.lookback > max_context:
