@@ -21,7 +21,7 @@ _EXPORTS = {
     **{name: "kronos_tune.memory.budget" for name in ("MemoryBudget", "OutOfMemoryError", "apply_cuda_budget")},
     **{name: "kronos_tune.memory.estimate" for name in ("CudaEmulation", "EstimateResult", "FakeEstimate",
                                                          "estimate_step_peak")},
-    **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "CudaPhaseStats", "LiveMeter",
+    **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "LiveMeter",
                                                        "make_meter")},
 }
 
