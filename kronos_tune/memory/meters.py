@@ -18,7 +18,7 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
 
-from kronos_core.train.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import StorageTracker
 from kronos_core.train.records import PhaseMeter
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
