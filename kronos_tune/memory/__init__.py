@@ -11,8 +11,7 @@ Answers "does batch B fit on device D" by measurement:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 # Loaded on first use (as kronos_core.train's names): the meters and estimates load torch, while the peak model
 # and the margin check (kronos_tune.memory.peak) that a command's bad-flag errors use need none.
@@ -26,9 +25,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kronos_tune.memory' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
