@@ -12,10 +12,11 @@ random order, verdict from the block ratios against the run's resolution,
 exactly as decision.py decides) and *sequential* (the baseline measured, then
 the trial, then the baseline again for the drift threshold, as the benchmark
 did before). An effect of 3, 5 or 10 % is planted by keeping the baseline's
-thread busy that much longer per step (trial_worker's planted delay), so the
+thread busy that much longer per step (benchmarks.planted_trials' delay), so the
 trial is truly that much faster. Each repeat runs an A/A comparison for the
 resolution, a second A/A for the false-positive count, then the three planted
-effects. ``--load periodic`` starts a process that keeps one core busy for
+effects. The workers are planted from benchmarks.planted_trials (`set_delay`): the product's worker takes
+no delay. ``--load periodic`` starts a process that keeps one core busy for
 10 s, then idles 10 s, for the whole benchmark.
 
 ``--benchmark-runs N`` runs `kronos-tune benchmark --preset P` N times (under
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import child_env
-from benchmarks.planted_trials import MODULE as PLANTED_CLI, PLANT_ENV
+from benchmarks.planted_trials import MODULE as PLANTED_CLI, PLANT_ENV, set_delay, use_planted_trials
 
 LOAD_CODE = """import time
 while True:
@@ -111,6 +112,7 @@ def tiny_job(name: str, seed: int, work: Path, eval_step: int | None = None) -> 
 
 
 def start_worker(run: BenchRun, name: str, seed: int, eval_step: int | None = None) -> Any:
+    """A live worker of the tiny model; planted (its delay set by `set_delay`) once `use_planted_trials` ran."""
     from kronos_tune.benchmark.run.live_worker import LiveWorker
 
     work = run.folder / name
@@ -136,9 +138,10 @@ def paired_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_s: f
     from kronos_tune.benchmark.run.paired import Interleaver
     from kronos_tune.benchmark.stats import block_ratios
 
-    trial.block(1, delay=0.0)  # the trial side never carries a delay
+    set_delay(trial.work, 0.0)  # the trial side never carries a delay
+    set_delay(base.work, delay_for(effect))
     interleaver = Interleaver(run, label, steps, budget_s)
-    interleaver.measure(base, trial, base_delay=delay_for(effect))
+    interleaver.measure(base, trial)
     return block_ratios(interleaver.blocks)
 
 
@@ -148,9 +151,11 @@ def sequential_once(run: BenchRun, base: Any, trial: Any, effect: float, budget_
     from kronos_tune.benchmark.stats import compare
 
     long = steps * max(1, round(budget_s / 3 / max(1e-3, run.options.block_s)))
-    first = base.block(long, delay=delay_for(effect))
-    measured = trial.block(long, delay=0.0)
-    again = base.block(long, delay=delay_for(effect))
+    set_delay(trial.work, 0.0)
+    set_delay(base.work, delay_for(effect))
+    first = base.block(long)
+    measured = trial.block(long)
+    again = base.block(long)
     drift = abs(_median(again) / _median(first) - 1)
     return compare(measured, first, max(FLOOR, drift))
 
@@ -181,9 +186,10 @@ def run_comparisons(loads: list[str], repeats: int, budget_s: float, block_s: fl
     folder = Path(tempfile.mkdtemp(prefix="kronos-bench-decisions-"))
     options = BenchmarkOptions(seed=seed, block_s=block_s, min_rounds=8, target_ci=0.0, max_rounds=10_000)
     run = BenchRun(folder, options)
+    use_planted_trials()
     try:
         base, trial = start_worker(run, "baseline", seed), start_worker(run, "trial", seed)
-        step_s = _median(base.block(20, delay=0.0))
+        step_s = _median(base.block(20))
         steps = steps_per_block(step_s, block_s)
         say(f"tiny model: {1000 * step_s:.1f} ms/step, {steps} steps per block, {budget_s:g} s per comparison")
         for load in loads:

@@ -22,7 +22,7 @@ from typing import Any, ContextManager
 import torch
 import torch.nn.functional as F
 from torch import nn
-from kronos_core.torch_private import TorchDispatchMode
+from kronos_tune.torch_private import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from kronos_tune.memory.estimate import BuildFn, StepFn, estimate_step_peak

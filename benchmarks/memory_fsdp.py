@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(+ {d['ddp_bucket_bytes'] / mib:.2f} MiB all-reduce buckets), FSDP {f['persistent_bytes'] / mib:.2f} "
               f"MiB = {f['persistent_bytes'] / d['persistent_bytes']:.3f}x; step peak DDP "
               f"{d['peak_bytes'] / mib:.2f} MiB, FSDP {f['peak_bytes'] / mib:.2f} MiB")
-    from kronos_tune.memory.setup_traces import estimate_setup_peak
+    from kronos_tune.plan.setup_traces import estimate_setup_peak
 
     config = bench_config(args.size, args.batch_size, "fsdp", Path(tempfile.gettempdir()) / "kronos-fsdp-bench")
     estimate = estimate_setup_peak(config, args.batch_size, args.nproc)

@@ -4,8 +4,8 @@
     python -m benchmarks.outside_delay --runs 10 --load periodic --delay-ms 60 --json periodic.json
     python -m benchmarks.outside_delay --runs 10 --load none --delay-ms 60 --json quiet.json
 
-Unlike benchmarks.planted_trials (which passes the product's own `TrialHooks`), nothing of the product is
-asked to plant anything here: `kronos-tune benchmark` runs as a user runs it, and a `sitecustomize` module on
+As with benchmarks.planted_trials (which wraps the trial session), nothing of the product is asked to plant
+anything here: `kronos-tune benchmark` runs as a user runs it, and a `sitecustomize` module on
 PYTHONPATH, which every Python process imports at start, registers a global optimizer step pre-hook
 (`torch.optim.optimizer.register_optimizer_step_pre_hook`) in each trial worker (a process started with
 `--job JOB.json`) whose configuration does not have the exempt settings (`--exempt KEY=VALUE`, default

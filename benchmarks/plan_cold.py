@@ -6,7 +6,7 @@
 
 Each round runs `kronos-tune plan --preset P --json` twice in fresh processes with the trace cache off
 (KRONOS_TUNE_CACHE_DIR=off): once as it is, once with KRONOS_PRIVATE_TORCH=off (every op through
-FakeTensorMode's own dispatch; kronos_core.torch_private), which goes first alternating from round to round.
+FakeTensorMode's own dispatch; kronos_tune.torch_private), which goes first alternating from round to round.
 Prints the median, min and max wall seconds of each and whether every JSON output was byte-identical.
 """
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from kronos_core.torch_private import SHORTCUTS_ENV
+from kronos_tune.torch_private import SHORTCUTS_ENV
 
 WAYS = {"private shortcuts": {}, "public path": {SHORTCUTS_ENV: "off"}}
 

@@ -1,31 +1,36 @@
 """The benchmark's trial workers with planted faults, effects and worsenings (tests, benchmarks).
 
-    python -m benchmarks.planted_trials benchmark --preset cpu ...   # the CLI, its trials started from here
+    python -m benchmarks.planted_trials benchmark --preset cpu ...   # the CLI, its trials planted from here
 
-The product's trial worker (`kronos_tune.benchmark.run.trial_worker`) takes `TrialHooks`; this module is the
-entry point that passes them, read from three variables that only it reads:
+Nothing of the product is asked to plant anything: `use_planted_trials()` puts benchmarks/planted/ (a
+`sitecustomize` module, which every Python process imports at start) and the repository root first on
+PYTHONPATH, and in each trial worker (`python -m kronos_tune.benchmark.run.trial_worker --job JOB.json`)
+`plant()` then wraps what the worker builds, before the worker's code runs: the trial session
+(kronos_tune.benchmark.train.measure.TrialSession, its trainer's step callback) and the predict trial's
+measurement (kronos_tune.benchmark.predict.measure.measure_prediction). What it plants is read from three
+variables that only this module reads:
 
 - KRONOS_TUNE_FAULT=KIND:TRIAL[,KIND:TRIAL...]: `hang` blocks the trial in its first step, as a deadlocked
   kernel or loader would (SIGTERM ignored); `hang-block` in its third paired block, `die-block` exits with an
   error there.
 - KRONOS_TUNE_PLANT=TRIAL:FRACTION (the decision benchmark's planted effect): every other trial's steps are
-  made that much slower, so the named trial is truly FRACTION faster per step (work, not a sleep:
-  train/measure.py's spin).
+  made that much slower, so the named trial is truly FRACTION faster per step (work, not a sleep, counted in
+  the step's time). A worker whose job folder holds a `planted-delay` file (`set_delay`) takes the fraction
+  from there instead, read at every step: benchmarks.decisions changes it between comparisons.
 - KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=TRIAL:FRACTION[:SEED] (the quality guard's planted worsening): the named
   trial's validation windows are made worse before its result is written, each window's loss times
   1 + FRACTION x (1 + z / 2), z a standard normal draw per window (seeded when SEED is given): a worsening of
   FRACTION on average with noise of its own. The measurement itself is untouched.
-
-`use_planted_trials()` makes this process's benchmark start its trials from this module (what the CLI form
-above does before it runs the command); the variables reach the trials through the environment, and the
-repository root is put on PYTHONPATH so that they can import `benchmarks` from any working directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,9 @@ PLANT_ENV = "KRONOS_TUNE_PLANT"
 WORSEN_ENV = "KRONOS_TUNE_TEST_WORSEN_VAL_LOSS"
 MODULE = "benchmarks.planted_trials"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIM_FOLDER = REPO_ROOT / "benchmarks" / "planted"
+DELAY_FILE = "planted-delay"
+FAULT_BLOCK = 3  # the paired block a hang-block / die-block fault strikes in
 
 
 def fault(trial: str) -> str | None:
@@ -76,30 +84,106 @@ def worsen_for_test(result: Any, trial: str) -> None:
     result.val_loss = sum(loss * weight for loss, weight in result.val_windows) / total
 
 
-def hooks():
-    from kronos_tune.benchmark.run.trial_worker import TrialHooks
+def set_delay(worker_folder: Path, fraction: float) -> None:
+    """From now on the worker whose job is in `worker_folder` spends `fraction` of each step's time again (read
+    at its next step)."""
+    (worker_folder / DELAY_FILE).write_text(repr(fraction), encoding="utf-8")
 
-    return TrialHooks(fault=fault, delay=planted_delay, after_result=worsen_for_test)
+
+def spin(seconds: float) -> None:
+    """Keep this thread busy for `seconds` of wall time (the planted delay: work, not a sleep)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def hang_forever() -> None:
+    """Block like a deadlock: only a kill ends it."""
+    while True:
+        time.sleep(3600)
+
+
+def _delay_reader(job_file: Path, trial: str):
+    """The delay fraction of this worker's next step: its `planted-delay` file, else KRONOS_TUNE_PLANT's."""
+    from_env, delay_file = planted_delay(trial), job_file.with_name(DELAY_FILE)
+
+    def current() -> float:
+        try:
+            return float(delay_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return from_env
+
+    return current
+
+
+def plant() -> None:
+    """In a trial worker's process, before its code runs: wrap the trial session and the predict measurement
+    with what the variables plant in this trial (module docstring)."""
+    argv = sys.orig_argv
+    job_file = Path(argv[argv.index("--job") + 1])
+    trial = json.loads(job_file.read_text(encoding="utf-8")).get("trial", "")
+    kind, delay = fault(trial), _delay_reader(job_file, trial)
+    from kronos_tune.benchmark.predict import measure as predict_measure
+    from kronos_tune.benchmark.train import measure
+
+    class PlantedSession(measure.TrialSession):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.blocks, self.worsened = 0, False
+            if kind == "hang":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a process stuck in a CUDA or NCCL call does
+                self.on_record = lambda record: hang_forever()
+
+        def open(self) -> None:
+            super().open()
+            keep = self.trainer.callback
+
+            def slowed(record: Any) -> None:
+                extra = delay() * record.step_time_s
+                if extra > 0:
+                    spin(extra)
+                    record.step_time_s += extra
+                keep(record)
+
+            self.trainer.callback = slowed
+
+        def block(self, count: int) -> list:
+            self.blocks += 1
+            if self.blocks == FAULT_BLOCK and kind == "hang-block":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                hang_forever()
+            if self.blocks == FAULT_BLOCK and kind == "die-block":
+                sys.stderr.write(f"RuntimeError: injected fault: the worker died in block {self.blocks}\n")
+                sys.stderr.flush()
+                os._exit(3)
+            return super().block(count)
+
+        def finish(self) -> None:
+            super().finish()
+            if not self.worsened:
+                self.worsened = True
+                worsen_for_test(self.result, trial)
+
+    measure.TrialSession = PlantedSession
+    if kind == "hang":
+        measured = predict_measure.measure_prediction
+
+        def hung_prediction(settings: Any, device: Any, budget: Any, repeats: Any, emit: Any, *rest: Any) -> Any:
+            return measured(settings, device, budget, repeats, lambda step: hang_forever(), *rest)
+
+        predict_measure.measure_prediction = hung_prediction
 
 
 def use_planted_trials() -> None:
-    """The benchmark run by this process starts its trials from this module."""
-    from kronos_tune.benchmark.run import isolation
-
-    isolation.WORKER_MODULE = MODULE
+    """The benchmark trials this process starts (and its children start) are planted from this module."""
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, paths)])
+    wanted = [str(SHIM_FOLDER), str(REPO_ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*wanted, *(path for path in paths if path and path not in wanted)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--job"]:  # the launcher starting a trial
-        from kronos_tune.benchmark.run.trial_worker import main as worker_main
-
-        return worker_main(args, hooks())
     use_planted_trials()
-    return run_kronos_tune(args)
+    return run_kronos_tune(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

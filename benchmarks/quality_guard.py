@@ -4,7 +4,7 @@
     python -m benchmarks.quality_guard --runs 3 --plant dataloader:0.02 -- --only dataloader
 
 Each run is ``kronos-tune benchmark --preset P`` (arguments after ``--`` are passed on) with
-``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>``, read by the trials' test entry point: the named
+``KRONOS_TUNE_TEST_WORSEN_VAL_LOSS=<trial>:<fraction>``, read in the trials by benchmarks.planted_trials: the named
 trial's per-window validation losses are made worse by ``fraction`` on average, with noise of their own
 (benchmarks/planted_trials.py). From each run's report.json the table shows the stated quality
 resolution, the A/A comparison (noise-probe vs baseline: its interval should contain 0, and it is flagged when

@@ -4,7 +4,7 @@
    median / min / max step time over repeated optimizer steps after one warm-up.
 2. Activation checkpointing off vs all at batch 32: step time, the bytes the
    forward keeps alive for backward (activations) and the step's peak over its
-   starting point, measured by StorageTracker (kronos_core.train.live_bytes) on
+   starting point, measured by StorageTracker (kronos_tune.memory.live_bytes) on
    the warm-up step; the timed steps run without the meter.
 
 The three setups are timed round-robin, one step each in turn, so a shared
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kronos_core.train import TrainConfig, Trainer
-from kronos_core.train.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import StorageTracker
 
 MIB = 2**20
 

@@ -7,8 +7,7 @@ classes are imported lazily so `import kronos_core` (and the CLI) stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -22,9 +21,4 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kronos_core' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -92,11 +92,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    with atomic_writer(path, "wb") as handle:
-        handle.write(data)
-
-
 def _without_none(value: Any) -> Any:
     """TOML has no null: None entries are left out (a reader falls back to the field's default)."""
     if isinstance(value, dict):

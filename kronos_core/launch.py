@@ -59,7 +59,7 @@ from typing import Any
 import psutil
 
 from kronos_core.errors import KronosError
-from kronos_core.train.signals import STOP_SIGNALS, record_stop_signal
+from kronos_core.signals import STOP_SIGNALS, record_stop_signal
 
 EVENT_PREFIX = "@kronos-event "
 TAIL_LINES = 80  # enough for torchrun's failure summary of a few ranks (7 lines each, 9 around them)

@@ -22,13 +22,12 @@
   earlier run's events from that step on, as ``read_metrics`` does.
 
 The benchmark writes the same per trial: ``curves/<trial>.jsonl`` and, with
-``--tensorboard``, ``tensorboard/<trial>/`` (TrialCurves).
+``--tensorboard``, ``tensorboard/<trial>/`` (kronos_tune.benchmark.events.TrialCurves).
 """
 
 from __future__ import annotations
 
 import json
-import dataclasses
 import math
 import tempfile
 import time
@@ -161,57 +160,6 @@ class RunLog:
             self.writer = None
 
 
-def safe_name(name: str) -> str:
-    """A trial name as a file name (letters, digits, - _ . kept)."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip(".")
-    return cleaned or "trial"
-
-
-class TrialCurves:
-    """Per-trial curves of a benchmark run, fed with the benchmark's events (TrialStarted/Step/Finished):
-    OUT/curves/<trial>.jsonl and, with `tensorboard`, OUT/tensorboard/<trial>/. A trial run again (after a
-    cancel and --resume) starts its curve over, as its result replaces the cancelled one."""
-
-    def __init__(self, out_dir: Path, tensorboard: bool = False) -> None:
-        self.out_dir = Path(out_dir)
-        self.tensorboard = tensorboard
-        self.logs: dict[str, RunLog] = {}
-
-    def on_event(self, event: Any) -> None:
-        from kronos_tune.benchmark.events import TrialFinished, TrialStarted, TrialStep
-
-        if isinstance(event, TrialStarted):
-            self._close(event.spec.name)
-            name = safe_name(event.spec.name)
-            board = self.out_dir / TENSORBOARD_DIR / name if self.tensorboard else None
-            self.logs[event.spec.name] = RunLog(self.out_dir / CURVES_DIR / f"{name}.jsonl", board, mode="w")
-        elif isinstance(event, TrialStep):
-            log = self.logs.get(event.trial_name)
-            if log is not None:
-                record = event.record
-                if hasattr(record, "to_dict"):  # a training StepRecord
-                    values = record.to_dict()
-                else:  # a predict trial's PredictStep: no loss, time and tokens per run
-                    values = dataclasses.asdict(record)
-                    values["tokens_per_s"] = values["tokens"] / values["step_time_s"] if values["step_time_s"] else 0.0
-                log.step(values)
-        elif isinstance(event, TrialFinished):
-            result = event.result
-            log = self.logs.get(result.name)
-            if log is not None and result.val_loss is not None and result.val_loss_step is not None:
-                log.eval({"step": result.val_loss_step, "val_loss": result.val_loss})
-            self._close(result.name)
-
-    def _close(self, name: str) -> None:
-        log = self.logs.pop(name, None)
-        if log is not None:
-            log.close()
-
-    def close(self) -> None:
-        for name in list(self.logs):
-            self._close(name)
-
-
 def stage_log(folder: Path, tensorboard: bool, resumed_at: int = 0) -> RunLog:
     """The RunLog of one training stage's folder: folder/metrics.jsonl and folder/tensorboard/; ``resumed_at``:
     the step a resumed run continues from (its trainer's step before the first new one)."""
@@ -235,5 +183,5 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return kept
 
 
-__all__ = ["CURVES_DIR", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "TrialCurves",
+__all__ = ["CURVES_DIR", "METRICS_FILE", "TENSORBOARD_DIR", "RunLog",
            "check_log_paths", "read_metrics", "stage_log", "tensorboard_available", "want_tensorboard"]

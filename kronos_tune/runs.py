@@ -33,7 +33,7 @@ from typing import Any
 
 from kronos_core.cpu_features import detect_cpu_features
 from kronos_core.files import write_text_atomic
-from kronos_core.train.signals import stop_signal_name
+from kronos_core.signals import stop_signal_name
 from kronos_tune.errors import KronosTuneError
 
 RUN_FILE = "run.json"

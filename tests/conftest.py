@@ -68,13 +68,31 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def planted_trials(monkeypatch: pytest.MonkeyPatch):
-    """The benchmark's trials start from the test entry point benchmarks.planted_trials, which reads the
-    planted faults, effects and worsenings from the environment (the product's worker reads none); the
-    repository root goes on PYTHONPATH so that the trial processes can import it. Returns that module."""
+    """The benchmark's trials are planted from outside by benchmarks.planted_trials (its sitecustomize folder and
+    the repository root first on PYTHONPATH, so that every trial process imports them), which reads the planted
+    faults, effects and worsenings from the environment (the product's worker reads none). Returns that
+    module."""
     from benchmarks import planted_trials as entry
-    from kronos_tune.benchmark.run import isolation
 
-    monkeypatch.setattr(isolation, "WORKER_MODULE", entry.MODULE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(entry.REPO_ROOT),
-                                                                     os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    entry.use_planted_trials()
     return entry
+
+
+@pytest.fixture
+def steady_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the dashboard tests hold still, from outside the app: the host name its status bar shows ("node"),
+    and its log pane's lines without time stamps; each line's text is also kept on the pane (`test_lines`, read
+    by test_tui_canned.log_text), since the pane keeps none of its own."""
+    import socket
+
+    from kronos_tune.tui.widgets.log import LogPane
+
+    add = LogPane.add
+
+    def add_unstamped(pane: LogPane, text: str, level: str = "info", stamp: str = "") -> None:
+        pane.__dict__.setdefault("test_lines", []).append(text)
+        add(pane, text, level)
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node")
+    monkeypatch.setattr(LogPane, "add", add_unstamped)

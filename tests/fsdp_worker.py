@@ -20,7 +20,7 @@ import torch.distributed as dist
 from kronos_core.model import Kronos
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.memory import CpuExactMeter
-from kronos_tune.benchmark.train.measure import TrialSteps, measure_training
+from kronos_tune.benchmark.train.measure import TrialSession, TrialSteps
 
 STEPS = 4
 
@@ -99,7 +99,11 @@ def main(out: Path) -> None:
     eager = rank == 0
     trial_steps = TrialSteps(min_warmup=2, max_warmup=4, settle_tolerance=1e9 if eager else 0.0, min_steps=2,
                              max_steps=5, target_ci=1e9 if eager else 0.0, budget_s=1e9)
-    measured = measure_training(config(out, "measured"), None, trial_steps, agree_across_ranks=True)
+    session = TrialSession(config(out, "measured"), None, trial_steps, agree_across_ranks=True)
+    try:
+        measured = session.run(session.open, session.warm_up, session.measure, session.finish)
+    finally:
+        session.close()
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, [len(measured.warmup_times_s), len(measured.timed), measured.timing["stop"]])
     results["measured"] = counts

@@ -11,14 +11,15 @@ import pandas as pd
 import pytest
 
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, validate_kline
-from kronos_core.data.synthetic import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_kline, synthetic_universe
+from kronos_core.data.synthetic import synthetic_kline
 from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
 from kronos_tune.backtest.origins import EVERY_DAY, schedule_origins
-from kronos_tune.backtest.portfolio import curve_stats, run_portfolio, target_weights
-from kronos_tune.backtest.universe import load_universe, universe_from_panel
+from kronos_tune.backtest.portfolio import FEW_PERIODS, curve_stats, run_portfolio, target_weights
+from kronos_tune.backtest.universe import load_universe
 from kronos_tune.errors import KronosTuneError
+from synthetic_panel import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_universe, universe_of
 
 
 def _cross_section(seed: int, n: int = 9) -> pd.DataFrame:
@@ -98,8 +99,8 @@ def test_curve_stats():
     per_period = np.mean(returns) / np.std(returns, ddof=1)
     half = 1.959964 * math.sqrt((1 + per_period**2 / 2) / 4)
     assert (stats.sharpe_low, stats.sharpe_high) == pytest.approx(((per_period - half) * 2, (per_period + half) * 2))
-    assert stats.periods == 4 and stats.few_periods
-    assert not curve_stats([0.01, -0.01] * 15, [1.0] * 30, periods_per_year=252).few_periods
+    assert stats.periods == 4 < FEW_PERIODS
+    assert curve_stats([0.01, -0.01] * 15, [1.0] * 30, periods_per_year=252).periods == 30 == FEW_PERIODS
 
 
 def test_ranking_agreement():
@@ -180,16 +181,13 @@ def test_folder_and_panel_files_give_the_same_universe(tmp_path: Path):
             np.testing.assert_array_equal(a.stamps, b.stamps)
             np.testing.assert_allclose(a.features, b.features, rtol=1e-12)
     assert notes == []
-    with pytest.raises(KronosTuneError, match="no symbol column"):
-        universe_from_panel(frames["aaa"], "x.csv")
 
 
 def test_schedule_origins_every_bars_and_days():
     panel = synthetic_universe(5, n_rows=48 * 6, seed=0)
-    universe = universe_from_panel(panel, "synthetic", validate=False)
+    universe = universe_of(panel)
     # A short symbol with no room for any origin is skipped, and said so.
-    universe.symbols.append(universe_from_panel(panel.iloc[:30].assign(symbol="SHORT"), "short",
-                                                validate=False).symbols[0])
+    universe.symbols.append(universe_of(panel.iloc[:30].assign(symbol="SHORT"), "short").symbols[0])
     schedule = schedule_origins(universe, lookback=60, pred_len=6, every=12, count=5)
     assert [o.index for o in schedule.origins] == list(range(5))
     positions = [int(np.searchsorted(universe.symbols[0].stamps, o.timestamp.to_datetime64()))

@@ -1,5 +1,5 @@
 """Naive forecasts (kronos_tune.backtest.naive): persistence and drift on a hand-checked tiny panel, the
-random-walk band, and the persistence MAE that `predict --holdout` reports beside the model's."""
+random-walk band, and the persistence MAE that `predict --holdout` reports beside the model's (kronos_tune.predict.job)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from kronos_core.data.kline import read_kline
 from kronos_core.data.synthetic import synthetic_kline
-from kronos_tune.backtest.naive import persistence_mae
+from kronos_tune.predict.job import persistence_mae
 from kronos_tune.cli import main
 
 

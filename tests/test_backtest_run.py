@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data.synthetic import synthetic_kline, synthetic_universe
+from kronos_core.data.synthetic import synthetic_kline
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.forecast import OracleForecaster, Window
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED
 from kronos_tune.backtest.runner import run_backtest
 from kronos_tune.cli import main
+from synthetic_panel import synthetic_universe
 from kronos_tune.runs import read_run_file
 
 TINY = dict(size="tiny", lookback=32, pred_len=4, device="cpu")

@@ -20,7 +20,7 @@ from kronos_tune.benchmark.stats import MIN_PAIRS, paired_compare
 
 
 def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted_trials) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' tiny steps are too small to share; CI's cores are
     run = BenchRun(tmp_path, BenchmarkOptions(seed=7, block_s=0.02, min_rounds=10, target_ci=0.0, max_rounds=40))
     base, trial = start_worker(run, "baseline", 7), start_worker(run, "trial", 7)

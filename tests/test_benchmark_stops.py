@@ -114,7 +114,7 @@ def rounds_before_block_3(reason: str) -> int:
 
 # Each case waits out a 30 s watchdog: the default run keeps the paired-block case (which also has a worker die
 # mid-block), the first-step case runs with the slow tests (.ci/run runs both).
-@pytest.mark.parametrize("fault, frame", [pytest.param("hang", "in emit", marks=pytest.mark.slow),
+@pytest.mark.parametrize("fault, frame", [pytest.param("hang", "in hang_forever", marks=pytest.mark.slow),
                                           ("hang-block", "in serve")],
                          ids=["in-its-first-step", "in-a-paired-block"])
 def test_a_crashing_trial_is_failed_a_hung_one_killed_by_the_watchdog_and_the_benchmark_goes_on(

@@ -55,7 +55,7 @@ class Tree:
         return cls(frozenset(files), modules)
 
     def has_path(self, path: str) -> bool:
-        """A path from the root, or one that some file's path ends with (`memory/planner.py`)."""
+        """A path from the root, or one that some file's path ends with (`plan/planner.py`)."""
         path = path.rstrip("/")
         return path in self.files or any(f.endswith("/" + path) or f.startswith(path + "/") for f in self.files)
 

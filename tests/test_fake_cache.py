@@ -1,4 +1,4 @@
-"""The shortcuts through FakeTensorMode (kronos_core.torch_private, on private PyTorch names) change nothing but
+"""The shortcuts through FakeTensorMode (kronos_tune.torch_private, on private PyTorch names) change nothing but
 speed: light keys give the answers the mode's own keys give, op by op, and planner traces and whole plans are
 identical with the shortcuts off (the public FakeTensorMode path)."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kronos_core import torch_private
-from kronos_core.torch_private import CountingFakeMode
-from kronos_tune.memory import planner, setup_traces
+from kronos_tune import torch_private
+from kronos_tune.torch_private import CountingFakeMode
+from kronos_tune.plan import planner, setup_traces
 from kronos_tune.memory.estimate import _CpuOnlyTracker
 from tests.test_planner import EMULATION, tiny_config, two_rank_tiny  # noqa: F401 - a fixture
 
@@ -165,7 +165,7 @@ def test_fsdp_optimizer_steps_on_local_shards_trace_what_dtensor_s_dispatch_trac
 def test_an_op_dtensor_would_redistribute_or_refuse_is_left_to_dtensor() -> None:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from kronos_tune.memory.sharded import SimulatedRanks
+    from kronos_tune.plan.sharded import SimulatedRanks
 
     mul_ = torch.ops.aten._foreach_mul_.Tensor
     with SimulatedRanks(2) as ranks:

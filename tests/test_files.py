@@ -21,7 +21,6 @@ from kronos_core.files import (
     atomic_writer,
     dumps_toml,
     load_toml,
-    write_bytes_atomic,
     write_text_atomic,
     write_toml,
 )
@@ -39,7 +38,8 @@ def test_replaces_the_file_and_leaves_nothing_else(tmp_path: Path) -> None:
     write_text_atomic(target, OLD)
     write_text_atomic(target, "new\n")
     assert target.read_text() == "new\n"
-    write_bytes_atomic(target, b"\x00\x01")
+    with atomic_writer(target, "wb") as handle:
+        handle.write(b"\x00\x01")
     assert target.read_bytes() == b"\x00\x01"
     _only(tmp_path, "notes.txt")
 
@@ -114,10 +114,11 @@ def test_a_missing_folder_is_an_os_error_and_writes_nothing(tmp_path: Path) -> N
 
 _WRITER = textwrap.dedent("""
     import sys
-    from kronos_core.files import write_bytes_atomic
+    from kronos_core.files import atomic_writer
     target, letter, size, times = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
     for _ in range(times):
-        write_bytes_atomic(target, letter * size)
+        with atomic_writer(target, "wb") as handle:
+            handle.write(letter * size)
 """)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -116,6 +117,19 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_of(module: str) -> str:
+    """A module's package for the package-level graph: its top-level package's subpackage or module
+    (kronos_tune.memory.meters -> kronos_tune.memory, kronos_core.launch -> kronos_core.launch)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        packages[package_of(module)].update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return dict(packages)
+
+
 def core_violations(root: Path) -> list[str]:
     bad = []
     for module, path in module_files(root).items():
@@ -150,6 +164,12 @@ def test_no_import_circles() -> None:
     assert circles(import_graph(ROOT)) == []
 
 
+def test_no_package_level_import_circles() -> None:
+    """Two packages (or a package and a top-level module) that import each other, through any modules, are one
+    concern split in two: the shared part moves down or they merge."""
+    assert circles(package_graph(import_graph(ROOT))) == []
+
+
 def test_core_imports_no_assistant_or_ui() -> None:
     assert core_violations(ROOT) == []
 
@@ -182,6 +202,98 @@ def test_product_code_reads_no_test_knob() -> None:
     assert test_knobs(ROOT) == []
 
 
+OUTSIDE = ("tests", "benchmarks", "scripts")  # what wraps or monkeypatches the product from outside
+# Names a framework calls by itself (Textual's handlers and render methods), never written at a call site.
+CALLED_BY_FRAMEWORK = re.compile(r"^(on_|action_|watch_|validate_|compute_|compose$|render|get_content_)")
+PLAIN_DECORATORS = {"property", "cached_property", "staticmethod", "classmethod"}
+
+
+def product_files(root: Path) -> list[Path]:
+    return sorted([*(root / "kronos_core").rglob("*.py"), *(root / "kronos_tune").rglob("*.py")])
+
+
+def hooks_classes(root: Path) -> list[str]:
+    """Classes named *Hooks in the product: code a test or benchmark plants inside it belongs outside."""
+    return [f"{path.relative_to(root)}: {node.name}" for path in product_files(root)
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Hooks")]
+
+
+def _switch_globals(root: Path) -> dict[str, str]:
+    """Module globals of the product that a caller could swap: None placeholders and module names to start."""
+    found = {}
+    for path in product_files(root):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) else None
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and (
+                    value.value is None or str(value.value).startswith(("kronos_core.", "kronos_tune."))):
+                found[target.id] = f"{path.relative_to(root)}"
+    return found
+
+
+def test_switches(root: Path) -> list[str]:
+    """Module-global test switches: a product global left None for outside code to fill, and any such global
+    (or a module name the product starts) that tests, benchmarks or scripts reassign."""
+    switches = _switch_globals(root)
+    bad = []
+    for path in product_files(root):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant) \
+                    and node.value.value is None:
+                bad.append(f"{path.relative_to(root)}: {target.id} = None")
+    for folder in OUTSIDE:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                name = None
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "setattr" and \
+                        len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                    name = node.args[1].value
+                elif isinstance(node, ast.Assign):
+                    name = next((t.attr for t in node.targets if isinstance(t, ast.Attribute)), None)
+                if name in switches:
+                    bad.append(f"{path.relative_to(root)} reassigns {name} ({switches[name]})")
+    return sorted(bad)
+
+
+test_switches.__test__ = False  # a helper, not a test
+
+
+def functions_only_tests_call(root: Path) -> list[str]:
+    """Public functions and methods of the product whose name appears nowhere in the product, benchmarks/ or
+    scripts/ but at their own definition (a word count over the text, so a mention in a docstring counts)."""
+    words: dict[str, int] = defaultdict(int)
+    for folder in ("kronos_core", "kronos_tune", "benchmarks", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            for word in re.findall(r"[A-Za-z_]\w*", path.read_text(encoding="utf-8")):
+                words[word] += 1
+    found = []
+    for path in product_files(root):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        functions += [node for cls in tree.body if isinstance(cls, ast.ClassDef) for node in cls.body
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in functions:
+            decorators = {getattr(d, "id", getattr(d, "attr", "")) for d in node.decorator_list}
+            if node.name.startswith("_") or CALLED_BY_FRAMEWORK.match(node.name) or decorators - PLAIN_DECORATORS:
+                continue
+            if words[node.name] <= 1:
+                found.append(f"{path.relative_to(root)}: {node.name}")
+    return found
+
+
+def test_no_hooks_test_switches_or_functions_only_tests_call() -> None:
+    """Tests and benchmarks wrap or monkeypatch the product's own entry points from outside (a trial worker's
+    session, `predict_chunk`, an actor class): the product carries no hook, switch or helper for them."""
+    assert hooks_classes(ROOT) == []
+    assert test_switches(ROOT) == []
+    assert functions_only_tests_call(ROOT) == []
+
+
 @pytest.fixture()
 def bad_tree(tmp_path: Path) -> Path:
     core, tune = tmp_path / "kronos_core", tmp_path / "kronos_tune"
@@ -200,7 +312,16 @@ def bad_tree(tmp_path: Path) -> Path:
     (tune / "commands").mkdir()
     (tune / "commands" / "__init__.py").write_text("")
     (tune / "commands" / "view.py").write_text("import rich\n")
-    (tune / "worker.py").write_text("import os\nDELAY = os.environ.get('KRONOS_TUNE_PLANT')\n")
+    (tune / "worker.py").write_text("import os\nDELAY = os.environ.get('KRONOS_TUNE_PLANT')\nWORKER = 'kronos_tune.x'\n"
+                                    "HOOKS = None\n\nclass WorkerHooks:\n    def used(self):\n        return DELAY\n\n"
+                                    "def only_tests_call():\n    return WorkerHooks().used()\n")
+    for package, other in (("p", "q"), ("q", "p")):  # a package-level circle through modules in no circle
+        (tune / package).mkdir()
+        (tune / package / "__init__.py").write_text("")
+        (tune / package / "low.py").write_text("X = 1\n")
+        (tune / package / "high.py").write_text(f"from kronos_tune.{other}.low import X\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "entry.py").write_text("from kronos_tune import worker\nworker.WORKER = 'benchmarks.entry'\n")
     return tmp_path
 
 
@@ -212,6 +333,13 @@ def test_the_checks_fail_on_a_planted_bad_tree(bad_tree: Path) -> None:
     assert classes_defined_twice(bad_tree) == {"Twice": ["kronos_core.predict.a", "kronos_tune.x"]}
     assert ui_in_logic(bad_tree) == ["kronos_tune.logic imports rich.text", "kronos_tune.logic imports rich.text.Text"]
     assert test_knobs(bad_tree) == ["kronos_tune/worker.py names KRONOS_TUNE_PLANT"]
+    assert sorted(circles(package_graph(import_graph(bad_tree)))) == [["kronos_tune.p", "kronos_tune.q"],
+                                                                     ["kronos_tune.x", "kronos_tune.z"]]
+    assert hooks_classes(bad_tree) == ["kronos_tune/worker.py: WorkerHooks"]
+    assert test_switches(bad_tree) == ["benchmarks/entry.py reassigns WORKER (kronos_tune/worker.py)",
+                                       "kronos_tune/worker.py: HOOKS = None"]
+    assert functions_only_tests_call(bad_tree) == ["kronos_core/predict/b.py: f", "kronos_tune/logic.py: draw",
+                                                   "kronos_tune/worker.py: only_tests_call"]
 
 
 # Light commands ------------------------------------------------------------------------------------------

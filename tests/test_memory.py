@@ -430,14 +430,13 @@ def test_cuda_meter_phase_peaks() -> None:
     assert peaks["forward"] == base + 5 * MIB
     assert peaks["inner"] == base + 6 * MIB and peaks["backward"] == base + 6 * MIB
     assert meter.peak_bytes() == base + 6 * MIB
-    assert meter.phase_stats()["forward"].ooms == 0
-    assert meter.reserved_peaks()["forward"] >= peaks["forward"]
+    assert meter.peak_reserved_bytes() >= meter.peak_bytes()
     del x
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_budget_counts_ooms_and_fake_estimate_is_close() -> None:
+def test_cuda_budget_refuses_past_its_cap_and_fake_estimate_is_close() -> None:
     device = torch.device("cuda")  # bare, as users write it: every CUDA API below must accept it
     emu = CudaEmulation(context_overhead_bytes=0, workspace_bytes=0)
     build, step = make_build(d_model=256, n_heads=4, n_layers=2, seq_len=128, vocab=512), make_step()
@@ -468,6 +467,5 @@ def test_cuda_budget_counts_ooms_and_fake_estimate_is_close() -> None:
         with pytest.raises(torch.OutOfMemoryError):
             with capped.phase("forward"):
                 torch.empty(1 << 30, dtype=torch.uint8, device=device)
-        assert capped.phase_stats()["forward"].ooms == 1
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())

@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kronos_core.data.synthetic import synthetic_universe
 from kronos_core.errors import KronosError
 from kronos_core.sizes import build_model
 from kronos_core.train import TrainConfig, Trainer
 from kronos_core.train.data_span import read_data_span
 from kronos_core.train.loading import load_training_data
 from kronos_tune.cli import main
+from synthetic_panel import synthetic_universe
 from tiny_preset import TINY_TRAIN
 
 ROWS = 120

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from kronos_core.train import TrainConfig
-from kronos_tune.memory import planner, setup_traces
+from kronos_tune.plan import planner, setup_traces
 from kronos_tune.memory.estimate import CudaEmulation, StepTrace
 from kronos_tune.memory.peak import PeakModel, largest_fitting
-from kronos_tune.memory.trace_cache import CACHE_ENV
+from kronos_tune.plan.trace_cache import CACHE_ENV
 from kronos_tune.presets import load_preset_file
 from tests.tiny_preset import tiny_preset_toml
 
@@ -71,7 +71,7 @@ def test_a_primed_build_steps_like_one_after_a_warm_up_step(parallelism: str) ->
 def _cold_first_step(config: TrainConfig) -> StepTrace:
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.memory.estimate import FakeEstimate
-    from kronos_tune.memory.sharded import SimulatedRanks
+    from kronos_tune.plan.sharded import SimulatedRanks
 
     with SimulatedRanks(2) as ranks, TrainTask(config, mesh=ranks.mesh if config.parallelism == "fsdp" else None) \
             as task:

@@ -1,8 +1,8 @@
 """`kronos-tune predict --runner ray`: the chunk pipeline on Ray Data actors, for real (a local Ray on this
 machine, the tiny model): the same bytes as one process, a killed actor restarted by Ray, an actor's error
 stopping the run in one line that keeps the finished chunks, a killed driver and `--resume`. The deaths and
-errors are planted from here through `ray_runner.ACTOR_HOOKS` (a closure the actors receive), never by the
-product. The bad-input lines (Ray missing, a cluster that does not answer, the flags) need no Ray running."""
+errors are planted from here: `ray_runner.ChunkWorker` is replaced by a subclass made in this file (pickled by
+value into the actors) that wraps `predict_chunk` in the actor's process; the product plants nothing. The bad-input lines (Ray missing, a cluster that does not answer, the flags) need no Ray running."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict import ray_runner
 from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.job import run_predict
-from kronos_tune.predict.ranks import RankHooks
 from kronos_tune.predict.workdir import work_folder_for
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -114,21 +113,44 @@ def local_ray():
         ray.shutdown()
 
 
+def _planted_workers(before_chunk):
+    """ChunkWorker whose actors call `before_chunk(finished_here)` before predicting each chunk, inside the
+    actor's own error handling (its process's `predict_chunk` wrapped). Made in a function, so that Ray pickles
+    the class by value and the actors need not import this file."""
+
+    class PlantedWorker(ray_runner.ChunkWorker):
+        def __init__(self, job: dict, numbers) -> None:
+            super().__init__(job, numbers)
+            from kronos_tune.predict import chunk_run
+
+            predict, finished = chunk_run.predict_chunk, [0]
+
+            def planted(*args, **kwargs):
+                before_chunk(finished[0])
+                done = predict(*args, **kwargs)
+                finished[0] += 1
+                return done
+
+            chunk_run.predict_chunk = planted
+
+    return PlantedWorker
+
+
 def _dies_once(flag: Path, after: int):
-    """A before-chunk hook: the first actor to have finished `after` chunks SIGKILLs itself, holding its next
-    chunk (once over the run: the flag file says it happened)."""
-    def before_chunk(rank: int, finished_here: int) -> None:
+    """The first actor to have finished `after` chunks SIGKILLs itself, holding its next chunk (once over the
+    run: the flag file says it happened)."""
+    def before_chunk(finished_here: int) -> None:
         if finished_here >= after and not flag.exists():
             flag.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
-    return before_chunk
+    return _planted_workers(before_chunk)
 
 
 def _fails_after(after: int):
-    def before_chunk(rank: int, finished_here: int) -> None:
+    def before_chunk(finished_here: int) -> None:
         if finished_here >= after:
             raise RuntimeError("planted failure")
-    return before_chunk
+    return _planted_workers(before_chunk)
 
 
 @needs_ray
@@ -151,7 +173,7 @@ def test_ray_writes_the_bytes_one_process_writes(tmp_path: Path, reference: byte
 def test_a_killed_actor_is_restarted_and_its_chunk_predicted_again(tmp_path: Path, reference: bytes, local_ray,
                                                                    monkeypatch) -> None:
     flag = tmp_path / "killed"
-    monkeypatch.setattr(ray_runner, "ACTOR_HOOKS", RankHooks(before_chunk=_dies_once(flag, after=1)))
+    monkeypatch.setattr(ray_runner, "ChunkWorker", _dies_once(flag, after=1))
     out = tmp_path / "ray.parquet"
     result = run_predict(PredictConfig(**CONFIG, out=out, runner="ray"))
     assert flag.exists()  # an actor did die, holding a chunk
@@ -163,7 +185,8 @@ def test_a_killed_actor_is_restarted_and_its_chunk_predicted_again(tmp_path: Pat
 @pytest.mark.slow
 def test_an_actor_error_stops_the_run_and_resume_finishes_it(tmp_path: Path, reference: bytes, local_ray,
                                                             monkeypatch) -> None:
-    monkeypatch.setattr(ray_runner, "ACTOR_HOOKS", RankHooks(before_chunk=_fails_after(1)))
+    plain = ray_runner.ChunkWorker
+    monkeypatch.setattr(ray_runner, "ChunkWorker", _fails_after(1))
     out = tmp_path / "ray.parquet"
     with pytest.raises(KronosTuneError) as info:
         run_predict(PredictConfig(**CONFIG, out=out, runner="ray"))
@@ -174,7 +197,7 @@ def test_an_actor_error_stops_the_run_and_resume_finishes_it(tmp_path: Path, ref
     kept = len(list((work_folder_for(out) / "done").glob("chunk-*.json")))
     assert 1 <= kept < SERIES // CHUNK_SERIES and not out.exists()
 
-    monkeypatch.setattr(ray_runner, "ACTOR_HOOKS", None)
+    monkeypatch.setattr(ray_runner, "ChunkWorker", plain)
     notes: list[str] = []
     result = run_predict(PredictConfig(**CONFIG, out=out, runner="ray", resume=True),
                          on_note=lambda level, text: notes.append(text))

@@ -1,7 +1,7 @@
 """A sharded `predict --out` job whose rank dies, for real (torchrun, two gloo ranks, tiny model): with
 `--max-restarts 1` torchrun starts the group again and it continues from the finished chunks, writing what
 one process writes; with `--max-restarts 0` the same death stops the job in one line and keeps the finished
-chunks for `--resume`. The death is planted through the ranks' test entry point (benchmarks.planted_ranks:
+chunks for `--resume`. The death is planted from outside the product (benchmarks.planted_ranks:
 rank 1 kills itself with SIGKILL on the first attempt, after one finished chunk, holding a claimed one)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.job import run_predict
 from benchmarks.planted_ranks import use_planted_ranks
 
-use_planted_ranks()  # the ranks start from benchmarks.planted_ranks, which reads the planted death
+use_planted_ranks()  # the ranks are planted by benchmarks.planted_ranks, which reads the planted death
 settings = json.loads(sys.argv[1])
 settings["data"], settings["out"] = (Path(settings["data"]),), Path(settings["out"])
 seen = {"reports": [], "notes": []}

@@ -1,5 +1,5 @@
 """The quality guard on validation windows: the paired interval, the A/A resolution, the guard's verdicts on
-constructed per-window losses, the worker's test hook, and a real tiny run with a planted worsening."""
+constructed per-window losses, the planted worsening (benchmarks.planted_trials), and a real tiny run with a planted worsening."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_a_planted_two_percent_worsening_is_flagged_and_the_aa_is_not_in_nine_of
         _, change_losses = _runs(seed)  # a change with training noise of its own: the same windows, redrawn
         draw = random.Random(1000 + seed)
         change_losses = [b * (1 + draw.gauss(0, 0.0006) + draw.gauss(0, 0.0025)) for b in base_losses]
-        worsen = random.Random(seed)  # worsened as the worker's test hook does
+        worsen = random.Random(seed)  # worsened as benchmarks.planted_trials does
         planted = _result("fused-adamw", [c * (1 + 0.02 * (1 + worsen.gauss(0, 1) / 2)) for c in change_losses])
         flagged_planted += not guard_trial(base, planted, probe).passed
         summary = guard_all([base, probe, planted], base, probe)

@@ -14,7 +14,8 @@ import pytest
 from kronos_core.optional import install_command
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_tune.cli import main
-from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, TrialCurves, read_metrics
+from kronos_tune.benchmark.events import TrialCurves
+from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, read_metrics
 from tiny_preset import tiny_train_toml
 
 STEP_KEYS = {"kind", "step", "epoch", "loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "step_time_s",

@@ -13,11 +13,21 @@ from kronos_core.model import Kronos
 from kronos_core.tokenizer import KronosTokenizer
 from kronos_core.train import TrainConfig, load_checkpoint
 from kronos_tune.cli import main
-from kronos_tune.commands.train import run_in_process
+from kronos_tune.commands.train import ConsoleListener
+from kronos_tune.train.job import train_here
 from machine import interrupt_when
 from tiny_preset import tiny_train_toml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run_in_process(config: TrainConfig, steps: int, resume: Path | None, console: Console, meter=None) -> int:
+    """One stage trained in this process and drawn on `console` as the command draws it; its exit code."""
+    listener = ConsoleListener(console)
+    try:
+        return train_here(config, steps, resume, listener, meter=meter).exit_code
+    finally:
+        listener.close()
 
 
 def write_config(tmp_path: Path, extra: str = "", epochs: int = 1) -> Path:

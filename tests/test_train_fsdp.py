@@ -130,7 +130,7 @@ def test_exact_meter_follows_storage_resizes_and_counts_shards() -> None:
 
     from kronos_core.train.fsdp import apply_fsdp
     from kronos_tune.memory import CpuExactMeter
-    from kronos_tune.memory.sharded import SimulatedRanks
+    from kronos_tune.plan.sharded import SimulatedRanks
 
     meter = CpuExactMeter()
     with meter:
@@ -140,7 +140,7 @@ def test_exact_meter_follows_storage_resizes_and_counts_shards() -> None:
         assert meter.current_bytes() == 0
         tensor.untyped_storage().resize_(4000)
         assert meter.current_bytes() == 4000
-    from kronos_core.train.live_bytes import _ORIGINAL_RESIZE
+    from kronos_tune.memory.live_bytes import _ORIGINAL_RESIZE
 
     assert torch.UntypedStorage.resize_ is _ORIGINAL_RESIZE  # the hook leaves with the last meter
     with SimulatedRanks(4) as ranks:

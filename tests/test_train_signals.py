@@ -110,7 +110,7 @@ import time
 
 from kronos_core.train import TrainConfig
 from kronos_core.train.loading import GlobalBatchSampler, build_datasets, train_loader
-from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_core.signals import StopForwarder, stop_on_signals
 
 
 def main():

@@ -24,6 +24,8 @@ from test_tui_canned import (
     full_benchmark, log_text, row_marks, series, table_rows, trial_results, until, write_tiny_preset,
 )
 
+pytestmark = pytest.mark.usefixtures("steady_dashboard")
+
 runner = CliRunner()
 
 
@@ -60,7 +62,7 @@ async def test_real_sampler_fills_host_panel_and_explains_missing_gpu() -> None:
 
 @pytest.mark.asyncio
 async def test_canned_gpus_get_one_panel_each_and_history() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 48)) as pilot:
         for snapshot in series(12, gpus=True):
             app.post_message(TelemetryUpdated(snapshot))
@@ -78,7 +80,7 @@ async def test_canned_gpus_get_one_panel_each_and_history() -> None:
 
 @pytest.mark.asyncio
 async def test_pause_freezes_panels_until_resumed() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     snapshots = series(30, gpus=False)
     async with app.run_test(size=(100, 30)) as pilot:
         app.post_message(TelemetryUpdated(snapshots[0]))
@@ -98,7 +100,7 @@ async def test_pause_freezes_panels_until_resumed() -> None:
 
 @pytest.mark.asyncio
 async def test_too_small_terminal_shows_notice_and_recovers() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(70, 20)) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, TooSmallScreen)
@@ -118,7 +120,7 @@ async def test_too_small_terminal_shows_notice_and_recovers() -> None:
 
 @pytest.mark.asyncio
 async def test_help_lists_every_binding_and_palette_has_them() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
@@ -136,7 +138,7 @@ async def test_help_lists_every_binding_and_palette_has_them() -> None:
 @pytest.mark.asyncio
 async def test_preset_picker_switches_preset(tmp_path: Path) -> None:
     folder = write_tiny_preset(tmp_path / "presets")
-    app = DashboardApp(preset=None, preset_dirs=[folder], timestamps=False)
+    app = DashboardApp(preset=None, preset_dirs=[folder])
     async with app.run_test(size=(120, 40)) as pilot:
         assert "no preset" in log_text(app)
         await pilot.press("b")  # nothing to run without a preset
@@ -156,7 +158,7 @@ async def test_preset_picker_switches_preset(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_actions_without_results_explain_themselves() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("t", "e", "c")
         log = log_text(app)
@@ -191,7 +193,7 @@ def _table_rows(app: DashboardApp) -> list[list[str]]:
 
 @pytest.mark.asyncio
 async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 48)) as pilot:
         for result in trial_results():
             app.post_message(BenchmarkEvent(TrialFinished(result)))
@@ -238,7 +240,7 @@ def _feed_benchmark(app: DashboardApp, partial: bool = False) -> None:
 
 @pytest.mark.asyncio
 async def test_whole_benchmark_and_recommendation_fit_at_160x50() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 50)) as pilot:
         for snapshot in series(5, gpus=False):
             app.post_message(TelemetryUpdated(snapshot))
@@ -262,7 +264,7 @@ async def test_whole_benchmark_and_recommendation_fit_at_160x50() -> None:
 
 @pytest.mark.asyncio
 async def test_results_scroll_at_100x30_and_the_recommended_row_is_shown() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(100, 30)) as pilot:
         _feed_benchmark(app)
         await pilot.pause()
@@ -284,7 +286,7 @@ async def test_results_scroll_at_100x30_and_the_recommended_row_is_shown() -> No
 @pytest.mark.asyncio
 async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset_clears(tmp_path: Path) -> None:
     folder = write_tiny_preset(tmp_path / "presets")
-    app = DashboardApp(preset=resolve_preset("cpu"), preset_dirs=[folder], timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"), preset_dirs=[folder])
     async with app.run_test(size=(160, 50)) as pilot:
         _feed_benchmark(app)
         await pilot.pause()
@@ -309,7 +311,7 @@ async def test_a_partial_run_never_replaces_the_complete_answer_and_a_new_preset
 
 @pytest.mark.asyncio
 async def test_partial_answer_says_what_is_missing() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 50)) as pilot:
         _feed_benchmark(app, partial=True)
         await pilot.pause()
@@ -320,7 +322,7 @@ async def test_partial_answer_says_what_is_missing() -> None:
 
 @pytest.mark.asyncio
 async def test_help_names_the_scroll_keys() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         listed = dict(app.screen.keys)
@@ -329,7 +331,7 @@ async def test_help_names_the_scroll_keys() -> None:
 
 @pytest.mark.asyncio
 async def test_results_refit_when_the_terminal_grows_back() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.resize_terminal(70, 20)
         await pilot.pause()
@@ -345,7 +347,7 @@ async def test_results_refit_when_the_terminal_grows_back() -> None:
 
 @pytest.mark.asyncio
 async def test_q_leaves_the_session_run_folders_behind(tmp_path: Path) -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), out_dir=tmp_path / "runs", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"), out_dir=tmp_path / "runs")
     assert app.farewell() == f"no run started; run folders go under {tmp_path / 'runs'}/"
     async with app.run_test(size=(100, 30)) as pilot:
         app.report = full_benchmark()[1]
@@ -359,7 +361,7 @@ async def test_q_leaves_the_session_run_folders_behind(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_help_scrolls_on_a_short_terminal() -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("question_mark")
         await pilot.pause()

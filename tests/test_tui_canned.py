@@ -110,10 +110,10 @@ def trial_in_flight() -> list:
 
 
 def log_text(app) -> str:
-    """Everything the dashboard's log pane has written."""
+    """Everything the dashboard's log pane has written (kept by the `steady_dashboard` fixture)."""
     from kronos_tune.tui.widgets import LogPane
 
-    return "\n".join(app.query_one(LogPane).lines_written)
+    return "\n".join(getattr(app.query_one(LogPane), "test_lines", []))
 
 
 async def until(pilot, condition, what: str, limit_s: float = 120.0) -> None:

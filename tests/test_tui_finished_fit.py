@@ -18,6 +18,8 @@ from kronos_tune.tui.model import ResultsModel
 from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
 from test_tui_canned import full_benchmark, row_marks, series, table_rows
 
+pytestmark = pytest.mark.usefixtures("steady_dashboard")
+
 GIB = 2**30
 LONG_REASON = ("combined: dataloader + fused-adamw together, 14.5% faster per step than the baseline (95% interval "
                "-16.9% to -12.1%), validation loss within the noise; left out: compile (its 103 s of one-time "
@@ -92,7 +94,7 @@ async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50
     report.recommended = dataclasses.replace(report.recommended, reason=LONG_REASON)
     report.headroom = {"peak_bytes": int(2.4 * GIB), "budget_bytes": 8 * GIB, "batch": 16, "fits_batch": 240,
                        "text": "2.40 of 8.0 GiB used (30%): batch 16 -> about 240 would fit"}
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 50)) as pilot:
         await _finish(pilot, app, results, report, gpus=True)
         text = _assert_all_on_screen(app, results)
@@ -107,7 +109,7 @@ async def test_every_row_of_a_finished_train_run_and_a_long_answer_fit_at_160x50
 async def test_a_finished_predict_run_shows_every_row_and_its_recommended_settings_at_160x50() -> None:
     report = _predict_report()
     assert report.recommended.source == "kv-cache"
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(160, 50)) as pilot:
         await _finish(pilot, app, report.trials, report, gpus=False)
         text = _assert_all_on_screen(app, report.trials)

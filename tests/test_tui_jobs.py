@@ -19,6 +19,8 @@ from kronos_core.train import load_checkpoint
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, RunPanel, StatusBar
 from test_tui_canned import log_text, table_rows, until, write_tiny_preset
 
+pytestmark = pytest.mark.usefixtures("steady_dashboard")
+
 # A few steps per trial and a short measuring budget: the benchmark's defaults measure for 10 s a trial.
 FAST = dict(steps=2, max_steps=3, warmup=2, max_warmup=2, trial_budget_s=0.5, drift_every=0, min_rounds=6,
             resolution_min_rounds=6)
@@ -60,7 +62,7 @@ def tiny(tmp_path: Path):
 @pytest.mark.asyncio
 async def test_autobatch_runs_in_a_worker(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
-    app = DashboardApp(preset=preset, preset_dirs=[folder], out_dir=tmp_path / "out", timestamps=False)
+    app = DashboardApp(preset=preset, preset_dirs=[folder], out_dir=tmp_path / "out")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("a")
         assert app.run_state.job == "autobatch"
@@ -80,7 +82,7 @@ async def test_autobatch_runs_in_a_worker(tiny, tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_cancelled_autobatch_stops_after_a_probe(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
-    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out")
     async with app.run_test(size=(120, 40)) as pilot:
         await _start(pilot, app, "a")
         await _key(pilot, "c")  # while the first probe runs
@@ -114,7 +116,7 @@ async def test_benchmark_rows_arrive_then_export_and_train_recommended(tiny, tmp
     options = BenchmarkOptions(**FAST, only=("checkpointing",), skip=("baseline-repeat",))
     specs = plan_trials(preset, "train", options)
     planned, steps = [spec.name for spec in specs], specs[0].total_steps
-    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options, timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options)
     async with app.run_test(size=(160, 50)) as pilot:
         await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
@@ -205,7 +207,7 @@ async def test_cancel_stops_at_a_step_boundary_and_keeps_finished_trials(tiny, t
     preset, folder = tiny
     out = tmp_path / "out"
     options = BenchmarkOptions(**{**FAST, "steps": 60}, only=("checkpointing",))
-    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options, timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=out, benchmark_options=options)
     async with app.run_test(size=(160, 48)) as pilot:
         await _start(pilot, app, "b")
         await _until_training(pilot, app, "baseline")
@@ -237,7 +239,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
     # the baseline's out-of-memory row is what is checked: the noise probe and the baseline-repeat (two more trial
     # processes, out of memory alike) are left out, and --only tf32 (CUDA only, skipped here) runs no single trial
     options = BenchmarkOptions(**FAST, only=("tf32",), skip=("noise-probe", "baseline-repeat"))
-    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options, timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options)
     async with app.run_test(size=(160, 48)) as pilot:
         await _start(pilot, app, "b")
         await until(pilot, lambda: not app.busy, "the benchmark ended", BENCHMARK_LIMIT_S)
@@ -254,7 +256,7 @@ async def test_out_of_memory_trial_shows_its_reason_and_the_app_stays_up(tmp_pat
 async def test_predict_benchmark_with_shift_b(tiny, tmp_path: Path) -> None:
     preset, folder = tiny
     options = BenchmarkOptions(**FAST, only=("kv-cache",), predict_repeats=2)
-    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options, timestamps=False)
+    app = DashboardApp(preset=preset, out_dir=tmp_path / "out", benchmark_options=options)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("B")
         assert app.run_state.job == "benchmark predict"

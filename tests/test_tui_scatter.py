@@ -18,6 +18,8 @@ from kronos_tune.tui.widgets.scatter import ScatterPanel, ScatterScreen
 from planned import with_planned_kind
 from test_tui_canned import GIB, full_benchmark, trial_results, until
 
+pytestmark = pytest.mark.usefixtures("steady_dashboard")
+
 
 def _text(renderable: object) -> str:
     console = Console(width=140, record=True, color_system=None)
@@ -28,7 +30,7 @@ def _text(renderable: object) -> str:
 @pytest.mark.asyncio
 async def test_scatter_follows_the_running_benchmark_and_marks_the_front() -> None:
     pytest.importorskip("textual_plotext")
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("g")
         await until(pilot, lambda: isinstance(app.screen, ScatterScreen), "the scatter screen")
@@ -65,7 +67,7 @@ async def test_scatter_follows_the_running_benchmark_and_marks_the_front() -> No
 @pytest.mark.asyncio
 async def test_finished_benchmark_marks_the_recommendation() -> None:
     pytest.importorskip("textual_plotext")
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         results, report = full_benchmark()
         app.run_state.begin("benchmark train")
@@ -87,7 +89,7 @@ async def test_finished_benchmark_marks_the_recommendation() -> None:
 @pytest.mark.asyncio
 async def test_without_textual_plotext_a_table_takes_the_plots_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "textual_plotext", None)  # what an environment without it looks like
-    app = DashboardApp(preset=resolve_preset("cpu"), timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=(120, 40)) as pilot:
         for result in trial_results():
             app.post_message(BenchmarkEvent(TrialFinished(result)))

@@ -18,6 +18,8 @@ from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable
 from test_tui_canned import SNAPSHOT_TRIALS, full_benchmark, series
 from test_tui_finished_fit import LONG_REASON, _finish
 
+pytestmark = pytest.mark.usefixtures("steady_dashboard")
+
 GIB = 2**30
 SIZES = [(80, 24), (100, 30)]
 
@@ -62,7 +64,7 @@ def assert_table_reachable(app: DashboardApp, row: str) -> None:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 async def test_the_table_and_the_whole_recommendation_are_reachable(size: tuple[int, int]) -> None:
-    app = DashboardApp(preset=resolve_preset("cpu"), host_label="node", timestamps=False)
+    app = DashboardApp(preset=resolve_preset("cpu"))
     async with app.run_test(size=size) as pilot:
         results, report = await _finished(pilot, app)
         panel, table = app.query_one(AnswerPanel), app.query_one(ResultsTable)

@@ -7,6 +7,7 @@ and look at the SVGs under tests/__snapshots__/ before committing them.
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import pytest
 from textual.pilot import Pilot
@@ -19,6 +20,14 @@ from kronos_tune.tui.messages import JobFinished, BenchmarkEvent, TelemetryUpdat
 from test_tui_canned import GIB, SNAPSHOT_TRIALS, full_benchmark, series, trial_in_flight, trial_results
 from test_tui_finished_fit import LONG_REASON
 
+
+
+@pytest.fixture(autouse=True)
+def snapshot_host(steady_dashboard, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host name the snapshots show."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-7")
+
+
 SIZES = [(100, 30), (160, 50)]
 FINISHED_SIZES = [(80, 24), (100, 30), (120, 40), (160, 50)]  # a finished benchmark at every common size
 
@@ -26,7 +35,7 @@ FINISHED_SIZES = [(80, 24), (100, 30), (120, 40), (160, 50)]  # a finished bench
 def canned_app() -> DashboardApp:
     """The dashboard without a live sampler: telemetry comes only from the test."""
     cpu = features_from_flags("fpu sse2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_int8".split(), cores=2)
-    return DashboardApp(preset=resolve_preset("cpu"), host_label="gpu-node-7", timestamps=False, cpu=cpu)
+    return DashboardApp(preset=resolve_preset("cpu"), cpu=cpu)
 
 
 def feed(count: int, gpus: bool, trials: bool = False, running: bool = False, benchmark: bool = False,

@@ -139,10 +139,6 @@ def synthetic_series(
     return frames
 
 
-SYMBOL_COLUMN = "symbol"
-SECTOR_COLUMN = "sector"
-
-
 def _ohlcv_from_log_returns(
     log_ret: np.ndarray, stamps: pd.DatetimeIndex, rng: np.random.Generator, start_price: float,
     bar_sigma: float, base_volume: float,
@@ -165,46 +161,6 @@ def _ohlcv_from_log_returns(
     return dict(open=open_, high=high, low=low, close=close, volume=volume, amount=amount)
 
 
-def synthetic_universe(
-    n_symbols: int,
-    n_rows: int = 2000,
-    seed: int = 0,
-    n_sectors: int | None = None,
-    start: str | pd.Timestamp = "2024-01-02 09:30",
-    freq_minutes: int = 5,
-    market_volatility: float = 0.012,
-    sector_volatility: float = 0.008,
-    idio_volatility: float = 0.015,
-    trend_strength: float = 0.25,
-    trend_half_life_days: float = 2.0,
-) -> pd.DataFrame:
-    """A synthetic universe of ``n_symbols`` stocks on shared A-share bars, as one long panel.
-
-    SYNTHETIC DATA, not market data. Each bar's log return of symbol i in
-    sector s is ``beta_i * market + sector_s + idio_i``: a market factor all
-    symbols share (betas around 1), a factor per sector, and noise of its own
-    (volatilities are per trading day, spread over its bars like
-    :func:`synthetic_kline`). Each sector factor also carries a slowly
-    changing drift (an AR(1) with the given half-life whose std is
-    ``trend_strength`` x the sector's per-bar volatility), so a sector that
-    has been rising tends to keep rising for a while: rankings of future
-    returns are partly predictable from the past instead of pure noise.
-
-    Returns columns ``symbol, sector, timestamps, open ... amount`` (symbols
-    ``SYN0000``...; rows sorted by symbol, then time); every symbol's rows pass
-    ``validate_kline``. The same arguments give the same frame.
-    """
-    parts = []
-    symbols = synthetic_universe_symbols(n_symbols, n_rows, seed, n_sectors, start, freq_minutes, market_volatility,
-                                         sector_volatility, idio_volatility, trend_strength, trend_half_life_days)
-    for symbol, sector, stamps, columns in symbols:
-        frame = pd.DataFrame({TIME_COLUMN: stamps.to_numpy(), **columns}, columns=[TIME_COLUMN, *FEATURE_COLUMNS])
-        frame.insert(0, SECTOR_COLUMN, sector)
-        frame.insert(0, SYMBOL_COLUMN, symbol)
-        parts.append(frame)
-    return pd.concat(parts, ignore_index=True)
-
-
 def synthetic_universe_symbols(
     n_symbols: int,
     n_rows: int = 2000,
@@ -218,8 +174,22 @@ def synthetic_universe_symbols(
     trend_strength: float = 0.25,
     trend_half_life_days: float = 2.0,
 ) -> Iterator[tuple[str, str, pd.DatetimeIndex, dict[str, np.ndarray]]]:
-    """The symbols of `synthetic_universe` one at a time: (symbol, sector, bar stamps, OHLCV columns), the same
-    numbers, without building the long panel (a caller that keeps arrays per symbol holds only those)."""
+    """A synthetic universe of ``n_symbols`` stocks on shared A-share bars, one symbol at a time: (symbol,
+    sector, bar stamps, OHLCV columns).
+
+    SYNTHETIC DATA, not market data. Each bar's log return of symbol i in
+    sector s is ``beta_i * market + sector_s + idio_i``: a market factor all
+    symbols share (betas around 1), a factor per sector, and noise of its own
+    (volatilities are per trading day, spread over its bars like
+    :func:`synthetic_kline`). Each sector factor also carries a slowly
+    changing drift (an AR(1) with the given half-life whose std is
+    ``trend_strength`` x the sector's per-bar volatility), so a sector that
+    has been rising tends to keep rising for a while: rankings of future
+    returns are partly predictable from the past instead of pure noise.
+
+    Symbols ``SYN0000``... in order; every symbol's bars pass
+    ``validate_kline``. The same arguments give the same numbers.
+    """
     if n_symbols < 1:
         raise KronosError(f"synthetic universe: n_symbols={n_symbols}; ask for at least 1 symbol")
     if n_rows < 1:

@@ -8,8 +8,7 @@ Multi-process: ``torchrun --nproc-per-node N -m kronos_core.train --config run.t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 # Loaded on first use (as kronos_core's own names): a TrainConfig alone, for a report or a config file, does not
 # import the Trainer and torch.
@@ -23,9 +22,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kronos_core.train' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

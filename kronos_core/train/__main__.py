@@ -27,7 +27,7 @@ from kronos_core.errors import KronosError
 from kronos_core.launch import emit_event
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.records import EvalRecord, StepRecord
-from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_core.signals import StopForwarder, stop_on_signals
 from kronos_core.train.trainer import Trainer
 from kronos_core.units import format_bytes
 

@@ -31,7 +31,7 @@ from kronos_core.errors import KronosError, KronosWarning
 from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.data_span import DataSpan, cut_frames
-from kronos_core.train.signals import STOP_SIGNALS
+from kronos_core.signals import STOP_SIGNALS
 
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 

@@ -14,8 +14,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 # Loaded on first use (as kronos_core.train's names): the search loads torch, and a command that only parses its
 # flags or checks a rule (kronos_tune.autobatch.maximize) must not.
@@ -27,9 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kronos_tune.autobatch' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from kronos_core.errors import one_line
-from kronos_core.train.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import StorageTracker
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
 from kronos_tune.memory.estimate import CudaEmulation, estimate_step_peak

@@ -67,14 +67,3 @@ def naive_frames(universe: Universe, origin: Origin, predictions: pd.DataFrame, 
         band[CRPS_COLUMN] = crps_from_samples(samples, base["realized_close"].to_numpy(dtype=np.float64))
         out[RANDOM_WALK] = band[[*band.columns.difference(CALIBRATION_COLUMNS, sort=False), *CALIBRATION_COLUMNS]]
     return out
-
-
-def persistence_mae(last_close: float | np.ndarray, actual_close: np.ndarray) -> np.ndarray | float:
-    """MAE of the close of a no-change forecast over a horizon: mean |actual - last close| per series.
-
-    `last_close` [N] (or a number) and `actual_close` [N, P] (or [P]); the shape of predict --holdout's scores."""
-    actual = np.asarray(actual_close, dtype=np.float64)
-    last = np.asarray(last_close, dtype=np.float64)
-    error = np.abs(actual - last[..., None])
-    mean = error.mean(axis=-1)
-    return float(mean) if mean.ndim == 0 else mean

@@ -86,11 +86,6 @@ class CurveStats:
     sharpe_low: float = math.nan   # the Sharpe ratio's 95 % interval (sharpe_interval)
     sharpe_high: float = math.nan
 
-    @property
-    def few_periods(self) -> bool:
-        """Too few rebalances for an annualized figure to be more than an extrapolation."""
-        return self.periods < FEW_PERIODS
-
 
 def sharpe_interval(sharpe: float, periods: int, periods_per_year: float) -> tuple[float, float]:
     """The 95 % interval of an annualized Sharpe ratio from `periods` returns: the per-period ratio plus or minus

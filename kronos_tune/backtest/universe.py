@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kronos_core.data.kline import (FEATURE_COLUMNS, TIME_COLUMN, fill_volume_amount, find_data_files, lower_columns,
-                                    validate_kline)
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, find_data_files
 from kronos_core.data.panels import read_panel, split_panel
-from kronos_core.data.tables import SYMBOL_COLUMN_NAMES, found_columns, time_column
+from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_tune.errors import KronosTuneError
@@ -54,46 +53,6 @@ class Universe:
 def _symbol_series(name: str, frame: pd.DataFrame) -> SymbolSeries:
     stamps = pd.to_datetime(frame[TIME_COLUMN]).to_numpy(dtype="datetime64[ns]")
     return SymbolSeries(name, stamps, frame[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64))
-
-
-def _parse_panel_times(values: pd.Series, source: str) -> pd.Series:
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
-        return pd.to_datetime(values.astype("Int64").astype(str), format="%Y%m%d")  # validate_kline allows YYYYMMDD
-    try:
-        return pd.to_datetime(values)
-    except (ValueError, TypeError):
-        return pd.to_datetime(values, format="mixed")
-
-
-def universe_from_panel(panel: pd.DataFrame, source: str, validate: bool = True,
-                        on_note: NoteCallback | None = None) -> Universe:
-    """Split a long panel (symbol column, time column, features) into one series per symbol."""
-    panel = panel.copy()
-    names = lower_columns(panel, source)
-    symbol_col = next((a for a in SYMBOL_COLUMN_NAMES if a in names), None)
-    if symbol_col is None:
-        raise KronosTuneError(f"{source}: no symbol column (found: {found_columns(panel, names)}); name it one of "
-                              f"{', '.join(SYMBOL_COLUMN_NAMES)}, or give a folder with one file per symbol")
-    time_col = time_column(names, source, panel)
-    if panel[symbol_col].isna().any():
-        row = int(np.argmax(panel[symbol_col].isna().to_numpy()))
-        raise KronosTuneError(f"{source}: empty {symbol_col} at row {row}; fill or drop that row")
-    keep = [time_col] + [c for c in FEATURE_COLUMNS if c in names]
-    symbols = []
-    for symbol, group in panel.groupby(symbol_col, sort=True):
-        frame = group[keep].rename(columns={time_col: TIME_COLUMN}).reset_index(drop=True)
-        where = f"{source} ({symbol_col} {symbol})"
-        if validate:
-            for message in validate_kline(frame, source=where):
-                if on_note is not None:
-                    on_note("warning", message)
-            frame[TIME_COLUMN] = _parse_panel_times(frame[TIME_COLUMN], where)
-            for col in FEATURE_COLUMNS:
-                if col in frame.columns:
-                    frame[col] = pd.to_numeric(frame[col]).astype(np.float64)
-            frame = fill_volume_amount(frame)
-        symbols.append(_symbol_series(str(symbol), frame))
-    return Universe(symbols, source)
 
 
 def _panel_column(path: Path) -> str | None:

@@ -18,8 +18,7 @@ The names below load their module on first use, so reading a report never import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 _HOMES = {
     "BenchmarkOptions": "kronos_tune.benchmark.options",
@@ -34,12 +33,4 @@ _HOMES = {
 }
 
 __all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -1,12 +1,16 @@
 """What a running benchmark tells its views (the terminal, the dashboard, the run log), in order: a trial
-started, one of its steps (a training StepRecord or a prediction run), a trial finished, the benchmark finished."""
+started, one of its steps (a training StepRecord or a prediction run), a trial finished, the benchmark finished;
+and the run log's view of them, the per-trial curves (`TrialCurves`, on kronos_tune.run_logs' RunLog)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kronos_tune.benchmark.results import BenchmarkReport, TrialResult, TrialSpec
+from kronos_tune.run_logs import CURVES_DIR, TENSORBOARD_DIR, RunLog
 
 
 @dataclass(frozen=True)
@@ -55,3 +59,52 @@ class PredictStep:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+def safe_name(name: str) -> str:
+    """A trial name as a file name (letters, digits, - _ . kept)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip(".")
+    return cleaned or "trial"
+
+
+class TrialCurves:
+    """Per-trial curves of a benchmark run, fed with the benchmark's events (TrialStarted/Step/Finished):
+    OUT/curves/<trial>.jsonl and, with `tensorboard`, OUT/tensorboard/<trial>/. A trial run again (after a
+    cancel and --resume) starts its curve over, as its result replaces the cancelled one."""
+
+    def __init__(self, out_dir: Path, tensorboard: bool = False) -> None:
+        self.out_dir = Path(out_dir)
+        self.tensorboard = tensorboard
+        self.logs: dict[str, RunLog] = {}
+
+    def on_event(self, event: Any) -> None:
+        if isinstance(event, TrialStarted):
+            self._close(event.spec.name)
+            name = safe_name(event.spec.name)
+            board = self.out_dir / TENSORBOARD_DIR / name if self.tensorboard else None
+            self.logs[event.spec.name] = RunLog(self.out_dir / CURVES_DIR / f"{name}.jsonl", board, mode="w")
+        elif isinstance(event, TrialStep):
+            log = self.logs.get(event.trial_name)
+            if log is not None:
+                record = event.record
+                if hasattr(record, "to_dict"):  # a training StepRecord
+                    values = record.to_dict()
+                else:  # a predict trial's PredictStep: no loss, time and tokens per run
+                    values = dataclasses.asdict(record)
+                    values["tokens_per_s"] = values["tokens"] / values["step_time_s"] if values["step_time_s"] else 0.0
+                log.step(values)
+        elif isinstance(event, TrialFinished):
+            result = event.result
+            log = self.logs.get(result.name)
+            if log is not None and result.val_loss is not None and result.val_loss_step is not None:
+                log.eval({"step": result.val_loss_step, "val_loss": result.val_loss})
+            self._close(result.name)
+
+    def _close(self, name: str) -> None:
+        log = self.logs.pop(name, None)
+        if log is not None:
+            log.close()
+
+    def close(self) -> None:
+        for name in list(self.logs):
+            self._close(name)

@@ -309,7 +309,7 @@ def backtest_command(
     from kronos_tune.backtest.outputs import JSON_NAME
     from kronos_tune.backtest.runner import run_backtest
 
-    from kronos_core.train.signals import interrupt_on_signals, stop_signal_name
+    from kronos_core.signals import interrupt_on_signals, stop_signal_name
 
     try:
         with interrupt_on_signals():  # SIGTERM and SIGHUP (a closed terminal) stop it as Ctrl-C does

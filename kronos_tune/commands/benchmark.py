@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kronos_core.train.signals import STOP_SIGNALS, TERMINATING_SIGNALS, forget_stop_signals, record_stop_signal
+from kronos_core.signals import STOP_SIGNALS, TERMINATING_SIGNALS, forget_stop_signals, record_stop_signal
 from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset

@@ -61,11 +61,11 @@ def register(app: typer.Typer) -> None:
         from kronos_tune.presets import resolve_preset
 
         chosen = resolve_preset(preset, preset_dir)  # a bad name is one line before the planner loads torch
-        from kronos_tune.memory.planner import plan_preset
+        from kronos_tune.plan.planner import plan_preset
 
         console = make_console(stderr=as_json)
         # The spinner (a thread) starts at the first progress report, once the planner's workers exist: a
-        # process running no other thread can fork them instead of spawning (kronos_tune.memory.planner).
+        # process running no other thread can fork them instead of spawning (kronos_tune.plan.planner).
         status = console.status("estimating on fake tensors")
         started = False
 

@@ -43,8 +43,8 @@ from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineO
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.precision import emulated_bf16_note
 from kronos_tune.run_logs import want_tensorboard
-from kronos_tune.runs import RunDir, read_run_file
-from kronos_tune.train.job import PHASES_FILE, STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training, train_here
+from kronos_tune.runs import read_run_file
+from kronos_tune.train.job import PHASES_FILE, STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training
 from kronos_tune.train.checks import job_checks
 from kronos_tune.train.moved import Movement
 from kronos_tune.train.run_folder import check_resume_folder, partial_config_note, run_label
@@ -53,7 +53,6 @@ from kronos_tune.train.schedule import TrainSchedule
 if TYPE_CHECKING:
     from kronos_core.train import StepRecord
     from kronos_core.train.train_file import TrainFile
-    from kronos_core.train.records import PhaseMeter
 
 
 def _preset_fields(name: str) -> dict[str, Any]:
@@ -231,17 +230,6 @@ class ConsoleListener(TrainListener):
                                f"{folder}", highlight=False, soft_wrap=True)
         self.console.print(f"results in {folder} (best weights in {Path(folder) / 'best'})", highlight=False,
                            soft_wrap=True)
-
-
-def run_in_process(config: TrainConfig, steps: int | None, resume: Path | None, console: Console,
-                   meter: PhaseMeter | None = None, run: RunDir | None = None, tensorboard: bool = False) -> int:
-    """One stage trained here and drawn on `console`; the exit code (0 done, 130 stopped by Ctrl-C after
-    saving, 1 out of memory)."""
-    listener = ConsoleListener(console)
-    try:
-        return train_here(config, steps, resume, listener, meter=meter, run=run, tensorboard=tensorboard).exit_code
-    finally:
-        listener.close()
 
 
 def _pretrained_weights(config: TrainConfig, what: str | None, offline: bool, console: Console) -> dict[str, Any]:

@@ -11,24 +11,18 @@ Answers "does batch B fit on device D" by measurement:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kronos_core.deferred import lazy_exports
 
 # Loaded on first use (as kronos_core.train's names): the meters and estimates load torch, while the peak model
 # and the margin check (kronos_tune.memory.peak) that a command's bad-flag errors use need none.
 _EXPORTS = {
-    "StorageTracker": "kronos_core.train.live_bytes",
+    "StorageTracker": "kronos_tune.memory.live_bytes",
     **{name: "kronos_tune.memory.budget" for name in ("MemoryBudget", "OutOfMemoryError", "apply_cuda_budget")},
     **{name: "kronos_tune.memory.estimate" for name in ("CudaEmulation", "EstimateResult", "FakeEstimate",
                                                          "estimate_step_peak")},
-    **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "CudaPhaseStats", "LiveMeter",
+    **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "LiveMeter",
                                                        "make_meter")},
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kronos_tune.memory' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,11 +1,11 @@
 """Smaller devices out of this one: a real GPU capped with a memory fraction (a simulated CPU device's budget,
-MemoryBudget, lives with the tracker in kronos_core.train.live_bytes)."""
+MemoryBudget, lives with the tracker in kronos_tune.memory.live_bytes)."""
 
 from __future__ import annotations
 
 import torch
 
-from kronos_core.train.live_bytes import MemoryBudget, OutOfMemoryError
+from kronos_tune.memory.live_bytes import MemoryBudget, OutOfMemoryError
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 

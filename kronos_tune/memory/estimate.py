@@ -22,8 +22,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from kronos_core.torch_private import CountingFakeMode, local_shard
-from kronos_core.train.live_bytes import StorageTracker, round_up
+from kronos_tune.torch_private import CountingFakeMode, local_shard
+from kronos_tune.memory.live_bytes import StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget

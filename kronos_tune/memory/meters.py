@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
 
-from kronos_core.train.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import StorageTracker
 from kronos_core.train.records import PhaseMeter
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
@@ -83,22 +82,11 @@ class CpuExactMeter(StorageTracker):
         super().__init__(budget_bytes=budget_bytes, round_bytes=1)
 
 
-@dataclass
-class CudaPhaseStats:
-    """What the CUDA caching allocator reported for one phase (max over repeats)."""
-
-    peak_allocated_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    alloc_retries: int = 0
-    ooms: int = 0
-
-
 class CudaMeter:
     """Per-phase peaks from the CUDA caching allocator's own statistics.
 
     Each phase synchronizes, resets the allocator's peak counters and reads
-    ``max_memory_allocated``/``max_memory_reserved`` plus the change in
-    ``num_alloc_retries`` and ``num_ooms`` at the end.
+    ``max_memory_allocated``/``max_memory_reserved`` at the end.
     """
 
     def __init__(self, device: torch.device | int | str | None = None, notes: list[str] | None = None) -> None:
@@ -106,16 +94,12 @@ class CudaMeter:
             raise KronosTuneError("CudaMeter needs a CUDA device; use CpuExactMeter on this machine")
         self.device = indexed_cuda_device(device)
         self.notes: list[str] = list(notes or [])
-        self._stats: dict[str, CudaPhaseStats] = {}
+        self._peaks: dict[str, int] = {}  # each phase's allocated peak (max over repeats)
         # Peaks (allocated, reserved) of each open window that the allocator's
         # counters no longer show because an inner phase reset them; index 0 is
         # the window since the last reset().
         self._hidden: list[tuple[int, int]] = [(0, 0)]
         self.reset()
-
-    def _counters(self) -> tuple[int, int]:
-        stats = torch.cuda.memory_stats(self.device)
-        return int(stats.get("num_alloc_retries", 0)), int(stats.get("num_ooms", 0))
 
     def _window(self) -> tuple[int, int]:
         return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)
@@ -130,7 +114,6 @@ class CudaMeter:
         self._fold_into_top(*self._window())
         self._hidden.append((0, 0))
         torch.cuda.reset_peak_memory_stats(self.device)
-        retries0, ooms0 = self._counters()
         try:
             yield
         finally:
@@ -138,22 +121,11 @@ class CudaMeter:
             hidden_a, hidden_r = self._hidden.pop()
             window_a, window_r = self._window()
             allocated, reserved = max(hidden_a, window_a), max(hidden_r, window_r)
-            retries1, ooms1 = self._counters()
-            stats = self._stats.setdefault(name, CudaPhaseStats())
-            stats.peak_allocated_bytes = max(stats.peak_allocated_bytes, allocated)
-            stats.peak_reserved_bytes = max(stats.peak_reserved_bytes, reserved)
-            stats.alloc_retries += retries1 - retries0
-            stats.ooms += ooms1 - ooms0
+            self._peaks[name] = max(self._peaks.get(name, 0), allocated)
             self._fold_into_top(allocated, reserved)
 
     def peaks(self) -> dict[str, int]:
-        return {name: s.peak_allocated_bytes for name, s in self._stats.items()}
-
-    def reserved_peaks(self) -> dict[str, int]:
-        return {name: s.peak_reserved_bytes for name, s in self._stats.items()}
-
-    def phase_stats(self) -> dict[str, CudaPhaseStats]:
-        return {name: CudaPhaseStats(**vars(s)) for name, s in self._stats.items()}
+        return dict(self._peaks)
 
     def peak_bytes(self) -> int:
         return max(self._window()[0], *(a for a, _ in self._hidden))
@@ -164,7 +136,7 @@ class CudaMeter:
     def reset(self) -> None:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self._stats.clear()
+        self._peaks.clear()
         now = (self.current_bytes(), torch.cuda.memory_reserved(self.device))
         self._hidden = [now for _ in self._hidden]
 

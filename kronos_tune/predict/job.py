@@ -160,12 +160,21 @@ def load_predictor(config: PredictConfig, on_note: NoteCallback,
 # Scoring and output --------------------------------------------------------------------------
 
 
+def persistence_mae(last_close: float | np.ndarray, actual_close: np.ndarray) -> np.ndarray | float:
+    """MAE of the close of a no-change forecast over a horizon: mean |actual - last close| per series.
+
+    `last_close` [N] (or a number) and `actual_close` [N, P] (or [P]); the shape of predict --holdout's scores."""
+    actual = np.asarray(actual_close, dtype=np.float64)
+    last = np.asarray(last_close, dtype=np.float64)
+    error = np.abs(actual - last[..., None])
+    mean = error.mean(axis=-1)
+    return float(mean) if mean.ndim == 0 else mean
+
+
 def score(name: str, predicted_close: np.ndarray, actual_close: np.ndarray,
           last_close: float = math.nan) -> SeriesScore:
     """MAE and MAPE (percent) of the predicted close against the actual close (prices are > 0), and the MAE of
     persistence (no change from `last_close`, the history's last close) over the same bars."""
-    from kronos_tune.backtest.naive import persistence_mae
-
     error = np.abs(np.asarray(predicted_close, dtype=np.float64) - actual_close)
     return SeriesScore(name, float(error.mean()), float((error / np.abs(actual_close)).mean() * 100.0),
                        persistence_mae(last_close, actual_close))

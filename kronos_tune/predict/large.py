@@ -21,7 +21,7 @@ import pandas as pd
 
 from kronos_core.data.kline import find_data_files
 from kronos_core.hub import PretrainedSource
-from kronos_core.train.signals import interrupt_on_signals
+from kronos_core.signals import interrupt_on_signals
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import predict_chunk
 from kronos_tune.predict.chunks import DEFAULT_CHUNK_SERIES, chunked, open_source

@@ -10,10 +10,6 @@ torchrun (--max-restarts) or a --resume continues where the records end: a rank 
 chunk in flight. A chunk's part, record and `chunk` event are written together, a SIGTERM (torchrun
 stopping the group) held back until they are. Every attempt draws its store port, its marker names and its
 process group (on a store of its own: `kronos_core.launch.torchrun_env`) afresh.
-
-`RankHooks` let a test or benchmark entry point plant a slow or dying rank around the same loop
-(benchmarks/planted_ranks.py, started in place of this module through `shards.run_ranks(module=...)`);
-`kronos-tune predict` passes none.
 """
 
 from __future__ import annotations
@@ -24,9 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,18 +34,6 @@ from kronos_tune.predict.series import load_saved_series
 from kronos_tune.predict.workdir import WorkFolder
 
 CLAIMED = "kronos/chunks-claimed"
-
-
-@dataclass(frozen=True)
-class RankHooks:
-    """Code a test or benchmark runs inside the rank loop (none in a real run).
-
-    `before_chunk(rank, finished_here)`: after a chunk is claimed, before it is predicted (a planted death).
-    `after_chunk(rank, seconds)`: after a chunk is predicted, before its part is written; returns the seconds
-    the chunk counts (a planted slowdown sleeps and counts its sleep)."""
-
-    before_chunk: Callable[[int, int], None] | None = None
-    after_chunk: Callable[[int, float], float] | None = None
 
 
 @contextmanager
@@ -102,10 +84,9 @@ def claim_store(ctx):
     return store
 
 
-def run_rank(job_file: Path, hooks: RankHooks | None = None) -> int:
+def run_rank(job_file: Path) -> int:
     from kronos_core.train.distributed import DistContext
 
-    hooks = hooks or RankHooks()
     job = json.loads(job_file.read_text())
     spec = PredictorSpec.from_dict(job["predictor"])
     job_work = WorkFolder(Path(job["work"]), {})
@@ -121,25 +102,19 @@ def run_rank(job_file: Path, hooks: RankHooks | None = None) -> int:
         todo = ctx.broadcast_object([k for k in range(job["chunks"]) if k not in (finished or {})])
         predictor = build_predictor(spec.on(ctx.device(job["device"])))
         emit_event("ready", rank=rank, world=ctx.world_size, chunks=len(todo), pid=os.getpid(), attempt=attempt)
-        finished_here = 0
         while True:
             claimed = store.add(CLAIMED, 1) - 1
             if claimed >= len(todo):
                 break
-            if hooks.before_chunk is not None:
-                hooks.before_chunk(rank, finished_here)
             chunk = todo[claimed]
             series = load_saved_series(job_work.inputs(chunk))
             started = time.perf_counter()
             table, negative = predict_chunk(predictor, series, settings)
             seconds = time.perf_counter() - started
-            if hooks.after_chunk is not None:
-                seconds = hooks.after_chunk(rank, seconds)
             with stop_after_commit():
                 write_part(job_work, chunk, table, series, rank, seconds)
                 emit_event("chunk", rank=rank, chunk=chunk, series=len(series), seconds=seconds,
                            negative=negative, attempt=attempt)
-            finished_here += 1
         ctx.barrier()  # every claimed chunk is written; rank 0's store may go
         if rank == 0:
             emit_event("finished", chunks=job["chunks"])
@@ -148,9 +123,8 @@ def run_rank(job_file: Path, hooks: RankHooks | None = None) -> int:
     return reported(rank, work)
 
 
-def main(argv: list[str] | None = None, hooks: RankHooks | None = None,
-         module: str = "kronos_tune.predict.ranks") -> int:
-    return rank_main(module, lambda job_file: run_rank(job_file, hooks), argv)
+def main(argv: list[str] | None = None) -> int:
+    return rank_main("kronos_tune.predict.ranks", run_rank, argv)
 
 
 if __name__ == "__main__":

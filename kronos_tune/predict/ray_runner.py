@@ -30,15 +30,9 @@ from kronos_core.errors import one_line
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.job_inputs import write_chunk_inputs
 from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
-from kronos_tune.predict.ranks import RankHooks
 from kronos_tune.predict.ray_setup import require_ray
 from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
-
-# What the actors run around each chunk besides the prediction: None in a real run. A test plants a dying actor
-# by setting it (tests/test_predict_ray.py), as benchmarks/planted_ranks.py plants a dying rank.
-ACTOR_HOOKS: RankHooks | None = None
-
 
 @contextmanager
 def connected(address: str | None) -> Iterator[Any]:
@@ -76,7 +70,7 @@ class ActorNumbers:
 class ChunkWorker:
     """One actor of the pool: the predictor built once, then one chunk per call."""
 
-    def __init__(self, job: dict, numbers: Any, hooks: RankHooks | None) -> None:
+    def __init__(self, job: dict, numbers: Any) -> None:
         import ray
 
         from kronos_core.predict.spec import PredictorSpec, build_predictor
@@ -86,9 +80,7 @@ class ChunkWorker:
         self.predictor = build_predictor(spec.on("cuda:0" if job["device"] == "cuda" else "cpu"))
         self.work = WorkFolder(Path(job["work"]), {})
         self.settings = ChunkSettings.from_dict(job["settings"])
-        self.hooks = hooks or RankHooks()
         self.rank = int(ray.get(numbers.next.remote()))
-        self.finished_here = 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from kronos_tune.predict.chunk_run import predict_chunk
@@ -97,18 +89,13 @@ class ChunkWorker:
 
         chunk = int(batch["chunk"][0])
         try:
-            if self.hooks.before_chunk is not None:
-                self.hooks.before_chunk(self.rank, self.finished_here)
             series = load_saved_series(self.work.inputs(chunk))
             started = time.perf_counter()
             table, negative = predict_chunk(self.predictor, series, self.settings)
             seconds = time.perf_counter() - started
-            if self.hooks.after_chunk is not None:
-                seconds = self.hooks.after_chunk(self.rank, seconds)
             write_part(self.work, chunk, table, series, self.rank, seconds)
         except Exception as error:  # the parent says it in one line (Ray Data would keep only its own words)
             return self._row(chunk, 0, 0.0, 0, one_line(error))
-        self.finished_here += 1
         return self._row(chunk, len(series), seconds, negative, "")
 
     def _row(self, chunk: int, series: int, seconds: float, negative: int, error: str) -> dict[str, np.ndarray]:
@@ -134,12 +121,10 @@ def actor_count(ray: Any, requested: int | None, device: str, address: str | Non
 def run_ray(job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSeries]],
             finished: dict[int, DoneChunk], note: Callable[[str, str], None],
             on_progress: JobProgressCallback | None, on_series: Callable[[LoadedSeries], None] | None = None,
-            command_name: str = "predict", address: str | None = None, actors: int | None = None,
-            hooks: RankHooks | None = None) -> JobOutcome:
+            command_name: str = "predict", address: str | None = None, actors: int | None = None) -> JobOutcome:
     """Every chunk of `source` ((index, series) in order) predicted by Ray actors running the job `job`
     (`shards.rank_job`: predictor spec, device, chunk settings); the arguments as `shards.run_ranks`'s, with
-    the cluster's `address` (None: Ray's own rule, $RAY_ADDRESS or a Ray on this machine) and the pool's size;
-    `hooks` (default ACTOR_HOOKS) run in the actors around each chunk."""
+    the cluster's `address` (None: Ray's own rule, $RAY_ADDRESS or a Ray on this machine) and the pool's size."""
     require_ray()
     prepared = write_chunk_inputs(job, work, source, finished, on_series)
     ranks: dict[int, tuple[int, float]] = {}
@@ -149,8 +134,7 @@ def run_ray(job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSerie
             count = min(actor_count(ray, actors, job["device"], address), len(prepared.todo))
             started = time.perf_counter()
             try:
-                for row in _chunk_rows(ray, prepared.job, prepared.todo, count,
-                                       hooks if hooks is not None else ACTOR_HOOKS):
+                for row in _chunk_rows(ray, prepared.job, prepared.todo, count):
                     rank = int(row["rank"])
                     if row["error"]:
                         raise KronosTuneError(f"{command_name} --runner ray: actor {rank} failed on chunk "
@@ -176,8 +160,7 @@ def run_ray(job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSerie
                       work.path, None, ranks={}, resumed_series=prepared.resumed_series)
 
 
-def _chunk_rows(ray: Any, job: dict, todo: list[int], count: int,
-                hooks: RankHooks | None) -> Iterator[dict[str, Any]]:
+def _chunk_rows(ray: Any, job: dict, todo: list[int], count: int) -> Iterator[dict[str, Any]]:
     """The rows the actors return, one per chunk, as each chunk finishes."""
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
@@ -190,7 +173,7 @@ def _chunk_rows(ray: Any, job: dict, todo: list[int], count: int,
     dataset = dataset.map_batches(
         ChunkWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=count),
         num_gpus=1 if cuda else 0, num_cpus=0 if cuda else 1,
-        fn_constructor_kwargs={"job": job, "numbers": numbers, "hooks": hooks})
+        fn_constructor_kwargs={"job": job, "numbers": numbers})
     yield from dataset.iter_rows()
 
 
@@ -211,4 +194,4 @@ def ray_failure(error: BaseException) -> str:
     return one_line(error)[:300]
 
 
-__all__ = ["ACTOR_HOOKS", "ChunkWorker", "actor_count", "connected", "ray_failure", "run_ray"]
+__all__ = ["ChunkWorker", "actor_count", "connected", "ray_failure", "run_ray"]

@@ -31,8 +31,7 @@ from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 
 JOB_FILE = "job.json"
-RANKS_MODULE = "kronos_tune.predict.ranks"  # what torchrun starts on every rank; a test or benchmark entry point
-#                                            that plants hooks in the rank loop (benchmarks/planted_ranks.py) sets it
+RANKS_MODULE = "kronos_tune.predict.ranks"  # what torchrun starts on every rank
 
 
 def world_size(spec: LaunchSpec) -> int | None:
@@ -62,18 +61,16 @@ def _where(spec: LaunchSpec) -> str:
 def run_ranks(spec: LaunchSpec, job: dict, work: WorkFolder, source: Iterable[tuple[int, LoadedSeries]],
               finished: dict[int, DoneChunk], note: Callable[[str, str], None],
               on_progress: JobProgressCallback | None, on_series: Callable[[LoadedSeries], None] | None = None,
-              command_name: str = "predict", on_event: Callable[[dict], None] | None = None,
-              module: str | None = None) -> JobOutcome | None:
+              command_name: str = "predict", on_event: Callable[[dict], None] | None = None) -> JobOutcome | None:
     """Every chunk of `source` ((index, series) in order) predicted by the ranks that `job` (`rank_job`)
     describes; `on_series` sees each chunk's series as its inputs are written, `on_event` every event of the
-    ranks (the benchmark times its runs from them); `module`: the ranks' entry (default RANKS_MODULE). None on
-    a node other than the one running rank 0."""
+    ranks (the benchmark times its runs from them). None on a node other than the one running rank 0."""
     prepared = write_chunk_inputs(job, work, source, finished, on_series)
     job, chunks, todo = prepared.job, prepared.chunks, prepared.todo
     series_total, resumed_series = prepared.series_total, prepared.resumed_series
     job_file = work.path / JOB_FILE
     job_file.write_text(json.dumps(job, indent=1))
-    command = torchrun_command(spec, module or RANKS_MODULE, [str(job_file)])
+    command = torchrun_command(spec, RANKS_MODULE, [str(job_file)])
     started = time.perf_counter()
     ranks: dict[int, tuple[int, float]] = {}
     done = [resumed_series, 0]  # series finished, clipped volume values

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from kronos_core.torch_private import memory_timeline
+from kronos_tune.torch_private import memory_timeline
 from kronos_core.train import TrainConfig, Trainer
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.profiling.flops import mfu, train_flops_per_token
@@ -100,7 +100,7 @@ def check_output_paths(trace_path: Path | None, tensorboard_dir: Path | None) ->
 
 def _memory_by_category(prof: profile, device: str) -> tuple[dict[str, int], int | None, str | None]:
     """Bytes per category (parameter, gradient, activation, ...) at the moment of peak total memory."""
-    try:  # private torch API (kronos_core.torch_private): keep the rest of the report if it changes
+    try:  # private torch API (kronos_tune.torch_private): keep the rest of the report if it changes
         sizes, names = memory_timeline(prof, device)
     except Exception as error:  # noqa: BLE001 - any failure here only loses this table
         return {}, None, f"memory timeline unavailable in torch {torch.__version__}: {type(error).__name__}"

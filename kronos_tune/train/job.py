@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kronos_core.errors import one_line
 from kronos_core.launch import LaunchSpec, run_launch, torchrun_command
 from kronos_core.train.config import WHAT, TrainConfig
-from kronos_core.train.signals import StopForwarder, stop_on_signals
+from kronos_core.signals import StopForwarder, stop_on_signals
 from kronos_tune.run_logs import METRICS_FILE, TENSORBOARD_DIR, RunLog, check_log_paths, stage_log
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.runs import RunDir, read_run_file

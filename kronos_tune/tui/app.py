@@ -48,8 +48,7 @@ class DashboardApp(ResultsView, App[int]):
 
     def __init__(self, preset: Preset | None = None, preset_dirs: list[Path] | None = None,
                  sampler: Sampler | None = None, out_dir: Path = Path("runs"),
-                 benchmark_options: BenchmarkOptions | None = None, host_label: str | None = None,
-                 timestamps: bool = True, cpu: CpuFeatures | None = None) -> None:
+                 benchmark_options: BenchmarkOptions | None = None, cpu: CpuFeatures | None = None) -> None:
         """`sampler`: started on mount and stopped on quit (None: telemetry arrives as TelemetryUpdated
         messages posted by the caller, as the snapshot tests do). `benchmark_options`: BenchmarkOptions for
         every benchmark (None: the benchmark's defaults). `cpu`: the CPU the header names (None: this machine's,
@@ -61,9 +60,8 @@ class DashboardApp(ResultsView, App[int]):
         self.sampler = sampler
         self.out_dir = Path(out_dir)
         self.benchmark_options = benchmark_options
-        self.host_label = host_label or socket.gethostname()
+        self.host_label = socket.gethostname()
         self.cpu = cpu or detect_cpu_features()
-        self.timestamps = timestamps
         self.telemetry = TelemetryHistory()
         self.run_state = RunState()
         self.results_task = "train"
@@ -142,8 +140,7 @@ class DashboardApp(ResultsView, App[int]):
 
     # -- small helpers --------------------------------------------------------------------
     def log_line(self, text: str, level: str = "info") -> None:
-        stamp = time.strftime("%H:%M:%S") if self.timestamps else ""
-        self.query_one(LogPane).add(text, level, stamp)
+        self.query_one(LogPane).add(text, level, time.strftime("%H:%M:%S"))
 
     @property
     def busy(self) -> bool:

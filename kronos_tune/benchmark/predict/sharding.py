@@ -36,9 +36,8 @@ class RanksPass:
     values: np.ndarray | None = None  # mean paths [N, P, 6]
 
 
-def ranks_pass(settings: PredictSettings, device: str, series: LoadedSeries, greedy: bool = False,
-               module: str | None = None) -> RanksPass:
-    """One pass of the claiming ranks over `series`; `module`: the ranks' entry (default predict's)."""
+def ranks_pass(settings: PredictSettings, device: str, series: LoadedSeries, greedy: bool = False) -> RanksPass:
+    """One pass of the claiming ranks over `series`."""
     from kronos_tune.predict.shards import rank_job, run_ranks
     from kronos_tune.predict.workdir import temporary_work
 
@@ -57,7 +56,7 @@ def ranks_pass(settings: PredictSettings, device: str, series: LoadedSeries, gre
     chunks = chunks_of(series, config.chunk_series or 1)
     try:
         run_ranks(config.launch, job, work, enumerate(chunks), {}, lambda level, message: None, None,
-                  command_name="benchmark sharding trial", on_event=on_event, module=module)
+                  command_name="benchmark sharding trial", on_event=on_event)
         if "ready" not in marks or "finished" not in marks:
             return RanksPass("failed", "the ranks finished without their ready and finished events")
         values = values_of([work.read(k) for k in range(len(chunks))], config.pred_len)
@@ -73,7 +72,7 @@ def ranks_pass(settings: PredictSettings, device: str, series: LoadedSeries, gre
 
 def measure_sharded(settings: PredictSettings, device: str, repeats: int,
                     on_step: Callable[[PredictStep], None] | None = None,
-                    should_stop: Callable[[], bool] = lambda: False, module: str | None = None) -> PredictMeasurement:
+                    should_stop: Callable[[], bool] = lambda: False) -> PredictMeasurement:
     """The metered pass and `repeats` timed passes of the ranks over the measured series, then the quality
     passes (module docstring)."""
     result = PredictMeasurement(status="ok")
@@ -91,7 +90,7 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
         if should_stop():
             result.status, result.reason = "cancelled", f"cancelled after {len(result.seconds)} timed runs"
             return result
-        done = ranks_pass(settings, device, series, module=module)
+        done = ranks_pass(settings, device, series)
         if done.status != "ok" or done.seconds is None:
             return failed(done, "metered run" if index == 0 else f"timed run {index}")
         if index == 0:
@@ -104,7 +103,7 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
         result.status, result.reason = "cancelled", f"cancelled after {repeats} timed runs"
         return result
     quality = benchmark_series(settings, device, settings.quality_series) if wider else series
-    greedy = ranks_pass(settings, device, quality, greedy=True, module=module)
+    greedy = ranks_pass(settings, device, quality, greedy=True)
     if greedy.status != "ok" or greedy.values is None:
         return failed(greedy, "quality run")
     result.outputs = frames_of(greedy.values, quality)
@@ -114,7 +113,7 @@ def measure_sharded(settings: PredictSettings, device: str, repeats: int,
         if should_stop():
             result.status, result.reason = "cancelled", "cancelled before the sampled run"
             return result
-        wide = ranks_pass(settings, device, quality, module=module)
+        wide = ranks_pass(settings, device, quality)
         if wide.status != "ok":
             return failed(wide, "sampled run")
         sampled = wide.values

@@ -33,7 +33,7 @@ import psutil
 
 from kronos_core.launch import LaunchSpec, launch_command, process_tree, run_launch
 
-WORKER_MODULE = "kronos_tune.benchmark.run.trial_worker"  # a test entry point may start trials instead
+WORKER_MODULE = "kronos_tune.benchmark.run.trial_worker"
 LAUNCHER_MARK = "torch.distributed.run"
 STACK_WAIT_S = 2.0
 

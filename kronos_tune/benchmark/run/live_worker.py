@@ -142,12 +142,10 @@ class LiveWorker:
         return TrainMeasurement.from_dict(self._wait(MEASURED_EVENT, on_step)["measurement"])
 
     def block(self, steps: int, on_step: StepHandler | None = None, round_: int | None = None,
-              delay: float | None = None, untimed_after: int | None = None) -> list[float]:
+              untimed_after: int | None = None) -> list[float]:
         """`steps` timed steps; their times (fewer when it was cancelled or ran out of memory in the block).
         ``evaluated_in_block`` says afterwards whether the evaluation ran among them."""
         command: dict[str, Any] = {"cmd": "block", "id": next(self.ids), "steps": steps}
-        if delay is not None:
-            command["delay"] = delay
         where = (f" (round {round_})" if round_ is not None else
                  f" (untimed, after round {untimed_after})" if untimed_after is not None else "")
         self._send(command, f"block {command['id']}{where}")

@@ -148,13 +148,12 @@ class Interleaver:
     def order_seed(self) -> str:
         return f"{self.run.options.seed}:{self.name}"
 
-    def measure(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None = None,
-                base_delay: float | None = None) -> None:
+    def measure(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None = None) -> None:
         options = self.run.options
         leads = trial_leads(self.order_seed)
         started = time.perf_counter()
         try:
-            self._rewarm(base, trial, on_trial_step, base_delay)
+            self._rewarm(base, trial, on_trial_step)
             while True:
                 if self.run.cancel.is_set():
                     self.stop = "cancelled"
@@ -166,7 +165,7 @@ class Interleaver:
                     if side == "trial":
                         times[side] = trial.block(self.steps, on_trial_step, index)
                     else:
-                        times[side] = base.block(self.steps, None, index, base_delay)
+                        times[side] = base.block(self.steps, None, index)
                 if len(times["trial"]) < self.steps or len(times["baseline"]) < self.steps:
                     self.stop = "cancelled" if self.run.cancel.is_set() else "ended"
                     return  # a block cut short (a cancel, or out of memory): the round is not a pair
@@ -189,12 +188,12 @@ class Interleaver:
                     # the steps just after an evaluation run slow (the training iterator starts again) and
                     # would time the next block, the other side's as often as not: one untimed block a side
                     self.settles.append(index)
-                    self._rewarm(base, trial, on_trial_step, base_delay, after=index)
+                    self._rewarm(base, trial, on_trial_step, after=index)
         finally:
             self.measure_time_s = time.perf_counter() - started
 
     def _rewarm(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None,
-                base_delay: float | None, after: int | None = None) -> None:
+                after: int | None = None) -> None:
         """One untimed block on each side: before the first round (the baseline's worker has waited while the
         trial's started, its caches and thread pool gone cold; the trial's has just run its metered step), and
         after a round in which either side evaluated."""
@@ -202,7 +201,7 @@ class Interleaver:
             if self.run.cancel.is_set():
                 return
             trial.block(self.steps, on_trial_step, untimed_after=after)
-            base.block(self.steps, None, None, base_delay, untimed_after=after)
+            base.block(self.steps, None, None, untimed_after=after)
             if not (trial.evaluated_in_block or base.evaluated_in_block):
                 return
 

@@ -37,13 +37,12 @@ from kronos_tune.benchmark.run.paired import BaselineWorkers
 from kronos_tune.benchmark.tasks import get, plan_trials
 from kronos_tune.benchmark.selection import resolve
 from kronos_tune.benchmark.quality import noise_estimate
-from kronos_tune.benchmark.events import BenchmarkFinished, TrialFinished, TrialStarted
+from kronos_tune.benchmark.events import BenchmarkFinished, TrialCurves, TrialFinished, TrialStarted
 from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult, TrialSpec
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
 from kronos_tune.benchmark.report.files import write_reports
 from kronos_tune.benchmark.report.summary import summarize
-from kronos_tune.run_logs import TrialCurves
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 from kronos_tune.workloads import runnable_device
 

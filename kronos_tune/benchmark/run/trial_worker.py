@@ -26,10 +26,8 @@ event (kronos_core.launch.emit_event, a StepRecord's fields) per optimizer
 step and writes its TrainMeasurement to ``result_file``; a predict trial
 emits ``predict_step`` events. A rank that runs out of memory writes
 ``result_file.rank<r>`` and exits 1 (torchrun then stops the others).
-`TrialHooks` (all no-ops here) let a test or benchmark entry point plant a fault,
-an effect or a worsening in a named trial without any of it in this module:
-benchmarks/planted_trials.py starts the trials in place of this module
-(isolation.WORKER_MODULE) and passes hooks read from its own variables.
+Nothing here plants a fault or an effect: benchmarks/planted_trials.py does it
+from outside, wrapping the session this worker builds (a sitecustomize shim).
 
 Serving (the paired design): with ``commands`` in the job (a FIFO), the worker
 warms up, runs the metered step, emits ``ready`` and then waits for one JSON
@@ -49,9 +47,7 @@ import json
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +61,6 @@ from kronos_tune.benchmark.train.measure import TrialSteps, TrialSession
 STEP_EVENT = "step"
 PREDICT_EVENT = "predict_step"
 READY_EVENT, MEASURED_EVENT, BLOCK_EVENT, FINISHED_EVENT = "ready", "measured", "block", "finished"
-FAULT_BLOCK = 3  # the block a hang-block / die-block fault strikes in
 
 
 class _Dismissed(Exception):
@@ -106,32 +101,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data))
 
 
-def _no_fault(trial: str) -> str | None:
-    return None
-
-
-def _no_delay(trial: str) -> float:
-    return 0.0
-
-
-def _nothing(result: Any, trial: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class TrialHooks:
-    """What a test or benchmark entry point plants in a named trial (benchmarks/planted_trials.py); the
-    product runs with none. `fault(trial)`: None, "hang" (block in the first step, SIGTERM ignored),
-    "hang-block" or "die-block" (in the third paired block); `delay(trial)`: extra work per step as a
-    fraction of the step's time (measure.spin); `after_result(result, trial)`: called on rank 0's result
-    before it is written."""
-
-    fault: Callable[[str], str | None] = _no_fault
-    delay: Callable[[str], float] = _no_delay
-    after_result: Callable[[Any, str], None] = _nothing
-
-
-def run_predict(job: dict[str, Any], should_stop: StopFlag, hooks: TrialHooks) -> int:
+def run_predict(job: dict[str, Any], should_stop: StopFlag) -> int:
     """A predict trial: the metered run and the timed runs of measure_prediction; greedy outputs to one .npz
     file, the sampled run's (per-series streams) to another when the job names it."""
     import numpy as np
@@ -146,12 +116,8 @@ def run_predict(job: dict[str, Any], should_stop: StopFlag, hooks: TrialHooks) -
 
         if budget < torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory:
             apply_cuda_budget(budget)
-    hang = hooks.fault(job.get("trial", "")) == "hang"
 
     def emit(step: Any) -> None:
-        if hang:
-            while True:
-                time.sleep(3600)
         emit_event(PREDICT_EVENT, **asdict(step))
 
     reference = PredictSettings(**job["reference_settings"]) if job.get("reference_settings") else None
@@ -184,7 +150,7 @@ def run_time_to_target(job: dict[str, Any], should_stop: StopFlag, rank: int) ->
     return 0
 
 
-def main(argv: list[str] | None = None, hooks: TrialHooks | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kronos_tune.benchmark.run.trial_worker")
     parser.add_argument("--job", required=True)
     args = parser.parse_args(argv)
@@ -193,32 +159,24 @@ def main(argv: list[str] | None = None, hooks: TrialHooks | None = None) -> int:
     stacks = open(job["stack_file"], "a", encoding="utf-8")  # noqa: SIM115 - open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     should_stop = StopFlag()
-    hooks = hooks or TrialHooks()
     if job.get("kind") == "predict":
-        return run_predict(job, should_stop, hooks)
+        return run_predict(job, should_stop)
     if job.get("kind") == "time-to-target":
         return run_time_to_target(job, should_stop, rank)
     config = TrainConfig.from_dict(job["config"], source=f"{job.get('trial', 'benchmark')} trial")
     result_file = Path(job["result_file"])
     meter = make_rank_meter(config.resolved_device(), job.get("budget_bytes"))
-    trial = job.get("trial", "")
-    hang = hooks.fault(trial) == "hang"
-    if hang:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a process stuck in a CUDA or NCCL call does
 
     def emit(record: StepRecord) -> None:
-        if hang:
-            while True:  # blocks like a deadlock: only a kill ends it
-                time.sleep(3600)
         if rank == 0:
             emit_event(STEP_EVENT, **record.to_dict())
 
     session = TrialSession(config, meter, TrialSteps.from_dict(job["steps"]), on_record=emit, should_stop=should_stop,
                            meter_always=config.resolved_device() == "cuda",
-                           agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1, delay=hooks.delay(trial))
+                           agree_across_ranks=int(os.environ.get("WORLD_SIZE", 1)) > 1)
     try:
         if job.get("commands"):
-            return serve(session, job, should_stop, result_file, hooks)
+            return serve(session, job, should_stop, result_file)
         result = session.run(session.open, session.warm_up, session.measure, session.finish)
     finally:
         session.close()
@@ -226,15 +184,12 @@ def main(argv: list[str] | None = None, hooks: TrialHooks | None = None) -> int:
         write_json(result_file.with_name(f"{result_file.name}.rank{rank}"), result.to_dict())
         return 1
     if rank == 0:
-        hooks.after_result(result, trial)
         write_json(result_file, result.to_dict())
     return 0
 
 
-def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, result_file: Path,
-          hooks: TrialHooks) -> int:
+def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, result_file: Path) -> int:
     """The paired design's worker: warm up, then run the commands read from the FIFO (module docstring)."""
-    fault, blocks = hooks.fault(job.get("trial", "")), 0
     result = session.run(session.open, session.warm_up)
     if result.status != "ok":  # out of memory or cancelled before the first command
         write_json(result_file, result.to_dict())
@@ -260,17 +215,6 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                         write_json(result_file, result.to_dict())
                     emit_event(MEASURED_EVENT, measurement=result.to_dict())
                 elif kind == "block":
-                    blocks += 1
-                    if blocks == FAULT_BLOCK and fault == "hang-block":
-                        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                        while True:
-                            time.sleep(3600)
-                    if blocks == FAULT_BLOCK and fault == "die-block":
-                        sys.stderr.write(f"RuntimeError: injected fault: the worker died in block {blocks}\n")
-                        sys.stderr.flush()
-                        os._exit(3)
-                    if "delay" in command:
-                        session.delay = float(command["delay"])
                     records: list[StepRecord] = []
                     evaluated_before = result.val_loss_step
                     session.run(lambda: records.extend(session.block(int(command.get("steps", 1)))))
@@ -281,7 +225,6 @@ def serve(session: TrialSession, job: dict[str, Any], should_stop: StopFlag, res
                                evaluated=result.val_loss_step != evaluated_before)
                 elif kind == "finish":
                     session.run(session.finish)
-                    hooks.after_result(result, job.get("trial", ""))
                     write_json(result_file, result.to_dict())
                     emit_event(FINISHED_EVENT, status=result.status)
                     return 0

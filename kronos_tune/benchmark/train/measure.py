@@ -96,13 +96,6 @@ def evaluate_windows(trainer: Trainer) -> tuple[float, list[list[float]]]:
     return loss, [[float(trainer.steps.eval_metrics(row)["val_loss"]), float(row[-1])] for row in rows]
 
 
-def spin(seconds: float) -> None:
-    """Keep this thread busy for `seconds` of wall time (the planted delay: work, not a sleep)."""
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
-
-
 class TrialSession:
     """One trial's trainer, measured in parts: ``warm_up`` (warm-up until settled, then the metered step),
     then either ``measure`` (the sequential design: measured steps until the median is known well enough) or
@@ -110,16 +103,17 @@ class TrialSession:
     ``finish`` (trained on to the evaluation step if the steps so far did not reach it).
 
     The validation loss is taken right after the optimizer step ``steps.eval_step``, wherever that falls; the
-    step after an evaluation pays for its cache effects and is never timed. ``delay`` (a fraction) keeps the
-    thread busy that much longer after every step, counted in its time: the planted effect of the decision
-    benchmark and its tests. Out-of-memory, cancel and every other error are the caller's (``run`` below
-    turns the first two into the measurement's status)."""
+    step after an evaluation pays for its cache effects and is never timed. With `agree_across_ranks` (DDP)
+    every decision is agreed by an all-reduce: the ranks time their steps on their own clocks, and one rank
+    leaving the warm-up or the measurement a step before the others would leave them waiting in a collective
+    forever. Out-of-memory, cancel and every other error are the caller's (``run`` below turns the first two
+    into the measurement's status)."""
 
     def __init__(self, config: TrainConfig, meter: Any | None, steps: TrialSteps,
                  on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
-                 meter_always: bool = False, agree_across_ranks: bool = False, delay: float = 0.0) -> None:
+                 meter_always: bool = False, agree_across_ranks: bool = False) -> None:
         self.config, self.steps, self.on_record, self.should_stop = config, steps, on_record, should_stop
-        self.agree_across_ranks, self.meter_always, self.delay = agree_across_ranks, meter_always, delay
+        self.agree_across_ranks, self.meter_always = agree_across_ranks, meter_always
         self.switch = MeterSwitch(meter, always=meter_always)
         self.result = TrainMeasurement(status="ok")
         self.trainer: Trainer | None = None
@@ -145,8 +139,7 @@ class TrialSession:
         return int(self.trainer.dist.all_reduce_max(tensor).item())
 
     def step(self) -> StepRecord:
-        """One optimizer step (its record once any planted delay is spent); evaluates at the evaluation step,
-        then runs the next step untimed."""
+        """One optimizer step (its record); evaluates at the evaluation step, then runs the next step untimed."""
         trainer = self.trainer
         assert trainer is not None
         record = self._one()
@@ -162,10 +155,6 @@ class TrialSession:
         trainer.train_step()
         record = self._last
         assert record is not None
-        if self.delay > 0:
-            extra = self.delay * record.step_time_s
-            spin(extra)
-            record.step_time_s += extra
         self.result.losses.append(record.loss)
         if self.on_record is not None:
             self.on_record(record)
@@ -261,19 +250,3 @@ class TrialSession:
             self.trainer.close()
             self.trainer = None
 
-
-def measure_training(config: TrainConfig, meter: Any | None, steps: TrialSteps,
-                     on_record: StepCallback | None = None, should_stop: Callable[[], bool] = lambda: False,
-                     meter_always: bool = False, agree_across_ranks: bool = False,
-                     delay: float = 0.0) -> TrainMeasurement:
-    """One trial of `config` by `steps`, the sequential design: warm-up, the metered step, measured steps
-    (TrialSession.measure), the evaluation; out-of-memory (real or simulated) is a result, other errors
-    propagate. `should_stop` is polled after every step. With `agree_across_ranks` (DDP) every decision is
-    agreed by an all-reduce: the ranks time their steps on their own clocks, and one rank leaving the warm-up
-    or the measurement a step before the others would leave them waiting in a collective forever.
-    """
-    session = TrialSession(config, meter, steps, on_record, should_stop, meter_always, agree_across_ranks, delay)
-    try:
-        return session.run(session.open, session.warm_up, session.measure, session.finish)
-    finally:
-        session.close()

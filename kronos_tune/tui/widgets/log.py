@@ -17,10 +17,8 @@ class LogPane(RichLog):
         super().__init__(id="log", classes="panel", wrap=True, markup=False, highlight=False, max_lines=2000,
                          min_width=20)
         self.border_title = "Log"
-        self.lines_written: list[str] = []  # plain text, for tests and the export of a session log
 
     def add(self, text: str, level: str = "info", stamp: str = "") -> None:
-        self.lines_written.append(text)
         line = Text(f"{stamp} " if stamp else "", style="dim")
         line.append(text, style=LEVEL_STYLES.get(level, ""))
         self.write(line)

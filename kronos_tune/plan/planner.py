@@ -5,7 +5,7 @@ For each model size the planner estimates, per rank of the preset's
 (parameters, gradients and AdamW state sharded), FSDP + activation
 checkpointing, and FSDP + CPU offload. Each estimate is a real training step
 on fake tensors (kronos_tune.memory.estimate), with FSDP simulated as rank 0
-of N (kronos_tune.memory.sharded); on a CUDA preset the CUDA emulation
+of N (kronos_tune.plan.sharded); on a CUDA preset the CUDA emulation
 (allocator rounding, AdamW implementation) applies and the budget is the card
 minus the preset's CUDA context. The largest micro-batch is searched from the
 guess of a line through two probes (peak = fixed + per-sample x batch): every
@@ -15,7 +15,7 @@ one point of the step to another, guessed low or high; accumulation then keeps
 the preset's effective batch.
 
 Each set-up is traced once, in worker processes and through the trace cache
-(kronos_tune.memory.setup_traces).
+(kronos_tune.plan.setup_traces).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory.peak import CPU_MARGIN, CUDA_MARGIN, largest_fitting
-from kronos_tune.memory.setup_traces import Job, SetupProbe, SetupProbes, run_sessions
+from kronos_tune.plan.setup_traces import Job, SetupProbe, SetupProbes, run_sessions
 from kronos_tune.presets import Preset
 
 SETUPS = ("ddp", "fsdp", "fsdp+checkpointing", "fsdp+offload")

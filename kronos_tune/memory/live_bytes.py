@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from kronos_core.errors import KronosError
-from kronos_core.torch_private import TorchDispatchMode, local_shard
+from kronos_tune.torch_private import TorchDispatchMode, local_shard
 from kronos_core.units import format_bytes
 
 #: The exception a real CUDA allocator raises; ``torch.OutOfMemoryError`` is

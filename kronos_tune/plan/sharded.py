@@ -36,7 +36,7 @@ class SimulatedRanks:
         if dist.is_initialized():
             raise KronosTuneError("a process group is already running in this process; estimate sharded "
                                   "memory from a plain process (not under torchrun)")
-        from kronos_core.torch_private import fake_store
+        from kronos_tune.torch_private import fake_store
         from kronos_core.train.fsdp import device_mesh
 
         dist.init_process_group("fake", store=fake_store(), rank=0, world_size=self.world_size)

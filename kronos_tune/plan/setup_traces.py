@@ -41,7 +41,7 @@ def estimating(config: Any, ranks: int, emulation: Any, primed: bool,
     local bytes of the model's largest FSDP unit and the model's parameter count."""
     from kronos_tune.autobatch.train_task import TrainTask
     from kronos_tune.memory.estimate import FakeEstimate
-    from kronos_tune.memory.sharded import SimulatedRanks
+    from kronos_tune.plan.sharded import SimulatedRanks
 
     def run(mesh: Any) -> tuple[Any, int, int]:
         holder: dict[str, Any] = {}
@@ -173,7 +173,7 @@ def run_sessions(jobs: list[Job], on_start: Callable[[int], None]) -> list[list[
     import torch.distributed as dist
 
     from kronos_core.sizes import size_spec
-    from kronos_tune.memory import trace_cache
+    from kronos_tune.plan import trace_cache
 
     keys = [trace_cache.entry_key("plan-lines", [config.to_dict(), ranks, asdict(emulation) if emulation else None,
                                                  list(checkpointing)])
@@ -247,7 +247,7 @@ def estimate_setup_peak(config: Any, batch_size: int, ranks: int, cuda_emulation
 
 
 def _largest_unit_bytes(model: Any) -> int:
-    from kronos_core.torch_private import local_shard
+    from kronos_tune.torch_private import local_shard
     from kronos_core.train.fsdp import is_sharded, sharded_blocks
 
     if not is_sharded(model):
