@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors and user-fixable errors become one line on stderr and exit code 2."""
     warnings.showwarning = _show_warning
     args = sys.argv[1:] if argv is None else argv
+    from kronos_tune.runs import remember_command_line
+
+    remember_command_line(["kronos-tune", *args])
     chosen = (args[0],) if args and args[0] in COMMAND_MODULES else COMMAND_MODULES
     command = readable_metavars(typer.main.get_command(build_app(chosen)))
     try:

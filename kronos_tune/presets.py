@@ -22,6 +22,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -402,6 +403,13 @@ def list_presets(extra_dirs: list[Path] | None = None) -> list[Preset]:
             seen_here[preset.name] = file
             by_name[preset.name] = preset
     return [by_name[name] for name in sorted(by_name)]
+
+
+def plan_command(preset: Preset) -> str:
+    """`kronos-tune plan` for this preset: by name when it is built in, else by its file."""
+    source = preset.source_path
+    builtin = source is None or Path(source).parent == builtin_preset_dir()
+    return f"kronos-tune plan --preset {shlex.quote(preset.name if builtin else str(source))}"
 
 
 def resolve_preset(name_or_path: str | Path, extra_dirs: list[Path] | None = None) -> Preset:

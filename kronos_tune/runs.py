@@ -37,6 +37,7 @@ from kronos_core.signals import stop_signal_name
 from kronos_tune.errors import KronosTuneError
 
 RUN_FILE = "run.json"
+_command_line: list[str] = []  # this process's `kronos-tune ...` command line, when the CLI started it
 MARK = "kronos-tune-run"
 RUN_FORMAT = 1  # run.json's layout; a folder written by a build before it (no "format") is not resumed
 _OWN_KEYS = ("tool", "format", "command", "identity", "status", "cpu", "updated_at")
@@ -51,6 +52,29 @@ def this_cpu() -> str:
 
 def timestamp(now: datetime.datetime | None = None) -> str:
     return (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt (Ctrl-C, or a stop signal made one) that stopped a command after it claimed
+    `folder`: the command names the folder and the command line that continues it."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        super().__init__(str(folder))
+        self.folder = Path(folder)
+
+
+def remember_command_line(argv: list[str]) -> None:
+    """Called by the CLI: each run folder this process claims keeps `argv` in run.json (a resume keeps the
+    first), so that an interrupted run can print the command that continues it."""
+    _command_line[:] = argv
+
+
+def recorded_command_line(folder: str | os.PathLike) -> list[str] | None:
+    """The command line kept in the folder's run.json, else this process's (None: neither, a Python caller)."""
+    argv = (read_run_file(folder) or {}).get("argv")
+    if isinstance(argv, list) and all(isinstance(arg, str) for arg in argv):
+        return argv
+    return list(_command_line) or None
 
 
 def default_run_dir(command: str, label: str, root: str | os.PathLike = "runs",
@@ -142,6 +166,15 @@ def claim_run_dir(folder: str | os.PathLike, command: str, identity: dict[str, A
     if resume and overwrite:
         raise KronosTuneError("--resume and --overwrite: give one (continue the run, or replace it)")
     existing = read_run_file(path) if path.is_dir() else None
+    run = _claim(path, command, identity, existing, resume=resume, overwrite=overwrite, flag=flag, same=same,
+                 join=join)
+    if _command_line[1:2] == [command]:
+        run.extra.setdefault("argv", list(_command_line))
+    return run
+
+
+def _claim(path: Path, command: str, identity: dict[str, Any], existing: dict[str, Any] | None, *, resume: bool,
+           overwrite: bool, flag: str, same: tuple[str, ...] | None, join: bool) -> RunDir:
     if (join and not overwrite and existing is not None and existing.get("command") == command
             and existing.get("identity") == identity and existing.get("status") == "running"):
         return RunDir(path, command, identity, "join", existing,

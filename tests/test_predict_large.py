@@ -58,7 +58,7 @@ def test_a_resumed_job_writes_what_an_uninterrupted_one_writes(tmp_path: Path, s
     full = run_predict(panel_config(tmp_path / "panel.parquet", tmp_path / f"full{suffix}"))
     assert full.job["chunks"] == 3 and full.job["resumed_chunks"] == 0
     out = tmp_path / f"cut{suffix}"
-    with pytest.raises(KronosTuneError, match=r"stopped after 2 finished chunks .*; the finished chunks are kept in "
+    with pytest.raises(KronosTuneError, match=r"interrupted after 2 of about 3 chunks; the finished chunks are kept in "
                                               r".*cut.*\.work; run the same command with --resume"):
         run_predict(panel_config(tmp_path / "panel.parquet", out), on_job_progress=StopAfter(2))
     assert not out.exists() and len(list((tmp_path / f"cut{suffix}.work" / "done").iterdir())) == 2
@@ -73,7 +73,7 @@ def test_resume_refusals_name_what_differs(tmp_path: Path) -> None:
     out = tmp_path / "p.parquet"
     with pytest.raises(KronosTuneError, match=r"^--resume: no work folder .*p\.parquet\.work to continue"):
         run_predict(panel_config(tmp_path / "panel.parquet", out, resume=True))
-    with pytest.raises(KronosTuneError, match="stopped after 1 finished chunks"):
+    with pytest.raises(KronosTuneError, match="interrupted after 1 of about"):
         run_predict(panel_config(tmp_path / "panel.parquet", out), on_job_progress=StopAfter(1))
     with pytest.raises(KronosTuneError, match=r"holds an unfinished job \(1 chunks finished\); add --resume"):
         run_predict(panel_config(tmp_path / "panel.parquet", out))

@@ -196,6 +196,7 @@ def _run_here(job: SlotJob, work: WorkFolder, chunks: Iterator[tuple[int, list[W
             else:
                 predictor = make_predictor()
                 predict = lambda w, s: predict_chunk(predictor, s, job.settings)[0]  # noqa: E731
+            started = time.perf_counter()  # the rate is the chunks', the build is a one-time cost
         series = window_series(windows)
         chunk_started = time.perf_counter()
         table = predict(windows, series)

@@ -11,6 +11,7 @@ the same numbers in a fresh run, a resumed one, on any number of ranks, or as ei
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,8 @@ from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.job_state import JobProgress
 from kronos_tune.predict.shards import check_shards
-from kronos_tune.runs import claim_run_dir, default_run_dir
+from kronos_tune.runs import RunInterrupted, claim_run_dir, default_run_dir
+from kronos_tune.time_left import TimeLeft, seconds_left
 
 RANDOM_WEIGHTS_NOTE = "random weights: the scores measure nothing about forecasting skill (agreement between " \
                       "settings still means something)"
@@ -56,11 +58,18 @@ class Progress:
     origins_total: int
     predicted: int
     total: int
-    predict_seconds: float
+    predict_seconds: float  # this invocation's, from its first chunk's start (the predictor built)
+    resumed: int = 0  # of `predicted`, saved before this invocation
 
     @property
     def symbols_per_s(self) -> float:
-        return self.predicted / self.predict_seconds if self.predict_seconds > 0 else 0.0
+        """This invocation's rate: the symbol-origins saved before it took none of its time."""
+        done = self.predicted - self.resumed
+        return done / self.predict_seconds if self.predict_seconds > 0 and done > 0 else 0.0
+
+    @property
+    def seconds_left(self) -> float | None:
+        return seconds_left(self.predicted - self.resumed, self.predict_seconds, self.total - self.predicted)
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -177,8 +186,9 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
     settings = [config.setting] + ([config.compare] if config.compare is not None else [])
     predictors = PredictorCache(note)
     elsewhere = False
+    estimate = TimeLeft(time.perf_counter)  # the whole prediction's, for "first estimate X, actual Y"
     try:
-        for slot, setting in zip(SLOTS, settings):
+        for position, (slot, setting) in enumerate(zip(SLOTS, settings)):
             job = slot_job(config, slot, setting, device, weights, custom=forecaster_factory is not None)
             forecaster = None if forecaster_factory is None else (
                 lambda setting=setting: forecaster_factory(setting, lambda _count: None))
@@ -187,7 +197,8 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
                 warnings.filterwarnings("ignore", message=r"a history of \d+ rows is longer than max_context")
                 outcome = predict_slot(job, universe, schedule, run.path, futures, note,
                                        lambda spec=job.spec: predictors.get(spec), forecaster,
-                                       _progress_adapter(job.label, schedule, note, on_progress))
+                                       _progress_adapter(job.label, schedule, note, on_progress, estimate,
+                                                         [s.label() for s in settings[position + 1:]]))
             # --nnodes: the node that ran a setting's rank 0 writes its origin files; the one that ran the last
             # setting's rank 0 scores the run (the settings run in turn, each group waiting for every node)
             elsewhere = outcome.elsewhere
@@ -204,6 +215,9 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
             return None
         if config.launch.multi_node:
             run.take_fields_of_other_nodes()
+        timing = estimate.first_vs_actual()
+        if timing is not None:
+            note("note", f"prediction time: {timing} (the first estimate came after the first chunk)")
         result = score_run(config, universe, schedule, run.path, settings)
         result.overlap = overlap
         result.notes = session.notes
@@ -213,7 +227,7 @@ def run_backtest(config: BacktestConfig, on_note: NoteCallback | None = None,
         result.plot = write_outputs(result, run.path, note)
     except KeyboardInterrupt:
         run.mark("cancelled", **_timing(session))
-        raise
+        raise RunInterrupted(run.path) from None
     except BaseException as error:
         run.mark("failed", error=one_line(error, typed=False), **_timing(session))
         raise
@@ -295,22 +309,31 @@ class PredictorCache:
 
 
 def _progress_adapter(label: str, schedule: OriginSchedule, note: NoteCallback,
-                      on_progress: ProgressCallback | None) -> Callable[[JobProgress], None]:
+                      on_progress: ProgressCallback | None, estimate: TimeLeft,
+                      later: list[str]) -> Callable[[JobProgress], None]:
     """The pipeline's progress as the backtest's (origins done from the windows done), and one line with the
-    time left once the first chunk of this invocation has given a rate."""
+    time left once the first chunk of this invocation has given a rate: this setting's, and with `later`
+    settings (--compare) theirs at the same rate and the total."""
     ends = np.cumsum([len(o.members) for o in schedule.origins])
     told = [False]
 
     def hear(progress: JobProgress) -> None:
-        rate = progress.series_per_s
-        if not told[0] and rate > 0:
+        done = progress.series_done - progress.series_resumed
+        left = progress.series_total - progress.series_done
+        figure = seconds_left(done, progress.seconds, left)
+        if not told[0] and figure is not None:
             told[0] = True
-            left = progress.series_total - progress.series_done
-            note("note", f"[{label}] {rate:.1f} symbol-origins/s on the first chunk: about "
-                         f"{format_duration(left / rate)} for the {left} left")
+            text = (f"[{label}] {done / progress.seconds:.1f} symbol-origins/s on the first chunk: about "
+                    f"{format_duration(figure)} for the {left} left")
+            then = seconds_left(done, progress.seconds, left + len(later) * schedule.predictions)
+            if later:
+                text += (f"; {', '.join(later)} next, {schedule.predictions} more at this rate: about "
+                         f"{format_duration(then)} in all")
+            estimate.expect(then)
+            note("note", text)
         if on_progress is not None:
             origins = int(np.searchsorted(ends, progress.series_done, side="right"))
             on_progress(Progress(label, origins, len(schedule.origins), progress.series_done, progress.series_total,
-                                 progress.seconds))
+                                 progress.seconds, progress.series_resumed))
 
     return hear

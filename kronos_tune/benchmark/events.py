@@ -1,6 +1,7 @@
-"""What a running benchmark tells its views (the terminal, the dashboard, the run log), in order: a trial
-started, one of its steps (a training StepRecord or a prediction run), a trial finished, the benchmark finished;
-and the run log's view of them, the per-trial curves (`TrialCurves`, on kronos_tune.run_logs' RunLog)."""
+"""What a running benchmark tells its views (the terminal, the dashboard, the run log), in order: what it will
+measure, then per trial: started, its steps (a training StepRecord or a prediction run), finished and the time the
+rest takes; then the benchmark finished; and the run log's view of them, the per-trial curves (`TrialCurves`, on
+kronos_tune.run_logs' RunLog)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,36 @@ from typing import Any
 
 from kronos_tune.benchmark.results import BenchmarkReport, TrialResult, TrialSpec
 from kronos_tune.run_logs import CURVES_DIR, TENSORBOARD_DIR, RunLog
+
+
+@dataclass(frozen=True)
+class BenchmarkStarting:
+    """Before the first trial: the trials likely to run (`planned` in all, `resumed` finished before), on which
+    device, and the seconds of measuring their budgets add up to (start-up and warm-up come on top).
+    `device_note`: the preset's device is not on this machine; `time_cap_s`: the run starts no trial after it."""
+
+    preset: str
+    task: str
+    trials: tuple[str, ...]
+    planned: int
+    resumed: int
+    device_line: str
+    device_note: str | None
+    budget_bytes: int
+    measuring_s: float
+    time_cap_s: float | None
+    out_dir: str
+    plan_command: str  # kronos-tune plan for the preset: what fits on its own device
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """After a trial: the trials likely still to run and the seconds they take at the mean wall time of the
+    trials this invocation measured (None: none measured yet); `cap_left_s`: what is left of the time cap."""
+
+    trials_left: int
+    seconds: float | None
+    cap_left_s: float | None
 
 
 @dataclass(frozen=True)

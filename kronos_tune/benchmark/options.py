@@ -35,6 +35,8 @@ class BenchmarkOptions:
     time_to_target (also on with objective time-to-quality): after the trials, each candidate trains
     with target_seeds seeds until the baseline's validation loss at the evaluation step, within
     target_max_factor x that many steps (train/target.py).
+    time_cap_s: no trial starts after this many seconds, and none runs past it (None: no cap, except
+    runner.ABSENT_DEVICE_TIME_CAP_S for a preset whose device this machine lacks).
     """
 
     steps: int = 8
@@ -71,6 +73,7 @@ class BenchmarkOptions:
     time_to_target: bool = False
     target_seeds: int = 3
     target_max_factor: float = 4.0
+    time_cap_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

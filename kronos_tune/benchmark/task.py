@@ -48,6 +48,14 @@ class BenchmarkTask(ABC):
     def run_trial(self, run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
         """Measure one trial (in its own worker processes)."""
 
+    def will_run(self, run: RunContext, spec: TrialSpec) -> bool:
+        """Whether the trial is likely to run, from what is known before resolving it (for the time estimate)."""
+        return spec.skip_reason is None
+
+    def measuring_budget_s(self, run: RunContext, spec: TrialSpec) -> float | None:
+        """The seconds of measuring the trial is given (None: it measures a count of runs, not a time)."""
+        return None
+
     def after_trials(self, run: RunContext) -> list[TrialResult]:
         """Work after the last trial (train: the time-to-target comparison); the results it added to."""
         return []

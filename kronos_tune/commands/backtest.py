@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kronos_core.units import format_duration
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
                                          DeviceOption, LiveProgress, NnodesOption, NodeRankOption, OfflineOption,
                                          RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
@@ -190,28 +191,43 @@ def agreement_line(result: BacktestResult) -> str | None:
             f"cumulative return diff {_pct(b.curve.cumulative_return - a.curve.cumulative_return)}")
 
 
+def interrupted_text(folder: Path | None) -> str:
+    """What an interrupted backtest kept, and the command that continues it (`folder`: None before the run
+    folder was claimed)."""
+    if folder is None:
+        return "before the run folder was made, nothing is kept; run the same command again"
+    from kronos_tune.resume_command import resume_line
+
+    return f"the finished chunks are kept in {folder}; resume with: {resume_line('backtest', folder, [])}"
+
+
 class BacktestProgress(LiveProgress):
     """A Rich bar over symbol-origins with symbols/s; one task per prediction setting."""
 
     label, unit = "backtest", "symbol-origins"
 
     def __init__(self, console: Console):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(TextColumn("[bold]backtest[/] {task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("symbol-origins"),
                                  TextColumn("origins {task.fields[origins]}"),
                                  TextColumn("{task.fields[rate]} symbols/s"), TimeElapsedColumn(),
-                                 TimeRemainingColumn(), console=console, transient=False)
+                                 TextColumn("{task.fields[left]}"), console=console, transient=False)
         self.tasks: dict[str, int] = {}
 
     def update(self, state: Progress) -> None:
-        if state.setting not in self.tasks:
-            self.tasks[state.setting] = self.progress.add_task(state.setting, total=state.total, origins="", rate="")
+        if state.setting not in self.tasks:  # the resumed ones as its start: the rate is this invocation's
+            self.tasks[state.setting] = self.progress.add_task(state.setting, total=state.total,
+                                                               completed=state.resumed, origins="", rate="",
+                                                               left="", left_s=None, rate_per_s=None)
+        left = state.seconds_left
+        rate = state.symbols_per_s or None
         self.progress.update(self.tasks[state.setting], completed=state.predicted,
                              origins=f"{state.origins_done}/{state.origins_total}",
-                             rate=f"{state.symbols_per_s:,.1f}" if state.predict_seconds > 0 else "-")
+                             rate="-" if rate is None else f"{rate:,.1f}",
+                             left="" if left is None else f"{format_duration(left)} left", left_s=left,
+                             rate_per_s=rate)
 
 
 def backtest_command(
@@ -318,10 +334,10 @@ def backtest_command(
             else:
                 with BacktestProgress(console) as view:
                     result = run_backtest(config, on_note=on_note, on_progress=view.update)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
         stopped_by = stop_signal_name()
-        console.print(f"{'interrupted' if stopped_by is None else 'stopped by ' + stopped_by}: finished chunks are "
-                      "kept; continue with --resume --out <the run folder above>",
+        console.print(f"{'interrupted' if stopped_by is None else 'stopped by ' + stopped_by}: "
+                      f"{interrupted_text(getattr(error, 'folder', None))}",
                       markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130 if stopped_by is None else 128 + signal.Signals[stopped_by].value) from None
 

@@ -26,7 +26,8 @@ from kronos_tune.commands.common import LiveProgress, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import BYTES_PER_GIB, resolve_preset
 from kronos_tune.benchmark.options import BenchmarkOptions
-from kronos_tune.benchmark.events import BenchmarkFinished, TrialFinished, TrialStarted, TrialStep
+from kronos_tune.benchmark.events import (BenchmarkFinished, BenchmarkStarting, TimeEstimate, TrialFinished,
+                                          TrialStarted, TrialStep)
 from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
@@ -34,6 +35,8 @@ from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds
 from kronos_tune.benchmark.report.table import table
 from kronos_tune.benchmark.tasks import TASKS, check_options, get
 from kronos_tune.benchmark.report.files import resolution_line
+from kronos_core.units import format_bytes, format_duration
+from kronos_tune.resume_command import resume_line
 
 TONES = {"good": "green", "bad": "red", "noise": "dim", "warn": "yellow", "": ""}
 EXIT_CANCELLED = 130
@@ -74,15 +77,22 @@ class BenchmarkProgress(LiveProgress):
 
     def __init__(self, console: Console) -> None:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
-        self.trials = self.progress.add_task("trials", total=None, info="")
-        self.steps = self.progress.add_task("-", total=None, info="", visible=False)
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[left]}"), console=console)
+        self.trials = self.progress.add_task("trials", total=None, info="", left="", left_s=None, rate_per_s=None)
+        self.steps = self.progress.add_task("-", total=None, info="", visible=False, left="")
 
     def on_event(self, event: Any) -> None:
         p = self.progress
-        if isinstance(event, TrialStarted):
+        if isinstance(event, BenchmarkStarting):
+            for line in starting_lines(event):
+                p.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        elif isinstance(event, TimeEstimate):
+            p.update(self.trials, left=estimate_text(event), left_s=event.seconds)
+        elif isinstance(event, TrialStarted):
             p.update(self.trials, total=event.total, completed=event.index, info=event.spec.name)
-            p.reset(self.steps, total=event.spec.total_steps, description=event.spec.name, info="", visible=True)
+            p.reset(self.steps, total=event.spec.total_steps, description=event.spec.name, info="", left="",
+                    visible=True)
         elif isinstance(event, TrialStep):
             record = event.record
             loss = "" if record.loss != record.loss else f"loss {record.loss:.4f}, "  # NaN: predict runs
@@ -105,11 +115,55 @@ CAPTIONS = {
 }
 
 
+def starting_lines(event: BenchmarkStarting) -> list[str]:
+    """What the run will measure, where, and roughly how long: printed before the first trial."""
+    resumed = f", {event.resumed} finished before" if event.resumed else ""
+    lines = [f"benchmark {event.preset} ({event.task}): {len(event.trials)} of {event.planned} planned trials "
+             f"likely to run{resumed} ({', '.join(event.trials) or 'none'}); run folder {event.out_dir}",
+             event.device_line]
+    if event.device_note:
+        lines.append(f"note: {event.device_note}; the preset's {format_bytes(event.budget_bytes, 'GiB', 1)} budget "
+                     f"is kept; for what fits on the real card, without running it: {event.plan_command}")
+    time_line = "time: "
+    if event.measuring_s:
+        time_line += (f"at least {format_duration(event.measuring_s)} of measuring (the trials' budgets) plus each "
+                      f"trial's start-up and warm-up; ")
+    time_line += "an estimate from the measured trials follows the first one"
+    if event.time_cap_s is not None:
+        time_line += (f"; time cap {format_duration(event.time_cap_s)}: no trial starts after it and each trial's "
+                      f"watchdog is at most it (--time-cap SECONDS)")
+    return [*lines, time_line]
+
+
+def estimate_text(event: TimeEstimate) -> str:
+    """The trials bar's figure: the time the likely trials left take at this run's measured pace."""
+    if event.seconds is None or event.trials_left == 0:
+        return ""
+    text = f"about {format_duration(event.seconds)} left ({event.trials_left} trials)"
+    if event.cap_left_s is not None and event.cap_left_s < event.seconds:
+        text += f", the time cap stops it in {format_duration(event.cap_left_s)}"
+    return text
+
+
+def interrupted_line(report: BenchmarkReport) -> str:
+    """How far an interrupted run got, and the command that continues it."""
+    done = sum(1 for trial in report.trials if trial.status not in ("cancelled", "skipped"))
+    skipped = sum(1 for trial in report.trials if trial.status == "skipped")
+    skipped_text = f" ({skipped} skipped)" if skipped else ""
+    fallback = ["--preset", report.preset_source or report.preset, "--task", report.task]
+    return (f"interrupted after {done} of {len(report.planned)} planned trials{skipped_text}; the finished "
+            f"ones are kept in {report.out_dir}; not run: {', '.join(report.not_run) or 'none'}; resume with: "
+            f"{resume_line('benchmark', report.out_dir, fallback)}")
+
+
 def render(console: Console, report: BenchmarkReport) -> None:
     header, rows = table(report, compact=True)
-    out = Table(title=f"kronos-tune benchmark: {report.subject}, task {report.task}", title_justify="left",
-                caption=report.device_line + CAPTIONS.get(report.task, ""), caption_justify="left",
-                box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    if report.cancelled:
+        console.print(f"[yellow]{escape(interrupted_line(report).split(';', 1)[0])}[/]", highlight=False)
+    # title and caption as lines of their own: a table's wrap to its width, a few columns when few trials ran
+    console.print(f"[bold]kronos-tune benchmark: {escape(report.subject)}, task {report.task}[/]",
+                  highlight=False, soft_wrap=True)
+    out = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
     short = {"configuration": "trial", "hardware": "hw", "time/step [IQR] n": "time/step",
              "series/s [IQR] n": "series/s", "projected total": "projected", "max Δ output vs ref": "Δ output",
              "Δ time": "Δ", "Δ mem": "Δ", "Δ loss": "Δ"}
@@ -121,6 +175,7 @@ def render(console: Console, report: BenchmarkReport) -> None:
         out.add_row(*(f"[{TONES[c.tone]}]{escape(c.text)}[/]" if TONES[c.tone] else escape(c.text)
                       for c in (row[i] for i in shown)))
     console.print(out)
+    console.print(escape(report.device_line + CAPTIONS.get(report.task, "")), highlight=False, soft_wrap=True)
     for trial in report.trials:
         reason = f" — {trial.status}: {trial.reason}" if trial.reason else ""
         console.print(f"  [bold]{trial.name}[/]: {escape(changes_text(trial))}{escape(reason)}", highlight=False,
@@ -138,16 +193,15 @@ def render(console: Console, report: BenchmarkReport) -> None:
         partial = " [yellow](partial run)[/]" if report.partial else ""
         console.print(f"recommended{partial}: [bold]{escape(rec.source)}[/]: {escape(rec.reason)}",
                       highlight=False, soft_wrap=True)
-        console.print(f"next: {escape(rec.command)}", highlight=False, soft_wrap=True)
+        if any(trial.status == "ok" for trial in report.trials):  # else "next" would run nothing measured
+            console.print(f"next: {escape(rec.command)}", highlight=False, soft_wrap=True)
     if report.out_dir:
         console.print(f"reports in {report.out_dir}", highlight=False, soft_wrap=True)
         picture = picture_line(report)
         if picture:
             console.print(escape(picture), highlight=False, soft_wrap=True)
     if report.cancelled:
-        console.print(f"[yellow]cancelled[/]: not run: {', '.join(report.not_run) or 'none'}; resume with "
-                      f"kronos-tune benchmark --preset {report.preset} --task {report.task} --resume --out "
-                      f"{report.out_dir}", highlight=False, soft_wrap=True)
+        console.print(escape(interrupted_line(report)), highlight=False, soft_wrap=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -183,6 +237,7 @@ def register(app: typer.Typer) -> None:
         full: Annotated[bool, typer.Option("--full", help="Measure every trial the device can run; the default quick run leaves out what rarely pays here (compile and bigger-batch on a CPU, memory savers while memory does not bind) and says so.")] = False,
         design: Annotated[str, typer.Option("--design", metavar="auto|paired|sequential", help="How trials are timed against the baseline: paired (alternating blocks with a live baseline worker), sequential (one after the other, with drift checks), auto (paired where two workers fit).")] = "auto",
         block: Annotated[Optional[float], typer.Option("--block", metavar="SECONDS", help="Length of one paired block (default 0.5 s; at least one step).")] = None,
+        time_cap: Annotated[Optional[float], typer.Option("--time-cap", metavar="SECONDS", help="Start no trial after this long, and stop the one running at it (default: none; 600 s for a preset whose device this machine lacks).")] = None,
         tensorboard: Annotated[bool, typer.Option("--tensorboard", help="Also write each trial's curves as TensorBoard files in <run>/tensorboard/<trial>/ (the \\[tensorboard] extra); curves/<trial>.jsonl is always written.")] = False,
     ) -> None:
         """Measure your finetune (--config) or a preset's workload as it runs, then one optimization at a time,
@@ -204,7 +259,8 @@ def register(app: typer.Typer) -> None:
             raise KronosTuneError("--resume needs --out DIR, the folder of the run to continue")
         if budget_gb is not None and not budget_gb > 0:
             raise KronosTuneError(f"--budget-gb {budget_gb}: give a positive number of GiB")
-        for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget), ("--block", block)):
+        for flag, value in (("--trial-timeout", trial_timeout), ("--trial-budget", trial_budget), ("--block", block),
+                            ("--time-cap", time_cap)):
             if value is not None and not value > 0:
                 raise KronosTuneError(f"{flag} {value:g}: give a positive number of seconds")
         if tensorboard:
@@ -227,7 +283,7 @@ def register(app: typer.Typer) -> None:
             cpu_ddp=cpu_ddp, budget_bytes=None if budget_gb is None else round(budget_gb * BYTES_PER_GIB),
             predict_repeats=steps or defaults.predict_repeats, predict_series=predict_series,
             agreement_series=agreement_series, min_spearman=min_spearman, full=full, design=design,
-            time_to_target=time_to_target,
+            time_to_target=time_to_target, time_cap_s=time_cap,
             block_s=defaults.block_s if block is None else block)
         console = make_console(stderr=json_out)
         if not console.is_terminal:

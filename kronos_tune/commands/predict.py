@@ -14,13 +14,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from kronos_core.units import format_bytes
+from kronos_core.units import format_bytes, format_duration
 from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOption, DateFormatOption,
                                          DeviceOption, NnodesOption, NodeRankOption, OfflineOption,
                                          RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
                                          make_console)
 from kronos_tune.commands.progress_lines import lines_when_piped
+from kronos_tune.time_left import TimeLeft, seconds_left
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
     from typer._click.core import ParameterSource
@@ -104,6 +105,7 @@ class _JobBar:
         self.console = console
         self.progress: Progress | None = None
         self.task: TaskID | None = None
+        self.estimate = TimeLeft()  # from the job's start: "first estimate X, actual Y" at its end
 
     def close(self) -> None:
         if self.progress is not None:
@@ -115,17 +117,20 @@ class _JobBar:
             columns = (TextColumn("[bold]predict"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("{task.fields[rate]}"))
             self.progress = Progress(*columns, console=self.console, transient=True)
-            self.task = self.progress.add_task("", total=report.series_total, rate="")
+            self.task = self.progress.add_task("", total=report.series_total, completed=report.series_resumed,
+                                               rate="", left_s=None, rate_per_s=None)
             self.progress.start()
             self.lines = lines_when_piped(self.progress, "predict", "series")
             self.lines.start()
         assert self.task is not None
-        eta = report.eta_s
-        rate = f"{report.series_per_s:.1f} series/s" + ("" if eta is None else f", {eta:.0f} s left")
+        done = report.series_done - report.series_resumed  # this invocation's: resumed chunks took none of its time
+        eta = self.estimate.expect(seconds_left(done, report.seconds, report.series_total - report.series_done))
+        rate = f"{report.series_per_s:.1f} series/s" + ("" if eta is None else f", {format_duration(eta)} left")
         if len(report.ranks) > 1:
             rate += " (" + ", ".join(f"rank {rank}: {series / seconds if seconds else 0:.1f}/s"
                                      for rank, (series, seconds) in sorted(report.ranks.items())) + ")"
-        self.progress.update(self.task, total=report.series_total, completed=report.series_done, rate=rate)
+        self.progress.update(self.task, total=report.series_total, completed=report.series_done, rate=rate,
+                             left_s=eta, rate_per_s=report.series_per_s or None)
 
 
 def predict_command(
@@ -276,6 +281,10 @@ def predict_command(
         + (f"; peak GPU {format_bytes(result.peak_gpu_bytes, 'MiB', 1)}" if result.peak_gpu_bytes is not None else ""),
         markup=False, highlight=False, soft_wrap=True,
     )
+    timing = None if bar is None else bar.estimate.first_vs_actual()
+    if timing is not None:
+        console.print(f"time: {timing} (the first estimate came after the first chunk)", markup=False,
+                      highlight=False, soft_wrap=True)
 
 
 def given_flags(ctx: typer.Context) -> set[str]:

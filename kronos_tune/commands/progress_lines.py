@@ -3,7 +3,8 @@
 A Rich bar on a console that is not a terminal (``kronos-tune backtest ... | tee log``, a batch job's log
 file) draws nothing until it stops, so a long run looks hung. While a bar runs on such a console, a thread
 prints one plain line on stderr every KRONOS_TUNE_PROGRESS_EVERY seconds (default 30; 0 turns them off) for
-each visible task of the bar: what is done of the total, the rate and the time left.
+each visible task of the bar: what is done of the total, the rate and the time left (a task's own `left_s` and
+`rate_per_s` fields where the command keeps them, from kronos_tune.time_left; else Rich's).
 
     backtest float32: 120/480 symbol-origins (25%), 3.21/s, 1.9 min left, 38.0 s elapsed
 """
@@ -43,11 +44,14 @@ def task_line(label: str, task: Any, unit: str = "") -> str:
     if task.total:
         count += f" ({100 * done / task.total:.0f}%)"
     elapsed = task.elapsed or 0.0
-    rate = task.speed if task.speed else (done / elapsed if elapsed > 0 and done > 0 else None)
+    if "left_s" in task.fields:  # the command's own estimate (time_left.py): this invocation's work only
+        rate, left = task.fields.get("rate_per_s"), task.fields["left_s"]
+    else:
+        rate = task.speed if task.speed else (done / elapsed if elapsed > 0 and done > 0 else None)
+        left = task.time_remaining
+        if left is None and rate and task.total:
+            left = max(task.total - done, 0) / rate
     parts = [count, "-/s" if rate is None else f"{rate:,.2f}/s" if rate < 100 else f"{rate:,.0f}/s"]
-    left = task.time_remaining
-    if left is None and rate and task.total:
-        left = max(task.total - done, 0) / rate
     if left is not None:
         parts.append(f"{format_duration(left)} left")
     parts.append(f"{format_duration(elapsed)} elapsed")

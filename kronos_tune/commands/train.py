@@ -42,6 +42,7 @@ from kronos_core.units import format_bytes
 from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.resume_command import resume_line
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import read_run_file
 from kronos_tune.train.job import PHASES_FILE, STAGES, StageResult, StageStart, TrainListener, TrainRequest, run_training
@@ -214,20 +215,30 @@ class ConsoleListener(TrainListener):
         elif result.summary is not None:
             self._ending(result.config, result.status, result.summary["steps"], result.summary["total_steps"])
         elif result.status == "cancelled":
-            self.console.print("[yellow]interrupted[/] before a checkpoint could be written; the last saved one is "
-                               "unchanged", highlight=False)
+            from kronos_core.train.train_state import checkpoint_path
+
+            folder = result.config.output_dir
+            if checkpoint_path(Path(folder)).is_file():
+                self.console.print(f"interrupted before a checkpoint of this step could be written; the last saved "
+                                   f"one in {folder} is unchanged; resume with: {resume_line('train', folder, [])}",
+                                   highlight=False, markup=False, soft_wrap=True)
+            else:
+                self.console.print(f"interrupted before the first checkpoint: nothing to resume in {folder}; run "
+                                   f"the same command again with --overwrite", highlight=False, markup=False,
+                                   soft_wrap=True)
 
     def _ending(self, config: TrainConfig, status: str | None, step: int, total: int) -> None:
         """The closing lines: where the results are and the command that continues the run."""
         folder = config.output_dir
+        resume = resume_line("train", folder, [])
         if status == "cancelled":
-            self.console.print(f"stopped at step {step} of {total}; the next `kronos-tune train` with the same "
-                               f"config continues it, or resume with: kronos-tune train --resume {folder}",
-                               highlight=False, soft_wrap=True)
+            self.console.print(f"interrupted after {step} of {total} steps, the checkpoint kept in {folder}; the "
+                               f"next `kronos-tune train` with the same config continues it, or resume with: "
+                               f"{resume}", highlight=False, markup=False, soft_wrap=True)
             return
         if status == "partial":
-            self.console.print(f"stopped at --steps {step} of {total}; continue with: kronos-tune train --resume "
-                               f"{folder}", highlight=False, soft_wrap=True)
+            self.console.print(f"stopped at --steps {step} of {total}; continue with: {resume}", highlight=False,
+                               markup=False, soft_wrap=True)
         self.console.print(f"results in {folder} (best weights in {Path(folder) / 'best'})", highlight=False,
                            soft_wrap=True)
 

@@ -214,9 +214,12 @@ def _run_here(config: PredictConfig, work: WorkFolder, source, finished: dict, p
                                                                                 time.perf_counter() - started)}))
     except KeyboardInterrupt:
         kept = len(work.finished())
-        raise KronosTuneError(f"predict: stopped after {kept} finished chunks (of about "
-                              f"{-(-series_total // work.chunk_series)}); "
-                              f"{work.kept_note(resumable=config.out is not None)}") from None
+        from kronos_tune.resume_command import resume_line
+
+        line = resume_line("predict", work.path) if config.out is not None and kept else None
+        raise KronosTuneError(f"predict: interrupted after {kept} of about {-(-series_total // work.chunk_series)} "
+                              f"chunks; {work.kept_note(resumable=config.out is not None and line is None)}"
+                              + (f"; resume with: {line}" if line else "")) from None
     chunks = index + 1
     return JobOutcome(done_series, chunks, resumed, 0, 0.0, negative, work.path, tables, scores=actuals,
                       resumed_series=resumed_series)

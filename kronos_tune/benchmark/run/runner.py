@@ -29,24 +29,35 @@ from typing import Any
 import torch
 
 from kronos_core.errors import one_line
-from kronos_core.units import format_bytes
+from kronos_core.units import format_bytes, format_duration
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.presets import Preset
+from kronos_tune.presets import Preset, plan_command
 from kronos_tune.benchmark.run.isolation import Outcome, launch_trial
 from kronos_tune.benchmark.run.paired import BaselineWorkers
 from kronos_tune.benchmark.tasks import get, plan_trials
 from kronos_tune.benchmark.selection import resolve
 from kronos_tune.benchmark.quality import noise_estimate
-from kronos_tune.benchmark.events import BenchmarkFinished, TrialCurves, TrialFinished, TrialStarted
+from kronos_tune.benchmark.events import (
+    BenchmarkFinished,
+    BenchmarkStarting,
+    TimeEstimate,
+    TrialCurves,
+    TrialFinished,
+    TrialStarted,
+)
 from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult, TrialSpec
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
 from kronos_tune.benchmark.report.files import write_reports
 from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
+from kronos_tune.time_left import TimeLeft
 from kronos_tune.workloads import runnable_device
 
 DEFAULT_TRIAL_TIMEOUT_S = {"cpu": 600.0, "cuda": 900.0}
+# A preset whose device this machine lacks runs on the CPU at that device's memory budget: its times are not the
+# card's and a GPU-sized workload can take minutes a step, so the run stops starting trials after this long.
+ABSENT_DEVICE_TIME_CAP_S = 600.0
 
 EventCallback = Callable[[Any], None]
 
@@ -66,9 +77,13 @@ class BenchmarkRun:
         self.on_event = on_event
         self.cancel = cancel if cancel is not None else threading.Event()
         self.specs = plan_trials(preset, task, options)
-        self.device, device_note = runnable_device(preset)
+        self.device, self.device_note = runnable_device(preset)
         self.budget_bytes = options.budget_bytes or preset.budget_bytes
-        self.notes = [device_note] if device_note else []
+        self.notes = [self.device_note] if self.device_note else []
+        self.time_cap_s = options.time_cap_s or (ABSENT_DEVICE_TIME_CAP_S if self.device_note else None)
+        self.capped: list[str] = []  # the trials the time cap left out
+        self.measured = 0  # the trials this invocation ran (not skipped, not resumed)
+        self.time_left = TimeLeft(time.perf_counter)  # started again at the first trial
         self.results: dict[str, TrialResult] = {}
         self.previous: dict[str, TrialResult] = {}
         self.started_at, self.started = _now(), time.perf_counter()
@@ -78,6 +93,8 @@ class BenchmarkRun:
         self.trial_timeout_s = (options.trial_timeout_s or preset.benchmark.trial_timeout_s
                                 or preset.workload.trial_timeout_s
                                 or DEFAULT_TRIAL_TIMEOUT_S.get(self.device, 900.0))
+        if self.time_cap_s is not None:
+            self.trial_timeout_s = min(self.trial_timeout_s, self.time_cap_s)
         if out_dir is None:
             out_dir = default_run_dir("benchmark", f"{preset.name}-{task}")
         self.out_dir = out_dir
@@ -151,8 +168,10 @@ class BenchmarkRun:
         the watchdog (the trial timeout, or `deadline` for a serving worker); `on_event` gets its events."""
         processes = spec.nproc if job.get("kind") != "predict" else 1  # predict shards through its own launch
         stack_file = self.stack_file(spec.name)
-        outcome = launch_trial(spec.name, processes, work, job, on_event, self.cancel, self.trial_timeout_s,
-                               stack_file, deadline)
+        timeout = self.trial_timeout_s
+        if self.time_cap_s is not None:  # a trial started near the cap still ends by it (30 s to start up)
+            timeout = min(timeout, max(30.0, self.time_cap_s - (time.perf_counter() - self.started)))
+        outcome = launch_trial(spec.name, processes, work, job, on_event, self.cancel, timeout, stack_file, deadline)
         return outcome, stack_file
 
     def _device_line(self) -> tuple[str, str]:
@@ -186,11 +205,38 @@ class BenchmarkRun:
         if self.on_event is not None:
             self.on_event(event)
 
-    def finish(self, result: TrialResult, write: bool = True) -> None:
+    def finish(self, result: TrialResult, write: bool = True, index: int | None = None) -> None:
         self.results[result.name] = result
         if write:
             append_result(self.out_dir / RESULTS_FILE, result)
         self.emit(TrialFinished(result))
+        if write and result.status != "skipped":
+            self.measured += 1
+        if index is not None and not self.cancel.is_set():
+            self.emit(self.estimate(index + 1))
+
+    # What the run will do, and how long it takes --------------------------------------------------
+    def likely(self, start: int) -> list[TrialSpec]:
+        """The trials from `start` on that are likely to run (what the task can tell before resolving them)."""
+        return [spec for spec in self.specs[start:]
+                if spec.name not in self.previous and self.bench_task.will_run(self, spec)]
+
+    def estimate(self, start: int) -> TimeEstimate:
+        """The time the trials from `start` on take at the pace of the trials this invocation ran."""
+        left = self.likely(start)
+        return TimeEstimate(len(left), self.time_left.update(self.measured, len(left)), self._cap_left())
+
+    def _cap_left(self) -> float | None:
+        return None if self.time_cap_s is None else max(0.0, self.time_cap_s - (time.perf_counter() - self.started))
+
+    def starting(self) -> BenchmarkStarting:
+        likely = self.likely(0)
+        return BenchmarkStarting(
+            preset=self.preset.name, task=self.task, trials=tuple(s.name for s in likely),
+            planned=len(self.specs), resumed=len(self.previous), device_line=self.device_line,
+            device_note=self.device_note, budget_bytes=self.budget_bytes,
+            measuring_s=sum(self.bench_task.measuring_budget_s(self, spec) for spec in likely),
+            time_cap_s=self.time_cap_s, out_dir=str(self.out_dir), plan_command=plan_command(self.preset))
 
     def noise(self) -> float | None:
         base, probe = self.results.get("baseline"), self.results.get(NOISE_PROBE)
@@ -216,6 +262,8 @@ class BenchmarkRun:
         return report
 
     def _run_trials(self) -> None:
+        self.emit(self.starting())
+        self.time_left.start()
         for index, spec in enumerate(self.specs):
             if self.cancel.is_set():
                 break
@@ -224,8 +272,11 @@ class BenchmarkRun:
                 old.resumed = True
                 self.finish(old, write=False)
                 continue
-            self.finish(self.run_trial(spec, index))
-        if not self.cancel.is_set():
+            if self.time_cap_s is not None and self._cap_left() == 0.0 and spec.skip_reason is None:
+                self.capped = [s.name for s in self.specs[index:] if s.name not in self.previous]
+                break
+            self.finish(self.run_trial(spec, index), index=index)
+        if not self.cancel.is_set() and not self.capped:
             for result in self.bench_task.after_trials(self):  # kept again: the last line of a name wins
                 self.results[result.name] = result
                 append_result(self.out_dir / RESULTS_FILE, result)
@@ -305,7 +356,19 @@ class BenchmarkRun:
             notes=list(self.notes), preset_source=str(self.preset.source_path) if self.preset.source_path else None,
             out_dir=str(self.out_dir), started_at=self.started_at, finished_at=_now(),
             wall_time_s=time.perf_counter() - self.started, job=self.job)
+        if self.capped:
+            report.notes.append(self.cap_note())
+        timing = self.time_left.first_vs_actual()
+        if timing is not None and not stopped and not self.capped:
+            report.notes.append(f"run time: {timing} (the first estimate came after the first trial measured)")
         return summarize(report, self.preset)
+
+    def cap_note(self) -> str:
+        assert self.time_cap_s is not None
+        card = f"; for what fits on the preset's card, without running it: {plan_command(self.preset)}" \
+            if self.device_note else ""
+        return (f"time cap of {format_duration(self.time_cap_s)} reached: not run: {', '.join(self.capped)} "
+                f"(--time-cap SECONDS sets it){card}")
 
 
 def run_benchmark(preset: Preset | str, task: str = "train", options: BenchmarkOptions = BenchmarkOptions(),

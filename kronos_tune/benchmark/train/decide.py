@@ -373,10 +373,15 @@ def _slower_than(combined: TrialResult, single: TrialResult, base: TrialResult |
 
 def _noise_text(decision: Decision, context: DecisionContext) -> str:
     if decision.resolution is not None:
-        return (f"beyond what this run can resolve ({100 * decision.paired_threshold:.1f}%: the A/A comparison's "
-                f"interval reaches {100 * decision.resolution:.1f}% from 1, floor {100 * context.paired_floor:g}%)")
-    return (f"beyond the noise threshold of {100 * decision.threshold:.1f}% (max of the {100 * context.floor:.0f}% "
-            f"floor and the measured drift)")
+        return (f"beyond what this run can resolve (the paired threshold ±{100 * decision.paired_threshold:.1f}%: "
+                f"the A/A comparison's interval reaches {100 * decision.resolution:.1f}% from 1, floor "
+                f"{100 * context.paired_floor:.1f}%)")
+    designs = {comparison.design for name, comparison in decision.comparisons.items() if name != NOISE_PROBE}
+    if designs == {"paired"}:  # the A/A comparison did not run: the paired floor alone
+        return (f"beyond the paired threshold of ±{100 * decision.paired_threshold:.1f}% (the floor alone: the A/A "
+                f"comparison did not run)")
+    return (f"beyond the sequential threshold of ±{100 * decision.threshold:.1f}% (max of the "
+            f"{100 * context.floor:.0f}% floor and the measured drift)")
 
 
 def _evidence_text(decision: Decision, context: DecisionContext, comparison: Comparison | None) -> str:
@@ -455,6 +460,8 @@ def _nothing_faster(results: list[TrialResult], decision: Decision, context: Dec
     memory = "" if decision.memory_binds else f"; memory savers not needed ({decision.memory_reason})"
     if costly:
         return f"no change earns its cost: {'; '.join(costly)}{memory}{combined_note}"
+    if not [name for name in decision.comparisons if name != NOISE_PROBE]:
+        return f"no change was compared with the baseline{memory}{combined_note}"
     return f"no change was faster {_noise_text(decision, context)}{hint}{memory}{combined_note}"
 
 
@@ -469,6 +476,10 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
     base = reference(results)
     base_ok = base is not None and base.status == "ok"
     kept = base.name if base is not None else "baseline"
+    if base is None or base.status == "cancelled":
+        return kept, "nothing to recommend: the baseline was not measured (the run was interrupted before it finished)"
+    if base.status in ("failed", "timeout"):
+        return kept, f"nothing to recommend: the baseline ended {base.status} ({base.reason})"
     candidates = [by_name[name] for name in decision.eligible]
     if decision.noisy and base_ok:  # only a change called on its own interval stands in a run this noisy
         candidates = [r for r in candidates if _called_on_own_interval(r, decision)]

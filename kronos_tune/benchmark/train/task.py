@@ -60,6 +60,16 @@ class TrainBenchmark(BenchmarkTask):
 
         return trials.run_trial(run, spec, work)
 
+    def will_run(self, run: RunContext, spec: TrialSpec) -> bool:
+        from kronos_tune.benchmark.train import trials
+
+        return trials.will_run(run, spec)
+
+    def measuring_budget_s(self, run: RunContext, spec: TrialSpec) -> float | None:
+        from kronos_tune.benchmark.train import trials
+
+        return trials.comparison_budget(run, spec)
+
     def after_trials(self, run: RunContext) -> list[TrialResult]:
         from kronos_tune.benchmark.train import target
 

@@ -145,13 +145,13 @@ def _speed_resolution(report: BenchmarkReport) -> str | None:
     if decision.resolution is not None:
         return (f"changes under {100 * decision.resolution:.1f}% could not be told from noise in this run (the A/A "
                 f"comparison: the noise-probe against the baseline, interleaved the same way)")
-    if decision.smallest_change is not None:
+    if decision.smallest_change is not None and decision.comparisons:
         return (f"changes under {100 * decision.smallest_change:.1f}% could not be told from noise in this run "
                 f"(the sequential design's threshold: the larger of its floor and the drift of the baseline's "
                 f"re-measurements)")
     if _designs(report, "paired"):
         return (f"this run did not measure its resolution: the noise-probe (the A/A comparison) did not run, so "
-                f"paired verdicts used the {100 * decision.paired_threshold:g}% floor alone")
+                f"paired verdicts used the paired threshold's ±{100 * decision.paired_threshold:.1f}% floor alone")
     return None
 
 
@@ -340,11 +340,15 @@ def user_job_line(report: BenchmarkReport) -> str | None:
 
 def console_notes(report: BenchmarkReport) -> list[str]:
     """The lines the terminal prints under the table: the quality guard, the timing designs, what the quick run
-    left out, memory and MFU."""
+    left out, memory and MFU; none of them when no trial was measured (an interrupted run says so itself)."""
     q, t = report.quality, report.timing
-    lines = [f"quality guard: {q.get('rule')}; {_guard_figures(q)}, val loss after {q.get('val_loss_step')} steps "
-             f"on {q.get('eval_windows')} windows; Δ loss shows the 95% interval of the paired windows"]
     job_line = user_job_line(report)
+    if not any(trial.status == "ok" for trial in report.trials):
+        return [job_line] if job_line else []
+    measured = (f", val loss after {q.get('val_loss_step')} steps on {q.get('eval_windows')} windows"
+                if q.get("val_loss_step") is not None else ", no val loss measured")
+    lines = [f"quality guard: {q.get('rule')}; {_guard_figures(q)}{measured}; Δ loss shows the 95% interval of "
+             f"the paired windows"] if q else []
     if job_line:
         lines.insert(0, job_line)
     decision = _decision(report)
@@ -352,11 +356,11 @@ def console_notes(report: BenchmarkReport) -> list[str]:
     sequential = [f"{trial.name} ({trial.design_reason})" for trial in _designs(report, "sequential")]
     if paired and decision is not None:
         lines.append(f"timing: paired with a live baseline in alternating blocks ({', '.join(paired)}), "
-                     f"threshold ±{100 * decision.paired_threshold:.1f}%; Δ shows the 95% interval of the "
+                     f"paired threshold ±{100 * decision.paired_threshold:.1f}%; Δ shows the 95% interval of the "
                      f"block ratios; ~ = the rule calls it neither faster nor slower")
     if decision is not None and (sequential or not paired):
         drift = _drift_pct(decision)
-        lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; threshold "
+        lines.append(f"timing: sequential{': ' + '; '.join(sequential) if sequential else ''}; sequential threshold "
                      f"±{100 * decision.threshold:.1f}% (drift of the baseline's re-measurements "
                      f"{'not measured' if drift is None else f'{drift:.1f}%'})")
     left = t.get("left_out") or {}

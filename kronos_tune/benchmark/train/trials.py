@@ -77,6 +77,18 @@ def resolve(run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, li
     return spec, []
 
 
+def will_run(run: RunContext, spec: TrialSpec) -> bool:
+    """What `resolve` is likely to decide, without its side effects: a baseline re-measurement runs only once a
+    comparison was sequential, a memory saver once the baseline shows memory binding (before it: counted)."""
+    if spec.skip_reason is not None:
+        return False
+    if spec.kind is not None and spec.kind.kind == "baseline-repeat" and spec.name != NOISE_PROBE:
+        return run.paired.sequential_ran or run.options.design == "sequential"
+    if spec.kind is not None and spec.kind.kind == "memory":
+        return quick_memory_reason(run, spec) is None
+    return True
+
+
 def quick_memory_reason(run: RunContext, spec: TrialSpec) -> str | None:
     """Why the quick run leaves a memory saver out: memory does not bind and the objective is speed (None: the
     saver runs, as with --full, --only or --objective memory)."""
