@@ -35,11 +35,6 @@ class JobProgress:
         predicted = self.series_done - self.series_resumed
         return predicted / self.seconds if self.seconds > 0 and predicted else 0.0
 
-    @property
-    def eta_s(self) -> float | None:
-        rate = self.series_per_s
-        return max(0, self.series_total - self.series_done) / rate if rate else None
-
 
 JobProgressCallback = Callable[[JobProgress], None]
 
