@@ -64,7 +64,7 @@ def make_inputs(count: int, lookback: int, pred_len: int, seed: int) -> Inputs:
 
 
 class TokenRecorder:
-    """Records the tokens each `generate_chunk` of `predictor` generates, without its padding rows."""
+    """Records the tokens each `generate_call` of `predictor` generates, without its padding rows."""
 
     def __init__(self, predictor: KronosPredictor):
         self.predictor, self.chunks = predictor, []
@@ -72,25 +72,25 @@ class TokenRecorder:
 
     def __enter__(self) -> TokenRecorder:
         self._generate_tokens = predictor_module.generate_tokens
-        self._generate_chunk = self.predictor.generate_chunk
+        self._generate_call = self.predictor.generate_call
 
         def generate_tokens(*args, **kwargs):
             new_s1, new_s2 = self._generate_tokens(*args, **kwargs)
             self._pending.append(torch.stack([new_s1, new_s2], dim=-1))
             return new_s1, new_s2
 
-        def generate_chunk(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs):
-            paths = self._generate_chunk(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs)
+        def generate_call(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs):
+            paths = self._generate_call(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs)
             self.chunks.append(self._pending.pop()[:x_norm.shape[0] * sample_count].clone())
             return paths
 
         predictor_module.generate_tokens = generate_tokens
-        self.predictor.generate_chunk = generate_chunk
+        self.predictor.generate_call = generate_call
         return self
 
     def __exit__(self, *exc) -> None:
         predictor_module.generate_tokens = self._generate_tokens
-        del self.predictor.generate_chunk
+        del self.predictor.generate_call
 
     def tokens(self) -> np.ndarray:
         return torch.cat(self.chunks).numpy()

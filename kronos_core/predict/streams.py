@@ -98,7 +98,7 @@ def mix64_int(word: int) -> int:
 
 class RowStreams:
     """The streams of the rows of one chunk: row r = series r // paths, path r % paths (repeat_interleave order,
-    as generate_chunk lays out sample paths). `uniforms()` gives one float32 in [0, 1) per row and advances every
+    as generate_call lays out sample paths). `uniforms()` gives one float32 in [0, 1) per row and advances every
     row's counter by one, in place on the device."""
 
     def __init__(self, seed: int, keys: Tensor, paths: int):

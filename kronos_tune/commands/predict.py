@@ -21,6 +21,7 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
                                          make_console)
 from kronos_tune.commands.progress_lines import lines_when_piped
+from kronos_tune.predict.chunk_size import HOW_CHOSEN
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
     from typer._click.core import ParameterSource
@@ -169,7 +170,7 @@ def predict_command(
         "--resume", help="Continue the --out job that was interrupted (its work folder beside --out keeps the "
                          "finished chunks); the same data, model and settings.")] = False,
     chunk_series: Annotated[Optional[int], typer.Option(
-        "--chunk-series", help="Series per chunk of a --out job (kept as each finishes); default 1024.")] = None,
+        "--chunk-series", help=f"Series per chunk of a --out job (kept as each finishes); default {HOW_CHOSEN}.")] = None,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="torchrun: restart the ranks this many times after a failure (they continue from "
                                "the finished chunks).")] = 0,

@@ -104,7 +104,7 @@ class PredictConfig(InputSpec):
     calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
     quantiles: tuple[float, ...] = ()  # levels in (0, 1): per-bar quantiles of the sample paths (quantiles.py)
     resume: bool = False               # continue the job whose work folder sits beside --out
-    chunk_series: int | None = None    # series per chunk of a --out job (None: chunks.DEFAULT_CHUNK_SERIES)
+    chunk_series: int | None = None    # series per chunk of a --out job (None: chunk_size.choose_chunk_series)
     max_restarts: int = 0              # torchrun restarts a failed group this many times (it continues)
     runner: str = "torchrun"           # who predicts the chunks: this process or torchrun's ranks, or Ray actors
     ray_address: str | None = None     # --runner ray: the cluster (None: $RAY_ADDRESS, else a Ray here)

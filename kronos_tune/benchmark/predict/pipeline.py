@@ -139,4 +139,4 @@ def with_chunk(settings: PredictSettings, device: str) -> PredictSettings:
     from kronos_tune.predict.chunk_size import choose_chunk_series
 
     return replace(settings, chunk_series=choose_chunk_series(settings.measured_series, settings.devices, device,
-                                                              settings.sample_count))
+                                                              settings.sample_count, settings.max_batch_size))
