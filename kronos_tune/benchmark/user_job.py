@@ -98,7 +98,7 @@ def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -
 
 
 # The [predict] keys that say what is predicted and with which model: a predict trial keeps them as they are.
-PREDICT_INPUT_KEYS = ("data", "checkpoint", "tokenizer", "offline", "date_format", "symbol_column", "skip_short",
+PREDICT_INPUT_KEYS = ("data", "checkpoint", "tokenizer", "offline", "date_format", "symbol_column",
                       "holdout", "calendar")
 
 

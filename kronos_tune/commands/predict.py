@@ -187,8 +187,6 @@ def predict_command(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
     symbol_column: Annotated[Optional[str], typer.Option(
         "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
-    skip_short: Annotated[bool, typer.Option(
-        "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
     date_format: DateFormatOption = None,
     window_mode: WindowModeOption = "refill",
     cuda_graphs: Annotated[Optional[bool], typer.Option(
@@ -231,7 +229,7 @@ def predict_command(
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, weight_dtype=weight_dtype,
         max_batch_size=max_batch_size,
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column, date_format=date_format,
-        skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
+        window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
         calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
         resume=resume, chunk_series=chunk_series, max_restarts=max_restarts, runner=runner,

@@ -67,9 +67,7 @@ def _streamed(panels: SortedPanels, config: PredictConfig, note: NoteCallback) -
             except KronosError as error:
                 if "no symbol has" not in str(error):
                     raise
-                if config.skip_short:  # every symbol of this batch is short; others may not be
-                    continue
-                raise KronosError(f"{error}, or add --skip-short to leave short symbols out") from None
+                continue  # every symbol of this batch is short; others may not be (skipped as the rule says)
             lacked, no_volume, count = series.lacked, no_volume + int(series.no_volume.sum()), count + len(series)
             yield series
     except KronosError as error:

@@ -91,7 +91,6 @@ class PredictConfig(InputSpec):
     seed: int = 0
     holdout: bool = False
     symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
-    skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
     window_mode: str = "refill"
     cuda_graphs: bool | None = None  # cached one-token steps as CUDA graphs; None: on when the device is CUDA
     kv_cache: bool = True  # False: the reference method, the whole window recomputed for every token
@@ -165,8 +164,6 @@ def check_config(config: PredictConfig) -> None:
                               f"process; use --nproc 1 or the KV cache")
     if config.symbol_column is not None and not config.data:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
-    if config.skip_short and config.symbol_column is None:
-        raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
     if config.out is not None:
         check_output_path(config.out)
     check_job_flags(config)
