@@ -13,10 +13,10 @@ the pick without the meter; and trains ``--train-steps`` optimizer steps plus a
 full evaluation at the pick on the simulated device, counting out-of-memory
 errors.
 
-predict: picks the chunk (series per chunk) for the preset's predict workload
-under ``--budget-gb``, then sweeps chunk sizes up to the pick, timing series/s
+predict: picks the call size (series per call) for the preset's predict workload
+under ``--budget-gb``, then sweeps call sizes up to the pick, timing series/s
 over all the preset's series (median/min/max over ``--repeats``), and compares
-the pick with the fastest chunk.
+the pick with the fastest call size.
 """
 
 from __future__ import annotations
@@ -171,27 +171,27 @@ def bench_predict(preset: Preset, model_size: str | None, budget_bytes: int, mar
     print(f"predict: Kronos-{size}, {p.series_count} series x {p.sample_count} sample(s), {p.lookback} in / "
           f"{p.pred_len} out, simulated cpu device {format_bytes(budget_bytes)} "
           f"(margin {default_margin('cpu') if margin is None else margin:.0%})")
-    pick = task.run(budget_bytes, margin=margin, timing_chunks=1)
+    pick = task.run(budget_bytes, margin=margin, timing_calls=1)
     result = pick.result
-    print(f"  autobatch pick: {pick.series_per_chunk} series per chunk = max_batch_size {pick.max_batch_size} "
+    print(f"  autobatch pick: {pick.series_per_call} series per call = max_batch_size {pick.max_batch_size} "
           f"({len(result.probes)} runs, {result.search_time_s:.1f} s)")
     _print_probes(result)
     print(f"  peak at the pick {format_bytes(result.measured_peak_bytes)} = "
           f"{result.measured_peak_bytes / budget_bytes:.1%} of the budget")
 
-    sizes = sorted({s for s in (1, 4, 16, 64, 256, 1024) if s < pick.series_per_chunk} | {pick.series_per_chunk})
-    task.throughput(sizes[0], chunks=1, repeats=1)  # warm-up (first calls allocate and fill caches)
+    sizes = sorted({s for s in (1, 4, 16, 64, 256, 1024) if s < pick.series_per_call} | {pick.series_per_call})
+    task.throughput(sizes[0], calls=1, repeats=1)  # warm-up (first calls allocate and fill caches)
     rows: list[tuple[int, list[float]]] = []
-    for chunk in sizes:
-        series = min(p.series_count, max(8, 2 * chunk))  # whole chunks where possible, never fewer than 8
-        rates = task.throughput(chunk, chunks=max(1, -(-series // chunk)), repeats=repeats)
-        rows.append((chunk, rates))
-        print(f"    chunk {chunk:4d} series (timed on {min(series, p.series_count)} series): "
+    for per_call in sizes:
+        series = min(p.series_count, max(8, 2 * per_call))  # whole calls where possible, never fewer than 8
+        rates = task.throughput(per_call, calls=max(1, -(-series // per_call)), repeats=repeats)
+        rows.append((per_call, rates))
+        print(f"    call of {per_call:4d} series (timed on {min(series, p.series_count)} series): "
               f"{stats(rates, 'series/s', 2)}")
-    best_chunk, best_rates = max(rows, key=lambda row: statistics.median(row[1]))
-    pick_rates = dict(rows)[pick.series_per_chunk]
-    print(f"  fastest chunk in the sweep: {best_chunk} series ({statistics.median(best_rates):.2f} series/s); "
-          f"the pick {pick.series_per_chunk}: {statistics.median(pick_rates):.2f} series/s = "
+    best_call, best_rates = max(rows, key=lambda row: statistics.median(row[1]))
+    pick_rates = dict(rows)[pick.series_per_call]
+    print(f"  fastest call in the sweep: {best_call} series ({statistics.median(best_rates):.2f} series/s); "
+          f"the pick {pick.series_per_call}: {statistics.median(pick_rates):.2f} series/s = "
           f"{statistics.median(pick_rates) / statistics.median(best_rates):.1%} of the fastest")
 
 

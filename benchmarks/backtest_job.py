@@ -1,6 +1,7 @@
 """The backtest as a prediction job: memory in symbols x origins, kill -9 + --resume, ranks, its rate.
 
     python -m benchmarks.backtest_job rss --symbols 500 5000
+    python -m benchmarks.backtest_job rss --data --symbols 400 4000 --origins 5
     python -m benchmarks.backtest_job resume --symbols 5000
     python -m benchmarks.backtest_job ranks --symbols 1000
     python -m benchmarks.backtest_job rate --symbols 1000 --repeats 3
@@ -10,7 +11,9 @@ The real command line on a synthetic universe (`--synthetic N`), Kronos-tiny ran
 lookback 64, pred-len 4, --origins 40 (change with --origins), one command at a time:
 
 - rss: the kernel's ru_maxrss of the whole command per universe size (wait4, as /usr/bin/time -v) and the
-  ratio to the smallest size. Not a timing.
+  ratio to the smallest size. Not a timing. With --data: on a Parquet panel sorted by symbol that it writes
+  (N symbols x --bars daily bars), read in symbol batches, and the ratio to --synthetic of the same shape:
+  `rss --data --symbols 400 4000 --origins 5` (400 bars, an origin every 83).
 - resume: a full run; a run killed with SIGKILL once half its chunks are finished; --resume of it; the
   resumed part's wall against the full run's, and whether backtest.json and origins.csv are byte-identical.
 - ranks: one process against --nproc 2 (gloo ranks claiming chunks): wall of each and whether the outputs
@@ -39,15 +42,18 @@ from pathlib import Path
 
 from benchmarks.predict_job_runs import Measured, predict_command, run_measured, write_panel
 
+LOOKBACK, PRED_LEN = 64, 4
+
 
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load {one:.2f} / {five:.2f}"
 
 
-def backtest_command(out: Path, symbols: int, origins: int, *extra: str) -> list[str]:
+def backtest_command(out: Path, symbols: int, origins: int, *extra: str, data: Path | None = None) -> list[str]:
+    universe = ["--synthetic", str(symbols)] if data is None else ["--data", str(data)]
     return [sys.executable, "-m", "kronos_tune.cli", "backtest", "--size", "tiny", "--device", "cpu",
-            "--lookback", "64", "--pred-len", "4", "--synthetic", str(symbols), "--origins", str(origins),
+            "--lookback", str(LOOKBACK), "--pred-len", str(PRED_LEN), *universe, "--origins", str(origins),
             "--top-k", "10", "--out", str(out), "--json", *extra]
 
 
@@ -66,6 +72,9 @@ def spread(values: list[float]) -> str:
 
 
 def mode_rss(args: argparse.Namespace, work: Path) -> None:
+    if args.data:
+        rss_file_panels(args, work)
+        return
     first = None
     for symbols in args.symbols:
         measured = run_measured(backtest_command(work / f"rss-{symbols}", symbols, args.origins))
@@ -73,6 +82,27 @@ def mode_rss(args: argparse.Namespace, work: Path) -> None:
         first = first or measured.max_rss_bytes
         print(f"{symbols:,} symbols x {args.origins} origins: peak RSS {measured.max_rss_bytes / 2**20:,.0f} MiB "
               f"(x{measured.max_rss_bytes / first:.2f} of the first size), wall {measured.wall_s:.1f} s ({load()})")
+
+
+def rss_file_panels(args: argparse.Namespace, work: Path) -> None:
+    """Per size: the backtest on a sorted Parquet panel it writes, then on --synthetic of the same shape (the
+    same bars per symbol: --every is chosen so the synthetic universe holds --bars, rounded to whole origins)."""
+    every = max(1, (args.bars - LOOKBACK - PRED_LEN) // max(1, args.origins - 1))
+    bars = LOOKBACK + PRED_LEN + (args.origins - 1) * every
+    first = None
+    for symbols in args.symbols:
+        panel = write_panel(work / f"panel-{symbols}.parquet", symbols, rows=bars)
+        shape = (args.origins, "--every", str(every))
+        from_file = run_measured(backtest_command(work / f"file-{symbols}", symbols, *shape, data=panel))
+        checked(from_file, f"{symbols} symbols from the panel file")
+        panel.unlink()
+        synthetic = run_measured(backtest_command(work / f"synthetic-{symbols}", symbols, *shape))
+        checked(synthetic, f"{symbols} synthetic symbols")
+        first = first or from_file.max_rss_bytes
+        print(f"{symbols:,} symbols x {bars} bars, {args.origins} origins every {every} bars: panel file peak RSS "
+              f"{from_file.max_rss_bytes / 2**20:,.0f} MiB (x{from_file.max_rss_bytes / first:.2f} of the first "
+              f"size, target <= 1.25), --synthetic {synthetic.max_rss_bytes / 2**20:,.0f} MiB (file / synthetic "
+              f"x{from_file.max_rss_bytes / synthetic.max_rss_bytes:.2f}, target <= 1.1) ({load()})")
 
 
 def mode_resume(args: argparse.Namespace, work: Path) -> None:
@@ -161,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=float, default=3.0, help="slow mode: rank 1's slowdown factor")
     parser.add_argument("--symbols", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--origins", type=int, default=40)
+    parser.add_argument("--data", action="store_true",
+                        help="rss mode: sorted Parquet panel files of N symbols x --bars (written here) against "
+                             "--synthetic of the same shape")
+    parser.add_argument("--bars", type=int, default=400, help="--data: bars per symbol")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)

@@ -175,7 +175,7 @@ def _print_breakdown(args: argparse.Namespace, predictor: KronosPredictor, call,
                      recompute_seconds: float | None, timed_seconds: float) -> None:
     """Time the cached path's phases over `args.repeats` more runs and print them with their floors."""
     runs = [time_phases(predictor, lambda: call(predictor), args.pred_len) for _ in range(args.repeats)]
-    rows = min(args.series, predictor.rows_per_chunk(args.max_batch_size, args.lookback, args.pred_len))
+    rows = min(args.series, predictor.rows_per_call(args.max_batch_size, args.lookback, args.pred_len))
     element_bytes = 2 if args.amp != "none" else 4
     bandwidth = measure_read_bandwidth(predictor.device)
     for line in breakdown_lines(runs, predictor.model, rows, args.lookback, args.pred_len, element_bytes,

@@ -90,8 +90,7 @@ def mode_throughput(args: argparse.Namespace, work: Path) -> dict:
 
     series = args.series[0]
     panel = write_panel(work / "panel.parquet", series)
-    config = PredictConfig(lookback=64, pred_len=4, size="tiny", device="cpu", data=(panel,), symbol_column="symbol",
-                           skip_short=True)
+    config = PredictConfig(lookback=64, pred_len=4, size="tiny", device="cpu", data=(panel,), symbol_column="symbol")
     inputs = load_inputs(config, lambda level, text: None)
     predictor = load_predictor(config, lambda level, text: None)
     streams = stream_arguments(inputs.names, inputs.last_ns, config.seed)

@@ -112,4 +112,4 @@ def predict_command(panel: Path, out: Path, *extra: str, size: str = "tiny", loo
                     pred_len: int = 4) -> list[str]:
     return [sys.executable, "-m", "kronos_tune.cli", "predict", "--size", size, "--device", "cpu",
             "--lookback", str(lookback), "--pred-len", str(pred_len), "--data", str(panel),
-            "--symbol-column", "symbol", "--skip-short", "--out", str(out), "--json", *extra]
+            "--symbol-column", "symbol", "--out", str(out), "--json", *extra]

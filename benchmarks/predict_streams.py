@@ -4,12 +4,12 @@
     python -m benchmarks.predict_streams --only cost --rows 256 --repeats 9   # cost of the streams (timing)
 
 Invariance: the same N synthetic series (random-init weights) predicted as one
-batch (the reference), in reversed order, in chunks of 7 (`max_batch_size`), and
-each alone (chunks of 1; `--compositions` picks), for each sampling mode:
+batch (the reference), in reversed order, in calls of 7 (`max_batch_size`), and
+each alone (calls of 1; `--compositions` picks), for each sampling mode:
 
-- "greedy-plain": top_k=1 without keys, as before this change (no padding of the chunk);
+- "greedy-plain": top_k=1 without keys, as before this change (no padding of the call);
 - "greedy-keys" and "sampled-keys" (T 1.0, top-p 0.9): each series with its
-  own stream and the chunk padded to whole row blocks (streams.pad_rows).
+  own stream and the call padded to whole row blocks (streams.pad_rows).
 
 For each composition it counts the series whose generated tokens differ from the
 reference's, the share of differing tokens, and the series whose output values
@@ -64,36 +64,36 @@ def make_inputs(count: int, lookback: int, pred_len: int, seed: int) -> Inputs:
 
 
 class TokenRecorder:
-    """Records the tokens each `generate_chunk` of `predictor` generates, without its padding rows."""
+    """Records the tokens each `generate_call` of `predictor` generates, without its padding rows."""
 
     def __init__(self, predictor: KronosPredictor):
-        self.predictor, self.chunks = predictor, []
+        self.predictor, self.calls = predictor, []
         self._pending: list[torch.Tensor] = []
 
     def __enter__(self) -> TokenRecorder:
         self._generate_tokens = predictor_module.generate_tokens
-        self._generate_chunk = self.predictor.generate_chunk
+        self._generate_call = self.predictor.generate_call
 
         def generate_tokens(*args, **kwargs):
             new_s1, new_s2 = self._generate_tokens(*args, **kwargs)
             self._pending.append(torch.stack([new_s1, new_s2], dim=-1))
             return new_s1, new_s2
 
-        def generate_chunk(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs):
-            paths = self._generate_chunk(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs)
-            self.chunks.append(self._pending.pop()[:x_norm.shape[0] * sample_count].clone())
+        def generate_call(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs):
+            paths = self._generate_call(x_norm, stamps, pred_len, params, sample_count, *args, **kwargs)
+            self.calls.append(self._pending.pop()[:x_norm.shape[0] * sample_count].clone())
             return paths
 
         predictor_module.generate_tokens = generate_tokens
-        self.predictor.generate_chunk = generate_chunk
+        self.predictor.generate_call = generate_call
         return self
 
     def __exit__(self, *exc) -> None:
         predictor_module.generate_tokens = self._generate_tokens
-        del self.predictor.generate_chunk
+        del self.predictor.generate_call
 
     def tokens(self) -> np.ndarray:
-        return torch.cat(self.chunks).numpy()
+        return torch.cat(self.calls).numpy()
 
 
 def predict(predictor: KronosPredictor, inputs: Inputs, order: np.ndarray, max_batch_size: int,
@@ -113,7 +113,7 @@ def invariance(args: argparse.Namespace) -> None:
     count = args.series
     forward, reverse = np.arange(count), np.arange(count)[::-1].copy()
     compositions = {name: layout for name, layout in
-                    {"reversed": (reverse, count), "chunks-of-7": (forward, 7), "alone": (forward, 1)}.items()
+                    {"reversed": (reverse, count), "calls-of-7": (forward, 7), "alone": (forward, 1)}.items()
                     if name in args.compositions.split(",")}
     print(f"invariance: {count} series, lookback {args.lookback}, pred_len {args.pred_len}, "
           f"{args.sample_count} path(s), {torch.get_num_threads()} thread(s); reference: one batch of all")
@@ -125,8 +125,8 @@ def invariance(args: argparse.Namespace) -> None:
         for mode in args.modes.split(","):
             sampling, keyed = MODES[mode.strip()]
             values, tokens = predict(predictor, inputs, forward, count, sampling, keyed, args.sample_count)
-            for name, (order, chunk) in compositions.items():
-                other_values, other_tokens = predict(predictor, inputs, order, chunk, sampling, keyed,
+            for name, (order, per_call) in compositions.items():
+                other_values, other_tokens = predict(predictor, inputs, order, per_call, sampling, keyed,
                                                      args.sample_count)
                 token_series = int((tokens != other_tokens).reshape(count, -1).any(axis=1).sum())
                 token_share = float((tokens != other_tokens).mean())
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["invariance", "cost"], default=None, help="one part (default: both)")
     parser.add_argument("--sizes", default="mini,small", help="model sizes for the invariance part")
     parser.add_argument("--modes", default=",".join(MODES), help=f"sampling modes, of: {', '.join(MODES)}")
-    parser.add_argument("--compositions", default="reversed,chunks-of-7,alone",
-                        help="compared with one batch of all, of: reversed, chunks-of-7, alone")
+    parser.add_argument("--compositions", default="reversed,calls-of-7,alone",
+                        help="compared with one batch of all, of: reversed, calls-of-7, alone")
     parser.add_argument("--series", type=int, default=1000)
     parser.add_argument("--lookback", type=int, default=32)
     parser.add_argument("--pred-len", type=int, default=4)

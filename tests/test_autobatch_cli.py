@@ -97,8 +97,8 @@ def test_predict_chunk_json(preset_dir: Path) -> None:
                            "--budget-gb", "0.002")
     assert payload["task"] == "predict" and payload["train_config"] is None
     chunk = payload["predict_config"]
-    assert payload["batch_size"] == chunk["max_batch_size"] == chunk["series_per_chunk"] * 2
-    assert 1 <= chunk["series_per_chunk"] < 12  # 2 MiB does not hold all 12 series at once
+    assert payload["batch_size"] == chunk["max_batch_size"] == chunk["series_per_call"] * 2
+    assert 1 <= chunk["series_per_call"] < 12  # 2 MiB does not hold all 12 series at once
     assert payload["measured_peak_bytes"] <= payload["budget_bytes"] * (1 - payload["margin"])
     assert payload["series_per_s"] > 0
 
@@ -108,7 +108,7 @@ def test_predict_chunk_json(preset_dir: Path) -> None:
     meter = CpuExactMeter(budget_bytes=payload["budget_bytes"])
     meter.track_existing(predictor.model, predictor.tokenizer)
     with meter:
-        frames = task.predict(predictor, 12, chunk["series_per_chunk"])
+        frames = task.predict(predictor, 12, chunk["series_per_call"])
     assert len(frames) == 12 and meter.num_ooms == 0
 
 

@@ -12,12 +12,13 @@ import pytest
 
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, validate_kline
 from kronos_core.data.synthetic import synthetic_kline
+from kronos_core.data.tables import symbol_column
 from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
 from kronos_tune.backtest.origins import EVERY_DAY, schedule_origins
 from kronos_tune.backtest.portfolio import FEW_PERIODS, curve_stats, run_portfolio, target_weights
-from kronos_tune.backtest.universe import load_universe
+from kronos_tune.backtest.universe import SymbolSeries, load_universe
 from kronos_tune.errors import KronosTuneError
 from synthetic_panel import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_universe, universe_of
 
@@ -172,22 +173,33 @@ def test_folder_and_panel_files_give_the_same_universe(tmp_path: Path):
     panel = pd.concat([frame.assign(Ticker=name) for name, frame in frames.items()])
     panel.to_csv(tmp_path / "panel.csv", index=False)
     panel.to_parquet(tmp_path / "panel.parquet", index=False)
+    # row groups of 50 rows: the sorted Parquet panel streams in batches that cut symbols (80-100 rows)
+    panel.to_parquet(tmp_path / "panel.parquet", index=False, row_group_size=50)
+    panel.iloc[::-1].to_parquet(tmp_path / "unsorted.parquet", index=False)
     notes, note = _notes()
     from_folder = load_universe((folder,), None, 0, 0, note)
-    for path in (tmp_path / "panel.csv", tmp_path / "panel.parquet"):
+    assert notes == []
+    for path in (tmp_path / "panel.csv", tmp_path / "panel.parquet", tmp_path / "unsorted.parquet"):
         from_panel = load_universe((path,), None, 0, 0, note)
         assert [s.name for s in from_panel.symbols] == [s.name for s in from_folder.symbols] == list(frames)
         for a, b in zip(from_panel.symbols, from_folder.symbols):
             np.testing.assert_array_equal(a.stamps, b.stamps)
             np.testing.assert_allclose(a.features, b.features, rtol=1e-12)
-    assert notes == []
+    read_whole = [m for level, m in notes if "the panel is read whole" in m]
+    assert len(read_whole) == 2 and "CSV" in read_whole[0] and "not sorted by Ticker" in read_whole[1]
+    assert all("read whole" in m or "newest first" in m for _, m in notes)  # the reversed file: read backwards
+
+
+def test_one_symbol_column_rule():
+    assert symbol_column(["Date", " Ticker ", "Code", "close"]) == " Ticker "  # the file's order, as spelled
+    assert symbol_column(["timestamps", "open", "close"]) is None
 
 
 def test_schedule_origins_every_bars_and_days():
-    panel = synthetic_universe(5, n_rows=48 * 6, seed=0)
-    universe = universe_of(panel)
+    universe = load_universe((), 5, 48 * 6, 0, lambda level, message: None)
     # A short symbol with no room for any origin is skipped, and said so.
-    universe.symbols.append(universe_of(panel.iloc[:30].assign(symbol="SHORT"), "short").symbols[0])
+    first = universe.symbols[0]
+    universe.symbols.append(SymbolSeries("SHORT", first.stamps[:30], first.features[:30]))
     schedule = schedule_origins(universe, lookback=60, pred_len=6, every=12, count=5)
     assert [o.index for o in schedule.origins] == list(range(5))
     positions = [int(np.searchsorted(universe.symbols[0].stamps, o.timestamp.to_datetime64()))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # Greedy tokens and 2 symbol-origins a chunk: one process runs the same batches the ranks run, so the CPU
 # matrix products round alike and the files are equal bit for bit.
 BACKTEST = ("backtest", "--size", "tiny", "--device", "cpu", "--lookback", "32", "--pred-len", "4", "--synthetic", "6",
-            "--origins", "4", "--top-k", "2", "--sample-top-k", "1", "--batch-size", "2", "--compare", "shift",
+            "--origins", "4", "--top-k", "2", "--sample-top-k", "1", "--chunk-series", "2", "--compare", "shift",
             "--json")
 TIMEOUT_S = 300
 

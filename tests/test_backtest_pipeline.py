@@ -34,10 +34,13 @@ def test_chunk_size_is_chosen_from_the_job():
     # enough chunks per process that a stop keeps work and ranks share it ...
     assert choose_chunk_series(481, 1, "cpu") == 61 and -(-481 // 61) == CHUNKS_PER_PROCESS
     assert choose_chunk_series(481, 2, "cpu") == 31
-    # ... no chunk larger than one CPU call fills (256 sequences), fewer series per chunk with more paths ...
+    # ... no chunk larger than one predict call (256 sequences on the CPU), fewer series with more paths ...
     assert choose_chunk_series(200_000, 1, "cpu") == 256
     assert choose_chunk_series(200_000, 1, "cpu", sample_count=8) == 32
-    assert choose_chunk_series(200_000, 1, "cuda") == 4096
+    assert choose_chunk_series(200_000, 1, "cuda") == 8192  # the predictor's one CUDA cap
+    # ... or one call of --max-batch-size sequences when given
+    assert choose_chunk_series(200_000, 1, "cpu", max_batch_size=64) == 64
+    assert choose_chunk_series(200_000, 1, "cuda", sample_count=8, max_batch_size=64) == 8
     # ... and not tiny chunks for a small job
     assert choose_chunk_series(30, 1, "cpu") == 16 and choose_chunk_series(5, 4, "cpu") == 5
     assert describe_chunks(61, 481, 1, chosen=True).startswith("chunks of 61 series: 8 chunks (chosen from the job")
@@ -60,7 +63,7 @@ def test_the_chunk_size_does_not_change_a_sampled_backtest(tmp_path: Path, one_t
     options = dict(**TINY, synthetic=9, origins=4, top_k=2, setting=PredictionSetting(sample_count=2))
     notes: list[str] = []
     run_backtest(BacktestConfig(**options, out=tmp_path / "auto"), on_note=lambda level, text: notes.append(text))
-    run_backtest(BacktestConfig(**options, batch_size=7, out=tmp_path / "seven"), on_note=_quiet)
+    run_backtest(BacktestConfig(**options, chunk_series=7, out=tmp_path / "seven"), on_note=_quiet)
     assert _outputs(tmp_path / "auto") == _outputs(tmp_path / "seven")
     assert any("chunks of 16 symbol-origins: 3 chunks (chosen from the job" in note for note in notes)
     assert any("symbol-origins/s on the first chunk: about" in note for note in notes)
@@ -83,7 +86,7 @@ def test_a_run_of_an_earlier_build_is_refused_in_one_line(tmp_path: Path, one_th
 
 
 def test_a_resumed_slot_with_other_settings_names_what_differs(tmp_path: Path, one_thread):
-    options = dict(**TINY, synthetic=6, origins=3, top_k=2, batch_size=6)
+    options = dict(**TINY, synthetic=6, origins=3, top_k=2, chunk_series=6)
 
     def stop_after_first_origin(state) -> None:
         if state.origins_done >= 1:

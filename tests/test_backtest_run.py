@@ -94,7 +94,7 @@ def test_ic_per_origin_equals_pandas_corr_of_the_saved_predictions(tmp_path: Pat
 
 def test_resume_after_interruption_gives_the_same_backtest_json(tmp_path: Path, one_thread):
     # Sampling on (T=1), several predict calls per run: the per-unit seeds must make the runs agree.
-    options = dict(**TINY, synthetic=6, origins=5, top_k=2, batch_size=12, setting=PredictionSetting())
+    options = dict(**TINY, synthetic=6, origins=5, top_k=2, chunk_series=12, setting=PredictionSetting())
     whole = run_backtest(BacktestConfig(**options, out=tmp_path / "whole"), on_note=_quiet)
     assert whole.session_predicted == 30
 

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from kronos_core.data.synthetic import synthetic_series
+from kronos_tune.benchmark.predict.pipeline import benchmark_series
 from kronos_tune.benchmark.report.rebuild import load_run
+from kronos_tune.benchmark.results import PredictSettings
 from kronos_tune.benchmark.train.text import user_recommended_toml
-from kronos_tune.benchmark.user_job import user_preset
+from kronos_tune.benchmark.user_job import save_predict_series, user_preset
 from kronos_tune.presets import resolve_preset
 
 from test_upstream_config import run_cli, tiny_weights, upstream_yaml, write_csv  # noqa: E402
@@ -149,8 +153,11 @@ def test_a_predict_config_is_benchmarked_on_its_series_and_recommended_as_itself
     assert report["job"]["data"] == [str(folder)] and report["job"]["series"] == 4
     ran = [trial for trial in report["trials"] if trial["status"] == "ok"]
     assert len(ran) >= 2
+    saved = out / "data" / "series.npz"  # the user's series read once; every trial opened this copy
+    assert report["job"]["saved_data"] == str(saved) and saved.is_file()
     for trial in ran:  # every trial predicted the user's series with the file's windows
         assert trial["config"]["inputs"]["data"] == [str(folder)]
+        assert trial["config"]["inputs"]["saved"] == str(saved)
         assert (trial["config"]["lookback"], trial["config"]["pred_len"]) == (32, 4)
     assert f"the same 4 series of {folder} (your job: {path})" in (out / "report.md").read_text()
     text = (out / "recommended.toml").read_text()
@@ -160,3 +167,19 @@ def test_a_predict_config_is_benchmarked_on_its_series_and_recommended_as_itself
         32, 4)
     assert run_cli(["predict", "--config", str(out / "recommended.toml"), "--out", str(tmp_path / "p.csv")]) == 0
     assert set(pd.read_csv(tmp_path / "p.csv")["series"]) == {"s0", "s1", "s2", "s3"}
+
+
+def test_predict_trials_open_the_saved_series_not_the_users_files(tmp_path: Path) -> None:
+    folder = tmp_path / "series"
+    folder.mkdir()
+    for index, frame in enumerate(synthetic_series(3, n_rows=50, seed=2)):
+        frame.to_csv(folder / f"s{index}.csv", index=False)
+    settings = PredictSettings("tiny", 32, 4, 1, 3, 3, inputs={"data": [str(folder)]})
+    read = benchmark_series(settings, "cpu")
+    saved = save_predict_series(settings, "cpu", tmp_path / "run")
+    shutil.rmtree(folder)  # the trials never read them again
+    opened = benchmark_series(replace(settings, inputs={**settings.inputs, "saved": str(saved)}), "cpu", 2)
+    assert list(opened.names) == ["s0", "s1"] == list(read.names[:2])
+    for field in ("x", "x_stamp", "y_stamp", "future_ns", "last_ns", "no_volume"):
+        np.testing.assert_array_equal(getattr(opened, field), getattr(read, field)[:2])
+    assert opened.precision == read.precision

@@ -92,7 +92,7 @@ def test_autobatch_json_reports_verified_and_predicted_with_and_without_maximize
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv, text in ((["autobatch", "--preset", "cpu", "--task", "predict", "--maximize"],
-                        "the prediction chunk is already the largest that fits"),
+                        "the predict call is already the largest that fits"),
                        (["autobatch", "--preset", "cpu", "--task", "predict", "--estimate"],
                         "--estimate covers --task train only"),
                        (["autobatch", "--preset", "cpu", "--task", "nope"], "--task must be one of train, predict"),

@@ -116,7 +116,7 @@ def test_piped_train_prints_progress_lines_and_a_hang_up_stops_it_cleanly(tmp_pa
 def test_piped_backtest_prints_progress_lines_and_a_hang_up_keeps_its_chunks(tmp_path: Path) -> None:
     out = tmp_path / "bt"
     run = PipedRun(["backtest", "--size", "tiny", "--synthetic", "60", "--lookback", "64", "--pred-len", "4",
-                    "--origins", "1500", "--top-k", "3", "--batch-size", "200", "--out", str(out)], tmp_path)
+                    "--origins", "1500", "--top-k", "3", "--chunk-series", "200", "--out", str(out)], tmp_path)
     run.wait_for(r"backtest float32: [\d,]+/90,000 symbol-origins \(\d+%\), .*", 2)
     code = run.hang_up()
     assert code == 128 + signal.SIGHUP, "\n".join(run.err[-20:])

@@ -216,6 +216,20 @@ def test_user_errors_are_one_line(case: str, checkpoints: dict[str, Path], tmp_p
     assert "Traceback" not in err + out
 
 
+def test_a_file_too_short_is_left_out_as_a_panel_symbol_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _bad_data(tmp_path / "bad")
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("short", "ok"):
+        shutil.copy(data[name], folder / f"{name}.csv")
+    report = _run_json(capsys, "--size", "tiny", "--data", folder, "--lookback", 40, "--pred-len", 2)
+    assert report["series"] == 1
+    assert any("skipped 1 files with too few rows (20 rows, fewer than lookback 40 for short): short" in note
+               for note in report["notes"])
+    code, _, err = _run(capsys, "--size", "tiny", "--data", folder, "--lookback", 80, "--pred-len", 2)
+    assert code == 2 and "every --data file has fewer rows than --lookback 80 (the longest has 60)" in err
+
+
 def test_console_script_error_and_success(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     data = _bad_data(tmp_path)
     done = subprocess.run([_console_script(), "predict", "--checkpoint", str(checkpoints["root"] / "truncated"),
@@ -300,20 +314,17 @@ def test_panel_and_sharding_errors_are_one_line(tmp_path: Path, capsys: pytest.C
     cases = [
         (("--symbol-column", "code"), "no symbol column 'code' (found: timestamps, open, high, low, close, volume, "
                                       "amount, ticker)"),
-        (("--symbol-column", "ticker"), "symbol SHORT has 10 rows, fewer than lookback 40; use a shorter "
-                                         "--lookback, or add --skip-short to leave such symbols out"),
         (("--symbol-column", "ticker", "--lookback", 100), "no symbol has 100 rows (the longest has 60); use a "
                                                            "shorter --lookback"),
         (("--symbol-column", "ticker", "--resume", "--out", tmp_path / "p.csv"),
          "--resume: no work folder"),
         (("--symbol-column", "ticker", "--out", tmp_path / "absent" / "p.csv"), "absent does not exist"),
-        (("--skip-short",), "--skip-short applies to panels; add --symbol-column NAME"),
     ]
     for extra, fragment in cases:
         code, out, err = _run(capsys, *common, *extra)
         assert code == 2 and err.startswith("error: ") and fragment in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
-    report = _run_json(capsys, *common, "--symbol-column", "ticker", "--skip-short")
+    report = _run_json(capsys, *common, "--symbol-column", "ticker")  # too short: left out, one line
     assert report["series"] == 1 and any("skipped 1 symbols" in n and "SHORT" in n for n in report["notes"])
     mixed = synthetic_kline(60, seed=3).assign(ticker="MIX")
     mixed.loc[30, "timestamps"] = mixed.loc[29, "timestamps"] + pd.Timedelta(minutes=1)

@@ -16,7 +16,7 @@ from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.job import run_predict
 from kronos_tune.predict.large import SMALL_RUN_SERIES
-from kronos_tune.predict.panel_stream import sorted_panels, symbol_batches
+from kronos_core.data.panel_stream import sorted_panels, symbol_batches
 from kronos_tune.predict.workdir import DoneChunk, open_work
 
 BASE = dict(lookback=24, pred_len=2, size="tiny", device="cpu", chunk_series=3, sample_count=2)

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 # 4 symbols: 2 per rank. --top-k 1 (greedy) and --max-batch-size 2: one process runs the same two batches the
 # two ranks run, so the CPU matmuls round alike and the outputs are equal bit for bit.
 PREDICT = ("predict", "--size", "tiny", "--device", "cpu", "--top-k", "1", "--lookback", "30", "--pred-len", "3",
-           "--max-batch-size", "2", "--symbol-column", "Symbol", "--skip-short", "--json")
+           "--max-batch-size", "2", "--symbol-column", "Symbol", "--json")
 SYMBOLS = (("AAA", 60, "2010-08-20"), ("BBB", 50, "2010-08-20"), ("CCC", 55, "2010-08-13"), ("DDD", 40, "2010-07-02"))
 AGENT_TIMEOUT_S = 180
 

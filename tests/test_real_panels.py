@@ -90,7 +90,7 @@ def values(report: dict) -> np.ndarray:
 def test_yyyymmdd_panel_predicts_each_symbol_on_its_own_business_days(tmp_path: Path, capsys):
     path = tmp_path / "sp500_like.csv"
     write_sp500_like(path)
-    report = predict_json(capsys, "--data", path, "--symbol-column", "Symbol", "--skip-short", "--lookback", 30,
+    report = predict_json(capsys, "--data", path, "--symbol-column", "Symbol", "--lookback", 30,
                           "--pred-len", 3)
     # in name order, as every job lists them (the file lists BBB first)
     assert [p["series"] for p in report["predictions"]] == ["AAA", "BBB"]
@@ -102,7 +102,7 @@ def test_yyyymmdd_panel_predicts_each_symbol_on_its_own_business_days(tmp_path: 
                        "S0, S1, S2, S3, S4 and 2 more"]
 
     pytest.importorskip("exchange_calendars")
-    on_nyse = predict_json(capsys, "--data", path, "--symbol-column", "Symbol", "--skip-short", "--lookback", 30,
+    on_nyse = predict_json(capsys, "--data", path, "--symbol-column", "Symbol", "--lookback", 30,
                            "--pred-len", 3, "--calendar", "XNYS")
     assert stamps(on_nyse, "BBB") == list(pd.to_datetime(["2010-07-06", "2010-07-07", "2010-07-08"]))
     assert stamps(on_nyse, "AAA") == stamps(report, "AAA")

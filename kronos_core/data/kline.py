@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kronos_core.data.tables import (SYMBOL_COLUMN_NAMES, TIME_COLUMN, absolute_ns, file_name, first_data_line,
-                                     format_stamp, found_columns, ignored_columns_note, lower_columns, order_rows,
-                                     parse_timestamps, read_table, row_label, time_values)
+from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, format_stamp,
+                                     found_columns, ignored_columns_note, lower_columns, order_rows,
+                                     parse_timestamps, read_table, row_label, symbol_column, time_values)
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
 
@@ -302,7 +302,7 @@ def validate_kline(df: pd.DataFrame, source: str = "<data>", first_line: int | N
 
 
 def _panel_hint(names: Sequence[str], raw: pd.DataFrame) -> str:
-    symbol = next((n for n in names if n in SYMBOL_COLUMN_NAMES), None)
+    symbol = symbol_column(names)
     if symbol is None:
         return ""
     spelled = file_name(raw, symbol)

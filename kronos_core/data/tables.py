@@ -88,6 +88,13 @@ def lower_columns(frame: pd.DataFrame, source: object) -> list[str]:
     return names
 
 
+def symbol_column(columns: Sequence[object]) -> str | None:
+    """The one rule for a panel's symbol column when none is named: the first of `columns` (in the file's
+    order) whose name, in any case and without spaces around it, is one of SYMBOL_COLUMN_NAMES; returned as
+    spelled. None: a single-series file."""
+    return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_COLUMN_NAMES), None)
+
+
 def file_name(frame: pd.DataFrame, name: str) -> str:
     """Column `name` (lower case) as the file spells it."""
     return frame.attrs.get("file_columns", {}).get(name, name)
@@ -323,4 +330,5 @@ def _order_notes(notes: list[str], source: str, first_line: int | None, symbols:
 
 __all__ = ["SYMBOL_COLUMN_NAMES", "TIME_COLUMN", "TIME_COLUMN_ALIASES", "absolute_ns", "file_name",
            "first_data_line", "format_stamp", "ignored_columns_note", "locate_time_column", "lower_columns",
-           "order_rows", "parse_timestamps", "read_table", "row_label", "time_column", "time_values"]
+           "order_rows", "parse_timestamps", "read_table", "row_label", "symbol_column", "time_column",
+           "time_values"]

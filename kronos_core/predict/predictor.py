@@ -4,8 +4,9 @@ Beyond the reference: modules in eval mode; a key/value cache (exact while the
 window has not slid, see generation.py); one tokenizer encode per series, not
 per sample copy; s1 head logits for the last position only; series of
 different lengths grouped by length (each group exact, nothing truncated);
-work split into chunks so thousands of series fit in memory; optional return
-of every sample path; optional bf16/fp16 autocast, or the weights held in bf16.
+work split into calls of `max_batch_size` sequences (call_size.py) so
+thousands of series fit in memory; optional return of every sample path;
+optional bf16/fp16 autocast, or the weights held in bf16.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 
 from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS
 from kronos_core.errors import KronosError
+from kronos_core.predict.call_size import (bytes_per_sequence, cpu_rows_within_blocks, memory_fit, rows_per_call,
+                                           series_per_call)
 from kronos_core.predict.generation import WINDOW_MODES, SamplingParams, generate_tokens
 from kronos_core.hostmem import available_ram_bytes
 from kronos_core.model import Kronos
@@ -32,12 +35,6 @@ from kronos_core.tokenizer import KronosTokenizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHT_DTYPES = {"bf16": torch.bfloat16}
-CPU_MAX_ROWS = 256  # larger batches stop paying off on CPU and only cost memory
-# glibc serves a block above its mmap threshold (at most 32 MiB on 64-bit) from fresh pages each time and
-# returns them when it is freed, so a CPU call whose activations exceed it faults its pages in again on every
-# call: Kronos-mini at a 268-token window spent 9.2 s of 16.5 s in the kernel at 240 rows a call, 0.8 s at 60.
-CPU_BLOCK_BYTES = 32 << 20
-GPU_MAX_ROWS = 8192
 
 
 def default_device() -> str:
@@ -56,28 +53,9 @@ def available_memory_bytes(device: torch.device) -> int:
     return available_ram_bytes()
 
 
-def cpu_rows_within_blocks(model: Kronos, window: int) -> int:
-    """Rows a CPU call can run while its largest activation (the feed-forward's hidden layer over the window,
-    float32) stays within CPU_BLOCK_BYTES."""
-    widest = max(model.transformer[0].ffn.w1.out_features, model.d_model)
-    return max(1, CPU_BLOCK_BYTES // (window * widest * 4))
-
-
-def bytes_per_sequence(model: Kronos, tokenizer: KronosTokenizer, window: int, element_bytes: int) -> int:
-    """Rough upper bound of the memory one sequence in flight needs during prediction:
-    its key/value cache plus the transient activations of a prefill over the window."""
-    d = model.d_model
-    ff = model.transformer[0].ffn.w1.out_features
-    cache = int(model.kv_cache_bytes(1, window, element_bytes))
-    prefill = window * (8 * d + 3 * ff + 4 * 2 ** model.s1_bits) * max(element_bytes, 4)
-    attention_scores = model.n_heads * window * window * 4
-    tokenizer_pass = window * 12 * tokenizer.d_model * 4
-    return cache + prefill + attention_scores + tokenizer_pass
-
-
 @dataclass(frozen=True)
 class PredictProgress:
-    """Where a prediction call stands: decode steps over all chunks, and series whose chunk is finished."""
+    """Where a prediction call stands: decode steps over all calls, and series whose call is finished."""
 
     steps_done: int
     steps_total: int
@@ -129,15 +107,15 @@ class KronosPredictor:
     the weight bytes, and the activations between matmuls stay bf16 too.
 
     Sampling: with `keys` (and a `seed`), every (series, sample path) draws from its own random stream
-    (streams.py), so a series' sampled forecast is the same alone, in any batch, order or chunk. Without
+    (streams.py), so a series' sampled forecast is the same alone, in any batch, order or call. Without
     `keys`, rows draw from torch's global generator in batch order, as before.
 
     `phase_clock`, when set, is called as each phase ends: "prepare" (host
     conversion), per length group "h2d" (copy to the device and normalization),
-    per chunk "encode", "step" (after each generated step) and "decode", per
+    per call "encode", "step" (after each generated step) and "decode", per
     group "d2h" (de-normalization and copy back); output frames come after the
     last mark. Benchmarks use it to time the phases (it should synchronize the
-    device itself). `token_sink`, when set, is called per chunk with the generated s1 and s2 ids
+    device itself). `token_sink`, when set, is called per call with the generated s1 and s2 ids
     ([rows, pred_len] each, rows = series x sample_count in row order): agreement statistics use it.
     """
 
@@ -198,9 +176,9 @@ class KronosPredictor:
                       on_progress: ProgressCallback | None = None, keys: Sequence[str] | None = None, seed: int = 0):
         """Predict many series; they may differ in history length (grouped by length).
 
-        `verbose`: a progress bar of the autoregressive steps (every chunk's pred_len of them) on stderr, with
+        `verbose`: a progress bar of the autoregressive steps (every call's pred_len of them) on stderr, with
         the rate and the time left, as the reference draws one. To follow progress in code, pass `on_progress`:
-        it is called with a PredictProgress after every generated step and finished chunk.
+        it is called with a PredictProgress after every generated step and finished call.
         `keys`: each series' name (e.g. its symbol); with them, series i samples from its own stream keyed by
         (seed, series_key(name, its last x timestamp), path), the same however the series are batched."""
         if not isinstance(df_list, (list, tuple)) or not isinstance(x_timestamp_list, (list, tuple)) \
@@ -219,19 +197,19 @@ class KronosPredictor:
         prepared = prepare_lists(df_list, x_timestamp_list, y_timestamp_list, pred_len)
         self._warn_long_history(prepared.longest)
         self._mark("prepare")
-        series_per_chunk = self.series_per_chunk(max_batch_size, prepared.longest, pred_len, sample_count)
-        chunks = sum(-(-len(g.members) // series_per_chunk) for g in prepared.groups)
+        per_call = self.series_per_call(max_batch_size, prepared.longest, pred_len, sample_count)
+        calls = sum(-(-len(g.members) // per_call) for g in prepared.groups)
         count = len(prepared.indexes)
         means: list[np.ndarray | None] = [None] * count
         samples: list[np.ndarray | None] = [None] * count
-        with _progress(on_progress, chunks * pred_len, count, verbose) as advance:
+        with _progress(on_progress, calls * pred_len, count, verbose) as advance:
             for group in prepared.groups:
                 group_keys = None if keys is None else np.array(
                     [series_key(keys[i], int(last)) for i, last in zip(group.members, group.last_ns)], dtype=np.int64)
                 mean_paths, all_paths = self.run_group(group.x, group.x_stamp, group.y_stamp, params, sample_count,
-                                                  series_per_chunk, return_samples,
+                                                  per_call, return_samples,
                                                   on_step=lambda _step: advance(0, 1),
-                                                  on_chunk=lambda done: advance(done, 0), keys=group_keys, seed=seed)
+                                                  on_call=lambda done: advance(done, 0), keys=group_keys, seed=seed)
                 for position, i in enumerate(group.members):
                     means[i] = mean_paths[position]
                     if all_paths is not None:
@@ -279,34 +257,31 @@ class KronosPredictor:
         pred_len = y_stamp.shape[1]
         self._warn_long_history(x.shape[1])
         params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p)
-        per_chunk = self.series_per_chunk(max_batch_size, x.shape[1], pred_len, sample_count)
-        chunks = -(-x.shape[0] // per_chunk)
-        with _progress(on_progress, chunks * pred_len, x.shape[0], verbose) as advance:
-            mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_chunk,
+        per_call = self.series_per_call(max_batch_size, x.shape[1], pred_len, sample_count)
+        calls = -(-x.shape[0] // per_call)
+        with _progress(on_progress, calls * pred_len, x.shape[0], verbose) as advance:
+            mean_path, samples = self.run_group(values, x_stamp, y_stamp, params, sample_count, per_call,
                                            mean_and_samples or not mean_only, on_step=lambda _step: advance(0, 1),
-                                           on_chunk=lambda done: advance(done, 0), keys=keys, seed=seed)
+                                           on_call=lambda done: advance(done, 0), keys=keys, seed=seed)
         if mean_and_samples:
             return mean_path, samples
         return mean_path if mean_only else samples
 
     # Internals ---------------------------------------------------------------------------
 
-    def rows_per_chunk(self, requested: int | None, history: int, pred_len: int) -> int:
-        """Sequences run at once: `requested`, else as many as 40% of free memory holds."""
+    def rows_per_call(self, requested: int | None, history: int, pred_len: int) -> int:
+        """Sequences run at once (call_size.rows_per_call): `requested`, else what the device and its free memory
+        allow."""
         if requested is not None:
-            if requested < 1:
-                raise KronosError(f"max_batch_size must be >= 1, got {requested}")
-            return requested
+            return rows_per_call(self.device.type, requested)
         window = min(self.max_context, history + pred_len)
         element_bytes = 2 if self.amp else 4
-        per_row = bytes_per_sequence(self.model, self.tokenizer, window, element_bytes)
-        fit = int(0.4 * available_memory_bytes(self.device) // per_row)
-        if self.device.type == "cuda":
-            return max(1, min(fit, GPU_MAX_ROWS))
-        return max(1, min(fit, CPU_MAX_ROWS, cpu_rows_within_blocks(self.model, window)))
+        fit = memory_fit(available_memory_bytes(self.device),
+                         bytes_per_sequence(self.model, self.tokenizer, window, element_bytes))
+        return rows_per_call(self.device.type, fit=fit, block_rows=cpu_rows_within_blocks(self.model, window))
 
-    def series_per_chunk(self, requested: int | None, history: int, pred_len: int, sample_count: int) -> int:
-        return max(1, self.rows_per_chunk(requested or self.max_batch_size, history, pred_len) // sample_count)
+    def series_per_call(self, requested: int | None, history: int, pred_len: int, sample_count: int) -> int:
+        return series_per_call(self.rows_per_call(requested or self.max_batch_size, history, pred_len), sample_count)
 
     def _warn_long_history(self, longest: int) -> None:
         if longest > self.max_context:
@@ -339,14 +314,14 @@ class KronosPredictor:
     @torch.inference_mode()
     def run_group(self, x: np.ndarray | torch.Tensor, x_stamp: np.ndarray | torch.Tensor,
                   y_stamp: np.ndarray | torch.Tensor, params: SamplingParams, sample_count: int,
-                  series_per_chunk: int, want_samples: bool,
+                  series_per_call: int, want_samples: bool,
                   on_step: Callable[[int], None] | None = None,
-                  on_chunk: Callable[[int], None] | None = None, keys: np.ndarray | None = None,
+                  on_call: Callable[[int], None] | None = None, keys: np.ndarray | None = None,
                   seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
         """Predict series of one history length (`keys`: int64 [n] series keys, see predict_arrays).
 
         Returns the mean path [n, P, 6] and, with `want_samples`, every path [n, S, P, 6], both de-normalized
-        float32 numpy arrays. Marks "h2d" (copy and normalization), then per chunk what `generate_chunk`
+        float32 numpy arrays. Marks "h2d" (copy and normalization), then per call what `generate_call`
         marks, then "d2h" (de-normalization and the copy back).
         """
         device = self.device
@@ -356,13 +331,13 @@ class KronosPredictor:
         keys_on_device = None if keys is None else to_device(np.asarray(keys, dtype=np.int64), device)
         self._mark("h2d")
         paths = torch.empty(count, sample_count, pred_len, N_FEATURES, device=device)
-        for begin in range(0, count, series_per_chunk):
-            end = min(count, begin + series_per_chunk)
-            chunk_keys = None if keys_on_device is None else keys_on_device[begin:end]
-            paths[begin:end] = self.generate_chunk(x_norm[begin:end], stamps[begin:end], pred_len, params,
-                                                   sample_count, on_step, keys=chunk_keys, seed=seed)
-            if on_chunk is not None:
-                on_chunk(end - begin)
+        for begin in range(0, count, series_per_call):
+            end = min(count, begin + series_per_call)
+            call_keys = None if keys_on_device is None else keys_on_device[begin:end]
+            paths[begin:end] = self.generate_call(x_norm[begin:end], stamps[begin:end], pred_len, params,
+                                                   sample_count, on_step, keys=call_keys, seed=seed)
+            if on_call is not None:
+                on_call(end - begin)
         scale = std + NORM_EPS  # [n, 1, 6]
         mean_path = paths.mean(dim=1) * scale + mean
         samples = paths * scale[:, None] + mean[:, None] if want_samples else None
@@ -372,13 +347,13 @@ class KronosPredictor:
         return mean_host, samples_host
 
     @torch.inference_mode()
-    def generate_chunk(self, x_norm: torch.Tensor, stamps: torch.Tensor, pred_len: int, params: SamplingParams,
+    def generate_call(self, x_norm: torch.Tensor, stamps: torch.Tensor, pred_len: int, params: SamplingParams,
                        sample_count: int, on_step: Callable[[int], None] | None = None,
                        keys: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
         """Normalized sample paths [n, sample_count, pred_len, 6] (float32, on the device) of n series.
 
         x_norm [n, L, 6] normalized history and stamps [n, L + pred_len, 5], both on the device; `keys` int64
-        [n] series keys (each row then samples from its own stream, and the chunk is padded to whole row
+        [n] series keys (each row then samples from its own stream, and the call is padded to whole row
         blocks so its arithmetic does not depend on the batch: streams.pad_rows), or None (torch's global
         generator, no padding). Marks "encode", "step" after each generated step, then "decode"."""
         count = x_norm.shape[0]

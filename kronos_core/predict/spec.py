@@ -26,7 +26,7 @@ class PredictorSpec:
     max_context: int = 512
     window_mode: str = "refill"
     use_cache: bool = True
-    max_batch_size: int | None = None  # sequences per chunk (None: from free memory)
+    max_batch_size: int | None = None  # sequences per predict call (None: call_size.rows_per_call)
     cuda_graphs: bool | None = None    # None: on when the device is CUDA
 
     def to_dict(self) -> dict[str, Any]:

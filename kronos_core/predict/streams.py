@@ -44,7 +44,7 @@ _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _UNIFORM_BITS = 24  # float32 holds every multiple of 2**-24 in [0, 1) exactly
 # CPU matrix products (MKL sgemm, AVX2) compute a row the same way in any batch when the batch's rows are a
 # multiple of 4; with 1-3 rows (and, with several threads, a few more: 5-7, 9-11, ...) tail rows take other
-# kernels and round differently. Keyed chunks are padded to a multiple of ROW_BLOCK rows (benchmarks/
+# kernels and round differently. Keyed calls are padded to a multiple of ROW_BLOCK rows (benchmarks/
 # predict_streams.py measures the effect; docs/prediction.md says what was found).
 ROW_BLOCK = 4
 
@@ -97,8 +97,8 @@ def mix64_int(word: int) -> int:
 
 
 class RowStreams:
-    """The streams of the rows of one chunk: row r = series r // paths, path r % paths (repeat_interleave order,
-    as generate_chunk lays out sample paths). `uniforms()` gives one float32 in [0, 1) per row and advances every
+    """The streams of the rows of one predict call: row r = series r // paths, path r % paths (repeat_interleave order,
+    as generate_call lays out sample paths). `uniforms()` gives one float32 in [0, 1) per row and advances every
     row's counter by one, in place on the device."""
 
     def __init__(self, seed: int, keys: Tensor, paths: int):

@@ -79,8 +79,9 @@ def _short_symbols_line(short: list[str], frames: list[pd.DataFrame], config: Tr
            f"(lookback_window + predict_window + 1) before the last val_fraction")
     if read < len(frames):
         why = f"{len(frames) - read} have no bar up to train_until; {why}"
-    return (f"{len(short)} of {len(frames)} symbols are too short for a training window and are left out ({why}): "
-            f"{shown}; {len(frames) - len(short)} symbols train")
+    what = "symbols" if config.symbol_column is not None else "series"
+    return (f"{len(short)} of {len(frames)} {what} are too short for a training window and are left out ({why}): "
+            f"{shown}; {len(frames) - len(short)} {what} train")
 
 
 def check_validation_split(config: TrainConfig, frames: list[pd.DataFrame]) -> None:
@@ -109,7 +110,7 @@ def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None
     train, val = split_frames(frames, config.val_fraction, min_val_rows=config.window_length)
     short = [frame.attrs.get("symbol") or frame.attrs.get("source") or f"series {k}"
              for k, (frame, part) in enumerate(zip(frames, train)) if len(part) < config.window_length]
-    if short and config.symbol_column is not None:
+    if short:
         _say([_short_symbols_line(short, frames, config)])
     common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
                   preload=config.preload)

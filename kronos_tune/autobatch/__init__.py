@@ -6,7 +6,7 @@
 
 * ``search``: the generic core (``autobatch``), over ``probes`` (``AutobatchResult``, ``Probe``, ``ProbeStep``);
 * ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
-* ``predict_task``: the prediction chunk size (``max_batch_size``) for a preset's predict workload;
+* ``predict_task``: the predict call size (``max_batch_size``) for a preset's predict workload;
 * ``text``: a probe's progress line and the TOML snippet (the Rich tables and plot are commands/autobatch_render.py).
 
 ``python -m benchmarks.autobatch`` (repository root) compares the pick with the true maximum.

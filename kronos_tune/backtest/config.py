@@ -129,7 +129,7 @@ class BacktestConfig(InputSpec):
     top_k: int = 10
     cost_bps: float = 10.0
     long_only: bool = False
-    batch_size: int | None = None  # symbol-origins per chunk (None: chosen from the job, chunk_size.py)
+    chunk_series: int | None = None  # symbol-origins per chunk (None: chosen from the job, chunk_size.py)
     nproc: int = 1                 # processes predicting (torchrun ranks claiming chunks)
     max_restarts: int = 0          # torchrun restarts a failed group this many times (it continues)
     nnodes: str | None = None      # torchrun's nodes (--out on storage they share; rank 0's node scores)
@@ -171,7 +171,7 @@ class BacktestConfig(InputSpec):
             "tokenizer": None if self.tokenizer is None else str(self.tokenizer),
             "lookback": self.lookback, "pred_len": self.pred_len, "origins": self.origins,
             "every": self.every_bars, "top_k": self.top_k, "cost_bps": self.cost_bps, "long_only": self.long_only,
-            "batch_size": self.batch_size, "device": self.device, "seed": self.seed,
+            "chunk_series": self.chunk_series, "device": self.device, "seed": self.seed,
             "periods_per_year": self.periods_per_year, "setting": self.setting.to_dict(),
             "compare": None if self.compare is None else self.compare.to_dict(),
             "draws": _draws(), "calendar": self.calendar, "symbol_column": self.symbol_column,
@@ -210,7 +210,7 @@ def check_config(config: BacktestConfig, device: str) -> None:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
     if config.synthetic is not None and config.synthetic < 2:
         raise KronosTuneError(f"--synthetic {config.synthetic}: a cross-section needs at least 2 symbols")
-    for flag, value in (("--batch-size", config.batch_size), ("--top-k", config.top_k), ("--nproc", config.nproc)):
+    for flag, value in (("--chunk-series", config.chunk_series), ("--top-k", config.top_k), ("--nproc", config.nproc)):
         if value is not None and value < 1:
             raise KronosTuneError(f"{flag} {value}: must be at least 1")
     if config.max_restarts < 0:

@@ -285,7 +285,7 @@ def slot_job(config: BacktestConfig, slot: str, setting: PredictionSetting, devi
                                              max_context=config.max_context(setting), window_mode=setting.window_mode)
     return SlotJob(slot=slot, label=setting.label(), lookback=config.lookback, pred_len=config.pred_len,
                    settings=settings_for(setting, config.seed), spec=spec, launch=config.launch,
-                   chunk_series=config.batch_size, identity={**config.identity(), "slot": slot,
+                   chunk_series=config.chunk_series, identity={**config.identity(), "slot": slot,
                                                              "slot_setting": setting.to_dict()})
 
 

@@ -4,7 +4,9 @@ Two file layouts:
 - a folder of (or several) per-symbol .csv/.parquet files: the symbol is the file name;
 - panel files (``--symbol-column NAME``, or one file with a column ``symbol``, ``ticker``, ``code``,
   ``instrument`` or ``stock``): rows of every symbol, read by `kronos_core.data.panels.read_panel`
-  (checked on arrays over the whole file; what it did to the file and its warnings are one note each).
+  (checked on arrays over the whole file; what it did to the file and its warnings are one note each), or,
+  for Parquet panels sorted by symbol, a batch of whole symbols at a time (`kronos_core.data.panel_stream`):
+  the universe then holds only each symbol's arrays, never the file's table.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import numpy as np
 import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN, find_data_files
+from kronos_core.data.panel_stream import SortedPanels, sorted_panels, symbol_batches
 from kronos_core.data.panels import read_panel, split_panel
-from kronos_core.data.tables import SYMBOL_COLUMN_NAMES
+from kronos_core.data.tables import symbol_column
 from kronos_core.errors import KronosError
 from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict.inputs import read_series_file, unique_names
+from kronos_tune.predict.inputs import read_series_file, say_read_notes, unique_names
 
 NoteCallback = Callable[[str, str], None]
 
@@ -56,7 +59,7 @@ def _symbol_series(name: str, frame: pd.DataFrame) -> SymbolSeries:
 
 
 def _panel_column(path: Path) -> str | None:
-    """The file's symbol column when its header has one of SYMBOL_COLUMN_NAMES, else None (a single-symbol file)."""
+    """The file's symbol column by the one rule (`tables.symbol_column`), else None (a single-symbol file)."""
     try:
         if path.suffix.lower() == ".csv":
             columns = list(pd.read_csv(path, nrows=0).columns)
@@ -66,27 +69,49 @@ def _panel_column(path: Path) -> str | None:
             columns = list(parquet.read_schema(path).names)
     except (OSError, ValueError, UnicodeDecodeError, pd.errors.EmptyDataError):
         return None  # read_kline gives the precise message
-    return next((str(c) for c in columns if str(c).strip().lower() in SYMBOL_COLUMN_NAMES), None)
+    return symbol_column(columns)
 
 
 def universe_from_files(paths: list[Path], symbol_column: str, on_note: NoteCallback,
                         date_format: str | None = None) -> Universe:
-    """Panel files: every symbol of every file (a symbol in two files is refused), sorted by name."""
+    """Panel files: every symbol of every file (a symbol in two files is refused), sorted by name. Parquet
+    panels sorted by symbol are read a batch of whole symbols at a time (`panel_stream`), so only the
+    symbols' arrays grow with the universe; other panels are read whole, and a note says so."""
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
+    panels, why = sorted_panels(paths, symbol_column)
+    if panels is not None:
+        return Universe(_streamed_symbols(panels, symbol_column, on_note, date_format), source)
+    on_note("note", f"{why}: the panel is read whole, so memory grows with it; a Parquet panel sorted by "
+                    f"{symbol_column} is read in symbol batches (e.g. df.sort_values(['{symbol_column}', time])"
+                    f".to_parquet(...))")
     symbols: dict[str, SymbolSeries] = {}
     where: dict[str, Path] = {}
     for path in paths:
         panel = read_panel(path, symbol_column, date_format)
-        for message in panel.attrs.get("notes", ()):
-            on_note("note", message)
-        for message in panel.attrs.get("warnings", ()):
-            on_note("warning", message)
+        say_read_notes(panel, on_note)
         for symbol, frame in split_panel(panel):
             if symbol in symbols:
                 raise KronosTuneError(f"{path}: symbol {symbol} is also in {where[symbol]}; give each symbol's rows "
                                       "in one file")
             symbols[symbol], where[symbol] = _symbol_series(symbol, frame), path
-    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} panel files"
     return Universe([symbols[name] for name in sorted(symbols)], source)
+
+
+def _streamed_symbols(panels: SortedPanels, symbol_column: str, on_note: NoteCallback,
+                      date_format: str | None) -> list[SymbolSeries]:
+    said: set[tuple[str, str]] = set()
+
+    def once(level: str, message: str) -> None:  # each batch would repeat the file's notes
+        if (level, message) not in said:
+            said.add((level, message))
+            on_note(level, message)
+
+    symbols = []
+    for panel in symbol_batches(panels, symbol_column, date_format=date_format):
+        say_read_notes(panel, once)
+        symbols.extend(_symbol_series(symbol, frame) for symbol, frame in split_panel(panel))
+    symbols.sort(key=lambda series: series.name)  # as a whole panel's are
+    return symbols
 
 
 def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows: int, seed: int,

@@ -99,7 +99,7 @@ class PredictSettings:
     use_cache: bool = True
     amp: str = "none"
     weight_dtype: str = "fp32"  # bf16: the weights held in bf16
-    max_batch_size: int | None = None  # sequences per chunk; None = KronosPredictor's default
+    max_batch_size: int | None = None  # sequences per predict call; None = KronosPredictor's default
     devices: int = 1
     seed: int = 0
     agreement_series: int | None = None  # series the quality check compares (None: measured_series); the

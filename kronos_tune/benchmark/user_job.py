@@ -4,7 +4,8 @@
 the preset the runner measures: the hardware is this machine's (`machine_hardware`), or the budget of the
 preset `--preset` names; the workload is the file's (data, checkpoints, windows, batch, accumulation, epochs,
 lr, amp), kept whole in `Preset.job` for the trials and the recommendation. `save_data` reads the user's files
-once, with the same loader training uses, into the run folder: every trial worker opens that copy.
+once, with the same loader training uses, into the run folder: every trial worker opens that copy. A predict
+job (`user_predict_preset`) is saved once too (`save_predict_series`, predict's loader, as arrays).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kronos_tune.presets import BYTES_PER_GIB, BenchmarkBudget, HardwareSpec, Pr
     PredictWorkload, TrainWorkload
 
 SAVED_DATA = "data"  # RUN/data/: the user's series as read once, one CSV per series
+SAVED_SERIES = "series.npz"  # RUN/data/series.npz: a predict job's series as read once, as arrays
 USER_EVAL_WINDOWS = 64  # the quality guard's cap on the user's validation windows (evaluated by every trial)
 CUDA_CONTEXT_GB = 0.5  # held back from a card's free memory for the context and workspaces
 
@@ -96,13 +98,14 @@ def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -
 
 
 # The [predict] keys that say what is predicted and with which model: a predict trial keeps them as they are.
-PREDICT_INPUT_KEYS = ("data", "checkpoint", "tokenizer", "offline", "date_format", "symbol_column", "skip_short",
+PREDICT_INPUT_KEYS = ("data", "checkpoint", "tokenizer", "offline", "date_format", "symbol_column",
                       "holdout", "calendar")
 
 
 def user_predict_preset(path: Path, hardware_preset: Preset | None) -> tuple[Preset, list[str]]:
     """The preset for `benchmark --task predict --config PATH` (a [predict] file) and its plan lines: the user's
-    series (counted here, read by every trial from the same files), model, windows and sample paths."""
+    series (counted here; the run saves them once for the trials: save_predict_series), model, windows and sample
+    paths."""
     from kronos_core.train.upstream import size_of
     from kronos_tune.predict.config import PredictConfig, check_data_paths
     from kronos_tune.predict.config_file import read_predict_file
@@ -190,10 +193,25 @@ def save_data(preset: Preset, folder: Path) -> Path:
     return target
 
 
+def save_predict_series(settings: Any, device: str, folder: Path) -> Path:
+    """`benchmark --task predict --config FILE`: read the user's series once, as `kronos-tune predict` reads them,
+    into `folder`/data/series.npz (`predict.series.save_series`); every trial worker and rank opens that copy
+    (`settings`: a trial's PredictSettings with the user's `inputs`)."""
+    from kronos_tune.benchmark.predict.pipeline import predict_config
+    from kronos_tune.predict.inputs import load_inputs
+    from kronos_tune.predict.series import save_series
+
+    target = folder / SAVED_DATA / SAVED_SERIES
+    target.parent.mkdir(parents=True, exist_ok=True)
+    save_series(target, load_inputs(predict_config(settings, device), lambda level, message: None))
+    return target
+
+
 def as_saved(values: dict[str, Any], saved: Path) -> dict[str, Any]:
     """A trial's config keys reading the saved copy: no panel column, date format or cut left to apply."""
     return {**values, "data": [str(saved)], "symbol_column": None, "date_format": None, "train_until": None}
 
 
-__all__ = ["PREDICT_INPUT_KEYS", "SAVED_DATA", "USER_EVAL_WINDOWS", "as_saved", "benchmarked_phase", "located", "machine_hardware", "save_data",
-           "train_values", "user_predict_preset", "user_preset"]
+__all__ = ["PREDICT_INPUT_KEYS", "SAVED_DATA", "SAVED_SERIES", "USER_EVAL_WINDOWS", "as_saved", "benchmarked_phase",
+           "located", "machine_hardware", "save_data", "save_predict_series", "train_values", "user_predict_preset",
+           "user_preset"]

@@ -1,4 +1,4 @@
-"""`kronos-tune autobatch`: the largest batch (or prediction chunk) that fits a preset's device memory.
+"""`kronos-tune autobatch`: the largest batch (or predict call) that fits a preset's device memory.
 
 Without a GPU of the preset's kind the probes run on the CPU against a
 simulated device of the preset's budget (exact live-tensor bytes, failing like
@@ -178,7 +178,7 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
 def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, estimate: bool, run_device: str,
              round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any,
              maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
-    """The prediction chunk (`estimate` and `maximize` are refused before: AutobatchKind)."""
+    """The predict call (`estimate` and `maximize` are refused before: AutobatchKind)."""
     from kronos_tune.commands import autobatch_render as render
     from kronos_tune.autobatch.predict_task import PredictTask
 
@@ -189,19 +189,19 @@ def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, 
     payload["task"] = "predict"
     payload["preset"] = preset.name
     payload["batch_size"] = pick.max_batch_size  # sequences, what max_batch_size takes
-    payload["series_per_chunk"] = pick.series_per_chunk
+    payload["series_per_call"] = pick.series_per_call
     payload["series_per_s"] = pick.median_series_per_s
     payload["train_config"] = None
     payload["predict_config"] = task.predict_config(pick)
     rate = pick.median_series_per_s
     extra = [("max_batch_size", f"[bold green]{pick.max_batch_size}[/] sequences "
-                                f"({pick.series_per_chunk} series x {pick.sample_count} samples)"),
+                                f"({pick.series_per_call} series x {pick.sample_count} samples)"),
              ("throughput", f"{rate:.2f} series/s at the pick (without the meter)" if rate else "n/a")]
     title = (f"autobatch: predict {preset.predict.series_count} series with Kronos-{task.model_size} on "
              f"{preset.name} ({'simulated on the CPU' if simulated else device})")
     snippet = f"max_batch_size = {pick.max_batch_size}\n"
-    summary = render.summary_table(result, title, unit="series per chunk", per="per series", extra=extra)
-    return payload, _renderables(result, summary, render.probes_table(result, unit="series"), "series per chunk",
+    summary = render.summary_table(result, title, unit="series per call", per="per series", extra=extra)
+    return payload, _renderables(result, summary, render.probes_table(result, unit="series"), "series per call",
                                  snippet, "KronosPredictor(max_batch_size=...) / predict_batch(max_batch_size=...)",
                                  assumptions)
 
@@ -220,10 +220,10 @@ class AutobatchKind:
 KINDS = {
     "train": AutobatchKind("batch size", _train),
     "predict": AutobatchKind(
-        "series per chunk", _predict,
+        "series per call", _predict,
         refuses_estimate="--estimate covers --task train only (prediction turns tensors into numpy arrays, which "
-                         "fake tensors cannot do); drop --estimate to measure the predict chunk",
-        refuses_maximize="--maximize with --task predict: the prediction chunk is already the largest that fits; "
+                         "fake tensors cannot do); drop --estimate to measure the predict call",
+        refuses_maximize="--maximize with --task predict: the predict call is already the largest that fits; "
                          "--maximize is for --task train"),
 }
 TASKS = tuple(KINDS)
@@ -255,7 +255,7 @@ def register(app: typer.Typer) -> None:
     def autobatch_command(
         preset: Annotated[str, typer.Option("--preset", help="Preset name or .toml path (kronos-tune presets).")],
         task: Annotated[str, typer.Option("--task", help="train: batch_size x accumulation_steps; predict: the "
-                                                         "prediction chunk (max_batch_size).")] = "train",
+                                                         "predict call (max_batch_size).")] = "train",
         budget_gb: Annotated[Optional[float], typer.Option(
             "--budget-gb", help="Device memory for tensors in GiB, replacing the preset's (memory minus CUDA "
                                 "context).")] = None,
@@ -277,7 +277,7 @@ def register(app: typer.Typer) -> None:
                                                                                           "the lr follows the batch.")]
         = "sqrt",
     ) -> None:
-        """Find the largest batch size (or prediction chunk) that fits the preset's device memory."""
+        """Find the largest batch size (or predict call) that fits the preset's device memory."""
         check_rule(lr_rule)
         kind = KINDS.get(task)
         if maximize and kind is not None and kind.refuses_maximize:

@@ -20,6 +20,7 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
                                          make_console)
+from kronos_tune.predict.chunk_size import HOW_CHOSEN
 
 if TYPE_CHECKING:  # the runner imports torch; load it only when the command runs
     from kronos_tune.backtest.runner import Progress
@@ -255,9 +256,9 @@ def backtest_command(
     cost_bps: Annotated[float, typer.Option("--cost-bps", help="Transaction cost per unit of turnover, bps.")] = 10.0,
     long_only: Annotated[bool, typer.Option(
         "--long-only", help="Long the top-k only, against the equal-weight universe (default: long-short).")] = False,
-    batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", "--chunk-series", help="Symbol-origins per chunk, the unit kept as it finishes and "
-                                               "shared between processes (default: chosen from the job).")] = None,
+    chunk_series: Annotated[Optional[int], typer.Option(
+        "--chunk-series", help=f"Symbol-origins per chunk, the unit kept as it finishes and shared between "
+                               f"processes; default {HOW_CHOSEN}.")] = None,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Processes predicting (one per GPU); >1 runs torchrun ranks that claim chunks by speed.")
     ] = 1,
@@ -315,7 +316,7 @@ def backtest_command(
     config = BacktestConfig(
         lookback=lookback, pred_len=pred_len, size=size, checkpoint=checkpoint, tokenizer=tokenizer,
         data=tuple(data or ()), synthetic=synthetic, origins=origins, every=every, top_k=top_k, cost_bps=cost_bps,
-        long_only=long_only, batch_size=batch_size, nproc=nproc, max_restarts=max_restarts, nnodes=nnodes,
+        long_only=long_only, chunk_series=chunk_series, nproc=nproc, max_restarts=max_restarts, nnodes=nnodes,
         node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, device=device,
         setting=setting,
         compare=None if compare is None else parse_setting(compare, setting), seed=seed,

@@ -21,6 +21,7 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
                                          make_console)
 from kronos_tune.commands.progress_lines import lines_when_piped
+from kronos_tune.predict.chunk_size import HOW_CHOSEN
 from kronos_tune.time_left import TimeLeft, seconds_left
 
 try:  # typer >= 0.2x carries its own copy of click (as kronos_tune.cli)
@@ -174,7 +175,7 @@ def predict_command(
         "--resume", help="Continue the --out job that was interrupted (its work folder beside --out keeps the "
                          "finished chunks); the same data, model and settings.")] = False,
     chunk_series: Annotated[Optional[int], typer.Option(
-        "--chunk-series", help="Series per chunk of a --out job (kept as each finishes); default 1024.")] = None,
+        "--chunk-series", help=f"Series per chunk of a --out job (kept as each finishes); default {HOW_CHOSEN}.")] = None,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="torchrun: restart the ranks this many times after a failure (they continue from "
                                "the finished chunks).")] = 0,
@@ -191,8 +192,6 @@ def predict_command(
         "--holdout", help="Hold out the last --pred-len rows of each series and report MAE/MAPE of close.")] = False,
     symbol_column: Annotated[Optional[str], typer.Option(
         "--symbol-column", help="--data files are panels (one long table); this column names each series.")] = None,
-    skip_short: Annotated[bool, typer.Option(
-        "--skip-short", help="Panels: skip symbols with too few rows (default: stop with an error).")] = False,
     date_format: DateFormatOption = None,
     window_mode: WindowModeOption = "refill",
     cuda_graphs: Annotated[Optional[bool], typer.Option(
@@ -235,7 +234,7 @@ def predict_command(
         top_k=top_k, top_p=top_p, out=out, device=device, amp=amp, weight_dtype=weight_dtype,
         max_batch_size=max_batch_size,
         max_context=max_context, seed=seed, holdout=holdout, symbol_column=symbol_column, date_format=date_format,
-        skip_short=skip_short, window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
+        window_mode=window_mode, cuda_graphs=cuda_graphs, kv_cache=kv_cache, nproc=nproc,
         nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
         calendar=calendar, offline=offline, quantiles=() if quantiles is None else parse_quantiles(quantiles),
         resume=resume, chunk_series=chunk_series, max_restarts=max_restarts, runner=runner,

@@ -3,7 +3,7 @@
 Chunk k holds the series k * size ... (k + 1) * size - 1 of the usable series sorted by name, whatever
 the order of the files or the rows, the number of ranks or a restart: so a chunk's composition (and
 with per-series random streams its forecast) is the same in every run of the same data and settings.
-Sorted Parquet panels stream in symbol batches (`panel_stream`); anything else is read once into arrays
+Sorted Parquet panels stream in symbol batches (`kronos_core.data.panel_stream`); anything else is read once into arrays
 (`inputs.load_inputs`) and sorted.
 """
 
@@ -19,10 +19,8 @@ from kronos_core.errors import KronosError
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.config import PredictConfig
 from kronos_tune.predict.inputs import NoteCallback, load_inputs, panel_series, say_filled, say_read_notes
-from kronos_tune.predict.panel_stream import SortedPanels, sorted_panels, symbol_batches
+from kronos_core.data.panel_stream import SortedPanels, sorted_panels, symbol_batches
 from kronos_tune.predict.series import LoadedSeries, concat
-
-DEFAULT_CHUNK_SERIES = 1024
 
 
 @dataclass
@@ -69,9 +67,7 @@ def _streamed(panels: SortedPanels, config: PredictConfig, note: NoteCallback) -
             except KronosError as error:
                 if "no symbol has" not in str(error):
                     raise
-                if config.skip_short:  # every symbol of this batch is short; others may not be
-                    continue
-                raise KronosError(f"{error}, or add --skip-short to leave short symbols out") from None
+                continue  # every symbol of this batch is short; others may not be (skipped as the rule says)
             lacked, no_volume, count = series.lacked, no_volume + int(series.no_volume.sum()), count + len(series)
             yield series
     except KronosError as error:

@@ -91,7 +91,6 @@ class PredictConfig(InputSpec):
     seed: int = 0
     holdout: bool = False
     symbol_column: str | None = None  # --data files are panels: one long table, this column names each series
-    skip_short: bool = False          # panels: leave out symbols with too few rows instead of stopping
     window_mode: str = "refill"
     cuda_graphs: bool | None = None  # cached one-token steps as CUDA graphs; None: on when the device is CUDA
     kv_cache: bool = True  # False: the reference method, the whole window recomputed for every token
@@ -104,7 +103,7 @@ class PredictConfig(InputSpec):
     calendar: str | None = None  # exchange calendar for future stamps (e.g. XSHG); None: the series' own grid
     quantiles: tuple[float, ...] = ()  # levels in (0, 1): per-bar quantiles of the sample paths (quantiles.py)
     resume: bool = False               # continue the job whose work folder sits beside --out
-    chunk_series: int | None = None    # series per chunk of a --out job (None: chunks.DEFAULT_CHUNK_SERIES)
+    chunk_series: int | None = None    # series per chunk of a --out job (None: chunk_size.choose_chunk_series)
     max_restarts: int = 0              # torchrun restarts a failed group this many times (it continues)
     runner: str = "torchrun"           # who predicts the chunks: this process or torchrun's ranks, or Ray actors
     ray_address: str | None = None     # --runner ray: the cluster (None: $RAY_ADDRESS, else a Ray here)
@@ -165,8 +164,6 @@ def check_config(config: PredictConfig) -> None:
                               f"process; use --nproc 1 or the KV cache")
     if config.symbol_column is not None and not config.data:
         raise KronosTuneError("--symbol-column reads panel files; give them with --data")
-    if config.skip_short and config.symbol_column is None:
-        raise KronosTuneError("--skip-short applies to panels; add --symbol-column NAME")
     if config.out is not None:
         check_output_path(config.out)
     check_job_flags(config)

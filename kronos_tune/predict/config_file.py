@@ -72,7 +72,6 @@ class PredictFileKeys:
     holdout: bool | None = None
     symbol_column: str | None = None
     date_format: str | None = None
-    skip_short: bool | None = None
     calendar: str | None = None
     out: str | None = None
     chunk_series: int | None = None

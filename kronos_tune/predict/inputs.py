@@ -65,21 +65,34 @@ def unique_names(paths: list[Path]) -> list[str]:
     return [stem if stems.count(stem) == 1 else str(p.with_suffix("")) for stem, p in zip(stems, paths)]
 
 
+def say_skipped(skipped: list[tuple[str, str]], what: str, on_note: NoteCallback) -> None:
+    """The short-series rule (the backtest's and training's too): a series too short for the window is left out,
+    and one warning line says how many, the first one's rows and which."""
+    if not skipped:
+        return
+    listed = ", ".join(name for name, _ in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    on_note("warning", f"skipped {len(skipped)} {what} with too few rows ({skipped[0][1]} for {skipped[0][0]}): "
+                       f"{listed}{more}")
+
+
+def _too_short(rows: int, config: PredictConfig) -> str | None:
+    need = config.lookback + (config.pred_len if config.holdout else 0)
+    if rows >= need:
+        return None
+    wanted = f"lookback {config.lookback}" + (f" + holdout {config.pred_len}" if config.holdout else "")
+    return f"{rows} rows, fewer than {wanted}"
+
+
 def _series_input(name: str, frame: pd.DataFrame, config: PredictConfig, where: str) -> SeriesInput:
     rows = len(frame)
     if config.holdout:
         need = config.lookback + config.pred_len
-        if rows < need:
-            raise KronosTuneError(f"{where} has {rows} rows; --holdout needs --lookback {config.lookback} + "
-                                  f"--pred-len {config.pred_len} = {need}; use a shorter --lookback or more data")
         history = frame.iloc[rows - need:rows - config.pred_len].reset_index(drop=True)
         tail = frame.iloc[rows - config.pred_len:]
         future = pd.DatetimeIndex(tail[TIME_COLUMN], name=TIME_COLUMN)
         return SeriesInput(name, history, future, tail["close"].to_numpy(dtype=np.float64),
                            tuple(frame.attrs.get("filled_columns", ())))
-    if rows < config.lookback:
-        raise KronosTuneError(f"{where} has {rows} rows, fewer than --lookback {config.lookback}; "
-                              "use a shorter --lookback or more data")
     history = frame.iloc[rows - config.lookback:].reset_index(drop=True)
     # The whole file defines the bar grid; the history alone may be too short to show it.
     future = future_timestamps(frame[TIME_COLUMN], config.pred_len, where, config.calendar)
@@ -90,8 +103,22 @@ def load_series(config: PredictConfig, on_note: NoteCallback) -> list[SeriesInpu
     """Read every --data file (or make --synthetic series) into predictor inputs; errors name the file."""
     if config.data:
         paths = find_data_files(list(config.data))
-        return [_series_input(name, read_series_file(path, on_note, config.date_format), config, str(path))
-                for name, path in zip(unique_names(paths), paths)]
+        items, skipped, longest = [], [], 0
+        for name, path in zip(unique_names(paths), paths):
+            frame = read_series_file(path, on_note, config.date_format)
+            longest, short = max(longest, len(frame)), _too_short(len(frame), config)
+            if short is None:
+                items.append(_series_input(name, frame, config, str(path)))
+            else:
+                skipped.append((name, short))
+        if not items:
+            need = (f"--lookback {config.lookback} + --pred-len {config.pred_len} = "
+                    f"{config.lookback + config.pred_len}" if config.holdout else f"--lookback {config.lookback}")
+            found = (f"{paths[0]} has {longest} rows, fewer than {need}" if len(paths) == 1 else
+                     f"every --data file has fewer rows than {need} (the longest has {longest})")
+            raise KronosTuneError(f"{found}; {shorter_window(config)} or more data")
+        say_skipped(skipped, "files", on_note)
+        return items
     count = config.synthetic
     if count is None:
         count = DEFAULT_SYNTHETIC_SERIES
@@ -131,17 +158,11 @@ def panel_series(panel: pd.DataFrame, config: PredictConfig, source: str, on_not
     """The series of a panel (as `read_panel` returns it) as arrays, in the panel's symbol order."""
     inputs = panel_inputs(panel, config.lookback,
                           lambda stamps, count: future_timestamps(stamps, count, source, config.calendar),
-                          pred_len=config.pred_len, source=source, on_short="skip" if config.skip_short else "error",
-                          holdout=config.pred_len if config.holdout else 0,
-                          short_fix=f"{shorter_window(config)}, or add --skip-short to leave such symbols out",
-                          none_fix=shorter_window(config))
+                          pred_len=config.pred_len, source=source, on_short="skip",
+                          holdout=config.pred_len if config.holdout else 0, none_fix=shorter_window(config))
     for message in inputs.notes:
         on_note("note", message)
-    if inputs.skipped:
-        listed = ", ".join(symbol for symbol, _ in inputs.skipped[:5])
-        more = f" and {len(inputs.skipped) - 5} more" if len(inputs.skipped) > 5 else ""
-        on_note("warning", f"skipped {len(inputs.skipped)} symbols with too few rows ({inputs.skipped[0][1]} for "
-                           f"{inputs.skipped[0][0]}): {listed}{more}")
+    say_skipped(inputs.skipped, "symbols", on_note)
     actual = None if inputs.actual is None else inputs.actual[..., FEATURE_COLUMNS.index("close")].astype(np.float64)
     no_volume = np.full(len(inputs.symbols), "volume" in inputs.filled_columns)
     group = inputs.group

@@ -24,7 +24,7 @@ from kronos_core.hub import PretrainedSource
 from kronos_core.signals import interrupt_on_signals
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import predict_chunk
-from kronos_tune.predict.chunks import DEFAULT_CHUNK_SERIES, chunked, open_source
+from kronos_tune.predict.chunks import chunked, open_source
 from kronos_tune.predict.config import PredictConfig, predictor_spec, resolve_device
 from kronos_tune.predict.inputs import NoteCallback
 from kronos_tune.predict.output import Precision, output_format, widest
@@ -53,11 +53,11 @@ def job_identity(config: PredictConfig, weights: dict[str, PretrainedSource],
         "weights": {label: str(source.path) for label, source in sorted(weights.items())},
         "lookback": config.lookback, "pred_len": config.pred_len, "sample_count": config.sample_count,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p, "seed": config.seed,
-        "holdout": config.holdout, "symbol_column": config.symbol_column, "skip_short": config.skip_short,
+        "holdout": config.holdout, "symbol_column": config.symbol_column,
         "window_mode": config.window_mode, "max_context": config.max_context, "amp": config.amp,
         "device": resolve_device(config.device).split(":")[0], "kv_cache": config.kv_cache,
         "max_batch_size": config.max_batch_size, "calendar": config.calendar, "quantiles": list(config.quantiles),
-        "chunk_series": chunk_series or config.chunk_series or DEFAULT_CHUNK_SERIES,
+        "chunk_series": chunk_series or config.chunk_series,
         "format": None if config.out is None else output_format(config.out), "date_format": config.date_format,
     }
 
@@ -80,7 +80,7 @@ def job_chunk_series(config: PredictConfig, expected: int) -> tuple[int, bool]:
         if existing is not None and "chunk_series" in existing.identity:
             return existing.chunk_series, False
     return choose_chunk_series(expected, job_processes(config), resolve_device(config.device),
-                               config.sample_count), True
+                               config.sample_count, config.max_batch_size), True
 
 
 def job_processes(config: PredictConfig) -> int:

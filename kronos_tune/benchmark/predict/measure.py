@@ -150,7 +150,7 @@ def autobatch_chunk(settings: PredictSettings, device: str, budget_bytes: int, m
                        settings.series_count, device=device, seed=settings.seed)
     result = autobatch(task.step_factory, budget_bytes, margin=margin, min_batch=1, max_batch=settings.series_count,
                        device=device, steps_per_probe=1)
-    notes = [f"autobatch: {result.batch_size} series per chunk ({result.batch_size * settings.sample_count} "
+    notes = [f"autobatch: {result.batch_size} series per call ({result.batch_size * settings.sample_count} "
              f"sequences), measured peak {format_bytes(result.measured_peak_bytes, 'MiB', 0)} of a "
              f"{format_bytes(budget_bytes, 'GiB')} budget, search {result.search_time_s:.1f} s"]
     if result.batch_size >= settings.measured_series:

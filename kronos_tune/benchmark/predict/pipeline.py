@@ -60,16 +60,20 @@ def predict_config(settings: PredictSettings, device: str, count: int | None = N
         if settings.inputs.get("checkpoint"):
             keys.pop("size", None)
         keys.update({key: tuple(map(Path, value)) if key == "data" else Path(value) if key in PATH_KEYS else value
-                     for key, value in settings.inputs.items()})
+                     for key, value in settings.inputs.items() if key != "saved"})
     return PredictConfig(**keys)
 
 
 def benchmark_series(settings: PredictSettings, device: str, count: int | None = None) -> LoadedSeries:
     """The first `count` (default: measured_series) series, as `kronos-tune predict` reads them (`--synthetic`, or
-    the user's files in their order)."""
+    the user's files in their order, from the copy the run saved of them: `inputs["saved"]`)."""
     from kronos_tune.predict.inputs import load_inputs
+    from kronos_tune.predict.series import load_saved_series
 
-    series = load_inputs(predict_config(settings, device, count), lambda level, message: None)
+    if settings.inputs and settings.inputs.get("saved"):
+        series = load_saved_series(Path(settings.inputs["saved"]))
+    else:
+        series = load_inputs(predict_config(settings, device, count), lambda level, message: None)
     return series.take(slice(0, count or settings.measured_series)) if settings.inputs else series
 
 
@@ -139,4 +143,4 @@ def with_chunk(settings: PredictSettings, device: str) -> PredictSettings:
     from kronos_tune.predict.chunk_size import choose_chunk_series
 
     return replace(settings, chunk_series=choose_chunk_series(settings.measured_series, settings.devices, device,
-                                                              settings.sample_count))
+                                                              settings.sample_count, settings.max_batch_size))

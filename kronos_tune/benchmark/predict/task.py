@@ -47,11 +47,12 @@ class PredictBenchmark(BenchmarkTask):
     def resolve(self, run: RunContext, spec: TrialSpec, work: Path) -> tuple[TrialSpec, list[str]]:
         if spec.name != "autobatch":
             return spec, []
+        from kronos_core.predict.call_size import series_per_call
         from kronos_tune.benchmark.predict.measure import autobatch_chunk
 
         base = next(s for s in run.specs if s.name == "kv-cache").config
         chunk, notes = autobatch_chunk(base, run.device, run.budget_bytes, run.options.autobatch_margin)
-        series = max(1, min(base.measured_series, chunk // max(1, base.sample_count)))
+        series = min(base.measured_series, series_per_call(chunk, base.sample_count))
         spec.config = dataclasses.replace(base, max_batch_size=chunk, chunk_series=series)
         spec.changes = {"use_cache": True, "max_batch_size": chunk, "chunk_series": series}
         return spec, notes

@@ -15,6 +15,7 @@ written to OUT/curves/<trial>.jsonl (kronos_tune.run_logs).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import os
@@ -132,9 +133,8 @@ class BenchmarkRun:
         job = self.preset.job
         if job is None:
             return None
-        if job.get("task") == "predict":  # every trial reads the user's files itself (predict's own loader)
-            return {key: job[key] for key in ("task", "source", "data", "series", "values")} | {
-                "lookback": self.preset.predict.lookback, "pred_len": self.preset.predict.pred_len}
+        if job.get("task") == "predict":
+            return self._user_predict_job(out, job)
         from kronos_tune.benchmark.user_job import SAVED_DATA, as_saved, save_data
 
         saved = out / SAVED_DATA
@@ -147,6 +147,20 @@ class BenchmarkRun:
             "saved_data": str(saved), "lookback_window": self.preset.workload.lookback_window,
             "predict_window": self.preset.workload.predict_window, "values": job["values"],
             "shared": job["shared"], "phases": job["phases"], "sources": job["sources"]}
+
+    def _user_predict_job(self, out: Path, job: dict[str, Any]) -> dict[str, Any]:
+        """The user's series read once into OUT/data/series.npz (kept on --resume); every trial opens it."""
+        from kronos_tune.benchmark.user_job import SAVED_DATA, SAVED_SERIES, save_predict_series
+
+        configs = [spec for spec in self.specs if spec.config is not None]
+        saved = out / SAVED_DATA / SAVED_SERIES
+        if configs and not (self.run_dir.resumed and saved.is_file()):
+            saved = save_predict_series(configs[0].config, self.device, out)
+        for spec in configs:
+            spec.config = dataclasses.replace(spec.config, inputs={**spec.config.inputs, "saved": str(saved)})
+        return {key: job[key] for key in ("task", "source", "data", "series", "values")} | {
+            "lookback": self.preset.predict.lookback, "pred_len": self.preset.predict.pred_len,
+            "saved_data": str(saved)}
 
     def _run_facts(self) -> dict[str, Any]:
         """What `kronos-tune report` needs to rebuild the report on another machine."""
