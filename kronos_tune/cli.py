@@ -148,6 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     from kronos_tune.runs import remember_command_line
 
     remember_command_line(["kronos-tune", *args])
+    try:
+        _run(argv, args)
+    finally:  # a Python caller's next run (tests, notebooks) is not this command line's
+        remember_command_line([])
+
+
+def _run(argv: list[str] | None, args: list[str]) -> None:
     chosen = (args[0],) if args and args[0] in COMMAND_MODULES else COMMAND_MODULES
     command = readable_metavars(typer.main.get_command(build_app(chosen)))
     try:

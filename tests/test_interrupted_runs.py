@@ -116,7 +116,7 @@ def test_an_interrupted_report_claims_nothing_unmeasured_and_uses_the_terminal_s
 
 def test_a_resumed_backtest_estimates_from_its_own_chunks_and_compare_adds_both(tmp_path: Path, one_thread) -> None:
     options = dict(size="tiny", lookback=32, pred_len=4, device="cpu", synthetic=6, origins=5, top_k=2,
-                   batch_size=6, setting=PredictionSetting(),
+                   chunk_series=6, setting=PredictionSetting(),
                    compare=PredictionSetting(window_mode="shift"))
 
     def oracle(setting, on_chunk):

@@ -122,6 +122,6 @@ def test_piped_backtest_prints_progress_lines_and_a_hang_up_keeps_its_chunks(tmp
     assert code == 128 + signal.SIGHUP, "\n".join(run.err[-20:])
     said = [line for line in run.out + run.err if line.startswith(f"stopped by SIGHUP: the finished chunks are "
                                                                   f"kept in {out}; resume with: kronos-tune backtest")]
-    assert said and said[0].endswith(f"--batch-size 200 --resume --out {out}"), run.out[-5:]
+    assert said and said[0].endswith(f"--chunk-series 200 --resume --out {out}"), run.out[-5:]
     state = json.loads((out / "run.json").read_text())
     assert state["status"] == "cancelled" and state["stopped_by"] == "SIGHUP"

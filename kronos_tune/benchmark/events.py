@@ -28,7 +28,7 @@ class BenchmarkStarting:
     device_line: str
     device_note: str | None
     budget_bytes: int
-    measuring_s: float
+    measuring_s: float  # 0: the trials measure counts of runs, not times
     time_cap_s: float | None
     out_dir: str
     plan_command: str  # kronos-tune plan for the preset: what fits on its own device

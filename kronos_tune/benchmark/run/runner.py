@@ -249,7 +249,7 @@ class BenchmarkRun:
             preset=self.preset.name, task=self.task, trials=tuple(s.name for s in likely),
             planned=len(self.specs), resumed=len(self.previous), device_line=self.device_line,
             device_note=self.device_note, budget_bytes=self.budget_bytes,
-            measuring_s=sum(self.bench_task.measuring_budget_s(self, spec) for spec in likely),
+            measuring_s=sum(self.bench_task.measuring_budget_s(self, spec) or 0.0 for spec in likely),
             time_cap_s=self.time_cap_s, out_dir=str(self.out_dir), plan_command=plan_command(self.preset))
 
     def noise(self) -> float | None:
