@@ -20,7 +20,7 @@ import pandas as pd
 from kronos_core.data.panels import panel_from_table
 from kronos_core.errors import KronosError
 
-BATCH_ROWS = 262_144  # rows per Parquet record batch: tens of MiB whatever the file's size
+BATCH_ROWS = 65_536  # rows per Parquet record batch: a few MiB, whatever the size of the file
 
 
 def open_parquet(path: Path):
@@ -112,6 +112,9 @@ def symbol_batches(panels: SortedPanels, symbol_col: str, batch_rows: int = BATC
             carry = frame.iloc[cut:].reset_index(drop=True)
         if carry is not None and len(carry):
             yield _checked(carry, path, symbol_col, offset, date_format)
+    import pyarrow
+
+    pyarrow.default_memory_pool().release_unused()  # what the batches held goes back before the prediction
 
 
 def _checked(rows: pd.DataFrame, path: Path, symbol_col: str, offset: int,
