@@ -21,6 +21,17 @@ def seconds_left(done: float, elapsed_s: float, left: float) -> float | None:
     return max(left, 0.0) * elapsed_s / done
 
 
+def seconds_left_by_budget(done: int, elapsed_s: float, done_budget_s: float,
+                           left_budgets_s: list[float]) -> float | None:
+    """Seconds for units of unequal length: each unit left takes its own budget plus the overhead the `done`
+    units took beyond theirs (start-up, warm-up), `(elapsed_s - done_budget_s) / done`. With no budgets
+    (units measured by count) this is `seconds_left`'s mean rate."""
+    if done <= 0 or elapsed_s <= 0:
+        return None
+    overhead = max(0.0, elapsed_s - done_budget_s) / done
+    return sum(left_budgets_s) + overhead * len(left_budgets_s)
+
+
 class TimeLeft:
     """A job's estimate on a clock of its own (time.monotonic by default; tests give a fake one): `start`
     when this invocation's work begins, then `update(done, left)` with the units this invocation finished and

@@ -26,7 +26,7 @@ from kronos_tune.commands.benchmark import render, starting_lines
 from kronos_tune.presets import resolve_preset
 from kronos_tune.resume_command import resume_command
 from kronos_tune.runs import read_run_file
-from kronos_tune.time_left import TimeLeft
+from kronos_tune.time_left import TimeLeft, seconds_left, seconds_left_by_budget
 
 from tiny_preset import write_tiny_preset
 
@@ -55,6 +55,16 @@ def test_time_left_is_this_invocations_rate_and_keeps_its_first_estimate() -> No
     estimate.start()  # a resume: its clock starts again, the units done before are not passed as measured
     clock.now = 170.0
     assert estimate.update(1, 3) == pytest.approx(30.0)
+
+
+def test_trials_of_unequal_budgets_are_estimated_by_budget_plus_the_overhead_measured() -> None:
+    # the cpu preset's order: a 5 s baseline that took 10 s, then the A/A (40 s) and three changes (10 s each)
+    left = [40.0, 10.0, 10.0, 10.0]
+    assert seconds_left_by_budget(1, 10.0, 5.0, left) == pytest.approx(70.0 + 4 * 5.0)
+    assert seconds_left(1, 10.0, len(left)) == pytest.approx(40.0)  # a mean per trial: less than half of it
+    assert seconds_left_by_budget(2, 30.0, 0.0, [0.0] * 3) == pytest.approx(seconds_left(2, 30.0, 3))  # by count
+    assert seconds_left_by_budget(1, 4.0, 5.0, [10.0]) == pytest.approx(10.0)  # faster than its budget: no credit
+    assert seconds_left_by_budget(0, 0.0, 0.0, left) is None
 
 
 def test_the_resume_command_is_the_run_s_own_with_the_folder_flags_replaced() -> None:

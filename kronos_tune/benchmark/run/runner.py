@@ -52,7 +52,7 @@ from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_resu
 from kronos_tune.benchmark.report.files import write_reports
 from kronos_tune.benchmark.report.summary import summarize
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
-from kronos_tune.time_left import TimeLeft
+from kronos_tune.time_left import TimeLeft, seconds_left_by_budget
 from kronos_tune.workloads import runnable_device
 
 DEFAULT_TRIAL_TIMEOUT_S = {"cpu": 600.0, "cuda": 900.0}
@@ -84,6 +84,7 @@ class BenchmarkRun:
         self.time_cap_s = options.time_cap_s or (ABSENT_DEVICE_TIME_CAP_S if self.device_note else None)
         self.capped: list[str] = []  # the trials the time cap left out
         self.measured = 0  # the trials this invocation ran (not skipped, not resumed)
+        self.measured_budget_s = 0.0  # the measuring budgets of those trials
         self.time_left = TimeLeft(time.perf_counter)  # started again at the first trial
         self.results: dict[str, TrialResult] = {}
         self.previous: dict[str, TrialResult] = {}
@@ -226,6 +227,7 @@ class BenchmarkRun:
         self.emit(TrialFinished(result))
         if write and result.status != "skipped":
             self.measured += 1
+            self.measured_budget_s += self._budget_of(result)
         if index is not None and not self.cancel.is_set():
             self.emit(self.estimate(index + 1))
 
@@ -235,10 +237,25 @@ class BenchmarkRun:
         return [spec for spec in self.specs[start:]
                 if spec.name not in self.previous and self.bench_task.will_run(self, spec)]
 
+    def _budget_s(self, spec: TrialSpec) -> float:
+        return self.bench_task.measuring_budget_s(self, spec) or 0.0
+
+    def _budget_of(self, result: TrialResult) -> float:
+        """The measuring budget a finished trial had (its own record of it, else its spec's)."""
+        recorded = (result.timing or {}).get("budget_s")
+        if isinstance(recorded, (int, float)):
+            return float(recorded)
+        spec = next((s for s in self.specs if s.name == result.name), None)
+        return 0.0 if spec is None else self._budget_s(spec)
+
     def estimate(self, start: int) -> TimeEstimate:
-        """The time the trials from `start` on take at the pace of the trials this invocation ran."""
+        """The time the trials from `start` on take: each its measuring budget plus the start-up and warm-up
+        the trials this invocation ran took beyond theirs (the A/A comparison's budget is four times a
+        change's, so a mean wall time per trial would be off by the order the trials run in)."""
         left = self.likely(start)
-        return TimeEstimate(len(left), self.time_left.update(self.measured, len(left)), self._cap_left())
+        figure = seconds_left_by_budget(self.measured, self.time_left.elapsed(), self.measured_budget_s,
+                                        [self._budget_s(spec) for spec in left])
+        return TimeEstimate(len(left), self.time_left.expect(figure), self._cap_left())
 
     def _cap_left(self) -> float | None:
         return None if self.time_cap_s is None else max(0.0, self.time_cap_s - (time.perf_counter() - self.started))
