@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.train.decide import DecisionContext, decide, trajectory_check
-from kronos_tune.benchmark.stats import compare, median_ci, ratio_ci, relative_halfwidth, verdict
+from kronos_tune.benchmark.stats import compare, median_ci, ratio_ci, relative_halfwidth, trimmed_estimate, verdict
 from planned import with_planned_kind
 
 GIB = 2**30
@@ -183,9 +184,17 @@ def test_trajectory_classes() -> None:
     assert not trajectory_check(approx, base, None, False).defect
 
 
-def test_the_t_quantile_matches_the_tables_without_scipy() -> None:
-    from kronos_tune.benchmark.stats import t_quantile
-
-    # two-sided 95% critical values of Student's t (tables): 1, 3, 5, 9, 30 degrees of freedom
-    for df, table in ((1, 12.706), (3, 3.182), (5, 2.571), (9, 2.262), (30, 2.042)):
-        assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-3)
+def test_the_trimmed_interval_is_tukey_mclaughlin_by_hand() -> None:
+    # ten log ratios (given unsorted): two trimmed at each end, the winsorized ones clipped to the 3rd and the 8th,
+    # Student's t with 10 - 4 - 1 = 5 degrees of freedom (tables: 2.571 two-sided at 95%)
+    logs = [0.03, -0.30, 0.40, -0.02, 0.10, 0.0, -0.12, 0.06, 0.01, -0.05]
+    ordered = sorted(logs)
+    kept = ordered[2:8]
+    winsorized = [ordered[2]] * 2 + kept + [ordered[7]] * 2
+    mean = sum(winsorized) / 10
+    error = math.sqrt(sum((w - mean) ** 2 for w in winsorized) / 9) / (0.6 * math.sqrt(10))
+    found = trimmed_estimate([math.exp(x) for x in logs])
+    centre = sum(kept) / 6
+    assert math.log(found.ratio) == pytest.approx(centre, abs=1e-12)
+    assert math.log(found.high) - centre == pytest.approx(2.571 * error, rel=1e-3)
+    assert centre - math.log(found.low) == pytest.approx(2.571 * error, rel=1e-3)

@@ -152,6 +152,31 @@ def test_the_largest_fitting_batch_is_searched_from_a_guess_on_either_side() -> 
     assert len(calls) <= 16  # a gallop then a bisection, not a scan
 
 
+def test_a_guess_from_what_is_known_steers_the_search_and_can_end_it() -> None:
+    calls: list[int] = []
+    asked: list[tuple[int | None, int | None]] = []
+
+    def fits(batch: int) -> bool:
+        calls.append(batch)
+        return batch <= 12
+
+    def model(fit: int | None, failed: int | None) -> int | None:  # a fit that knows the answer after two runs
+        asked.append((fit, failed))
+        return 1 if fit is None else 8 if fit == 1 else 12
+
+    assert largest_fitting(fits, 1, 50, model) == 12
+    assert calls == [1, 8, 12] and asked == [(None, None), (1, None), (8, None), (12, None)]  # no run at 13
+    calls.clear()
+    assert largest_fitting(fits, 1, 50, lambda fit, failed: 40 if fit is None else None) == 12  # None: gallop, bisect
+    assert calls[0] == 40 and calls[-1] in (12, 13) and 12 in calls and 13 in calls  # checked by 12 and 13
+    calls.clear()
+    assert largest_fitting(fits, 1, 50, lambda fit, failed: 60) == 12  # outside the bracket: the default steps
+    assert calls[0] == 1 and 13 in calls
+    calls.clear()
+    assert largest_fitting(lambda batch: calls.append(batch) or False, 1, 50, lambda fit, failed: 5) is None
+    assert calls == [5, 4, 2, 1]  # galloping down past the bottom tries the bottom
+
+
 def test_a_row_picks_the_largest_micro_batch_whose_exact_peak_fits() -> None:
     config = tiny_config("ddp")
     probes = setup_traces.SetupProbes(config, 2, EMULATION, setup_traces.trace_session(config, 2, EMULATION)[0])

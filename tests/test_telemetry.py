@@ -21,7 +21,7 @@ import torch
 from kronos_tune import ResourceMonitor
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry.nvml import NvmlReader
-from kronos_tune.telemetry.resource_monitor import collect_environment, percentile
+from kronos_tune.telemetry.resource_monitor import collect_environment
 from kronos_tune.telemetry.sampler import Sampler, read_torch_allocator
 from machine import real_nvidia_gpu_present
 
@@ -374,12 +374,6 @@ def test_torch_allocator_only_when_cuda_is_initialized() -> None:
 
 
 # -- ResourceMonitor ----------------------------------------------------------------
-
-
-def test_percentile_interpolates() -> None:
-    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.95) == pytest.approx(4.8)
-    assert percentile([7.0], 0.95) == 7.0
-    assert percentile([1.0, 2.0], 0.0) == 1.0 and percentile([1.0, 2.0], 1.0) == 2.0
 
 
 def test_resource_monitor_report(tmp_path: Path) -> None:

@@ -30,11 +30,14 @@ real step and picks from a fit, instead of doubling until something breaks:
    every size known not to fit. A pick more than 2x the largest probe is an
    extrapolation: it is probed first (or, when the fit was already wrong about
    a size that ran out of memory, the geometric middle of the bracket is), at
-   most ``max_probes`` search probes in all.
-4. **Verify** the final batch (after the accumulation adjustment) with a fresh
-   build under a cap of budget x (1 - margin): first optimizer step, the next
-   step and an eval batch. A probe already run at that size under that much
-   memory counts. On out-of-memory it backs off to min(refit, 0.9 x B) and
+   most ``max_probes`` search probes in all. The runs are the calls of
+   ``largest_fitting`` (kronos_tune/memory/peak.py, the planner's search too),
+   each size guessed from the fit of the runs before it.
+4. **Verify** the pick (its micro-batch after the accumulation adjustment) with
+   a fresh build under a cap of budget x (1 - margin): first optimizer step,
+   the next step and an eval batch. A probe already run at that size under that
+   much memory counts. It fitting ends the search (no run at the size above
+   it); on out-of-memory the search backs off to min(refit, 0.9 x B) and
    verifies again, never below the largest size already seen to fit.
 
 Known failure modes of the usual tools, and what is done about them here:
@@ -66,7 +69,7 @@ from kronos_tune.autobatch.probes import (
     _BACKOFF_FACTOR, _EXTRAPOLATION_FACTOR, AutobatchResult, OnProbe, Probe, ProbeKind, StepFactory, largest_within,
     within,
 )
-from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel, default_margin, validate_margin
+from kronos_tune.memory.peak import TOTAL_SERIES, PeakModel, default_margin, largest_fitting, validate_margin
 from kronos_tune.autobatch.runners import _CpuRunner, _CudaRunner, _EstimateRunner, _Runner
 
 
@@ -118,17 +121,20 @@ def _make_runner(step_factory: StepFactory, eval_factory: StepFactory | None, de
 # ---------------------------------------------------------------------------- the search
 class _Search:
     def __init__(self, runner: _Runner, budget_bytes: int, usable_bytes: int, min_batch: int, max_batch: int,
-                 max_probes: int, on_probe: OnProbe | None) -> None:
+                 max_probes: int, max_verify: int, effective_batch: int | None, on_probe: OnProbe | None) -> None:
         self.runner = runner
         self.budget_bytes = budget_bytes
         self.usable_bytes = usable_bytes
         self.min_batch = min_batch
         self.max_batch = max_batch
         self.max_probes = max_probes
+        self.max_verify = max_verify
+        self.effective_batch = effective_batch
         self.on_probe = on_probe
         self.probes: list[Probe] = []
         self.notes: list[str] = []
-        self.bad_batch: int | None = None  # smallest size known not to fit the usable budget
+        self.pick: int | None = None  # the fit's last pick
+        self.trusted: int | None = None  # its micro-batch, run as its verification
 
     # bookkeeping -------------------------------------------------------------------
     def probe(self, batch_size: int, kind: ProbeKind = "probe") -> Probe:
@@ -137,8 +143,6 @@ class _Search:
         self.probes.append(result)
         if self.on_probe is not None:
             self.on_probe(result)
-        if not self.within_usable(result):
-            self.bad_batch = batch_size if self.bad_batch is None else min(self.bad_batch, batch_size)
         if result.leaked_bytes > 0:
             self.notes.append(f"probe at {batch_size} left {format_bytes(result.leaked_bytes)} allocated after "
                               "clean-up (later probes read that much higher)")
@@ -147,6 +151,10 @@ class _Search:
     @property
     def search_probes(self) -> int:
         return sum(1 for p in self.probes if p.kind == "probe")
+
+    @property
+    def verify_runs(self) -> int:
+        return sum(1 for p in self.probes if p.kind == "verify")
 
     def measured(self) -> list[Probe]:
         return [p for p in self.probes if p.fits]
@@ -158,61 +166,86 @@ class _Search:
         """Largest size measured within the usable budget (each probe ran a fresh optimizer and the eval)."""
         return largest_within(self.probes, self.usable_bytes)
 
-    def upper(self) -> int:
-        return self.max_batch if self.bad_batch is None else min(self.max_batch, self.bad_batch - 1)
-
-    def fitted_pick(self, model: PeakModel | None) -> int | None:
+    def fitted_pick(self, model: PeakModel | None, failed: int | None) -> int | None:
         if model is None:
             return None
-        return model.largest_fitting(self.usable_bytes, self.min_batch, self.upper())
+        upper = self.max_batch if failed is None else min(self.max_batch, failed - 1)
+        return model.largest_fitting(self.usable_bytes, self.min_batch, upper)
 
-    # phases -----------------------------------------------------------------------
-    def search(self, effective_batch: int | None = None) -> tuple[int, PeakModel | None]:
-        """Probe until the batch to run is within 2x of a measured size; returns (memory pick, model).
+    # the search -------------------------------------------------------------------
+    def search(self) -> int:
+        """The memory pick: ``largest_fitting`` over real runs, each next size guessed from the fit of the runs so
+        far (``next_size``). A pick within 2x of a measured size is trusted: its micro-batch runs once, under the
+        usable cap, as its verification, and no run at the size above it is needed."""
 
-        With ``effective_batch`` the batch to run is the pick's micro-batch
-        after the accumulation split, so that is what gets probed.
-        """
-        first = self.probe(self.min_batch)
-        if not self.within_usable(first):
-            raise _FixedCostTooBig(first)
-        if self.max_batch == self.min_batch:
-            return self.min_batch, None
-        next_size = min(self.max_batch, max(self.min_batch + 1, 8 * self.min_batch))
-        while True:
-            self.probe(next_size)
-            model = PeakModel.fit(self.measured())
-            pick = self.fitted_pick(model)
-            good = self.known_good()
-            lo = good.batch_size if good is not None else self.min_batch
-            if pick is None or pick < lo:
-                pick = lo
-            largest = max(p.batch_size for p in self.measured())
-            wrong_about_bad = (model is not None and self.bad_batch is not None
-                               and model.fits(self.bad_batch, self.usable_bytes))
-            if model is None or wrong_about_bad:
-                candidate = self._middle(lo) if self.bad_batch is not None else None
-            elif _split(pick, effective_batch)[0] > _EXTRAPOLATION_FACTOR * largest:
-                candidate = _split(pick, effective_batch)[0]
-            else:
-                candidate = None
-            if candidate is None or candidate in {p.batch_size for p in self.probes}:
-                return pick, model
-            if self.search_probes >= self.max_probes:
-                capped = min(pick, int(_EXTRAPOLATION_FACTOR * largest))  # the split only shrinks it further
-                self.notes.append(f"probe budget ({self.max_probes}) spent with the fit pointing at {pick}; "
-                                  f"not extrapolating past 2x the largest probe: {capped}")
-                return max(capped, lo), model
-            if wrong_about_bad:
-                self.notes.append(f"the fit predicted {self.bad_batch} would fit but it did not; bisecting")
-            next_size = candidate
+        def runs_within(batch_size: int) -> bool:
+            return self.within_usable(self.probe(batch_size, "verify" if batch_size == self.trusted else "probe"))
 
-    def _middle(self, lo: int) -> int | None:
-        hi = self.bad_batch
-        if hi is None or hi - lo <= 1:
-            return None
-        middle = int(round(math.sqrt(lo * hi)))
-        return min(max(middle, lo + 1), hi - 1)
+        found = largest_fitting(runs_within, self.min_batch, self.max_batch, self.next_size)
+        if found is None:
+            raise _FixedCostTooBig(self.probes[0])
+        trusted = self.pick is not None and _split(self.pick, self.effective_batch)[0] <= found  # not one that failed
+        return self.pick if trusted else found
+
+    def next_size(self, fit: int | None, failed: int | None) -> int | None:
+        """The size to run next, for ``largest_fitting``: `fit` (the largest size run within the usable budget) to
+        stop there; `failed`: the smallest run that was not."""
+        if fit is None:
+            return self.min_batch
+        if fit == self.trusted:
+            return fit  # the pick's verification ran within the usable cap
+        if failed is not None and failed == self.trusted:
+            return self._back_off(fit, failed)
+        model = PeakModel.fit(self.measured())
+        pick = max(self.fitted_pick(model, failed) or fit, fit)
+        largest = max(p.batch_size for p in self.measured())
+        wrong_about_failed = model is not None and failed is not None and model.fits(failed, self.usable_bytes)
+        if model is None and failed is None:
+            candidate = min(self.max_batch, max(self.min_batch + 1, 8 * self.min_batch))
+        elif model is None or wrong_about_failed:
+            candidate = _middle(fit, failed)
+        elif _split(pick, self.effective_batch)[0] > _EXTRAPOLATION_FACTOR * largest:
+            candidate = _split(pick, self.effective_batch)[0]
+        else:
+            return self._trust(fit, pick)
+        if self.search_probes >= self.max_probes:
+            capped = min(pick, int(_EXTRAPOLATION_FACTOR * largest))  # the split only shrinks it further
+            self.notes.append(f"probe budget ({self.max_probes}) spent with the fit pointing at {pick}; "
+                              f"not extrapolating past 2x the largest probe: {capped}")
+            return self._trust(fit, max(capped, fit))
+        if wrong_about_failed:
+            self.notes.append(f"the fit predicted {failed} would fit but it did not; bisecting")
+        return candidate
+
+    def _trust(self, fit: int, pick: int) -> int:
+        """Run the pick's micro-batch as its verification; stop at `fit` when that is no larger."""
+        self.pick = pick
+        micro = _split(pick, self.effective_batch)[0]
+        if micro <= fit:
+            return fit
+        self.trusted = micro
+        return micro
+
+    def _back_off(self, fit: int, failed: int) -> int:
+        """After the pick's verification at `failed` ran out of the usable cap: min(refit, 0.9 x it), never below
+        `fit`; `fit` itself once ``max_verify`` verifications ran."""
+        if self.verify_runs >= self.max_verify:
+            self.notes.append(f"{self.max_verify} verification runs failed; falling back to {fit}, the largest size "
+                              "measured within the usable budget")
+            return self._trust(fit, fit)
+        backed_off = int(_BACKOFF_FACTOR * failed)
+        fitted = self.fitted_pick(PeakModel.fit(self.measured()), failed)
+        if fitted is not None:
+            backed_off = min(backed_off, fitted)
+        candidate = max(backed_off, fit)
+        self.notes.append(f"verification at {failed} ran out of the usable {format_bytes(self.usable_bytes)}; "
+                          f"backed off to {candidate}")
+        return self._trust(fit, candidate)
+
+
+def _middle(fit: int, failed: int) -> int:
+    """The geometric middle of a bracket (strictly inside it: `largest_fitting` asks only while there is room)."""
+    return min(max(int(round(math.sqrt(fit * failed))), fit + 1), failed - 1)
 
 
 class _FixedCostTooBig(Exception):
@@ -333,14 +366,15 @@ def autobatch(
                          "change the optimization")
     usable_bytes = int(budget_bytes * (1.0 - margin))
     runner = _make_runner(step_factory, eval_factory, device, estimate, steps_per_probe, cuda_emulation, round_bytes)
-    search = _Search(runner, budget_bytes, usable_bytes, min_batch, max_batch, max_probes, on_probe)
+    search = _Search(runner, budget_bytes, usable_bytes, min_batch, max_batch, max_probes, max_verify, effective_batch,
+                     on_probe)
     before_bytes = runner.current_bytes()
     try:
         try:
-            pick, model = search.search(effective_batch)
+            pick = search.search()
         except _FixedCostTooBig as failure:
             raise _fixed_cost_error(search, runner, failure.probe, margin) from None
-        final, accumulation, verified_by, max_fit = _verify(search, model, pick, effective_batch, max_verify)
+        final, accumulation, verified_by, max_fit = _verify(search, pick)
         leftover_bytes = runner.current_bytes() - before_bytes
     finally:
         runner.close()
@@ -353,7 +387,7 @@ def autobatch(
                      f"creates AdamW's state, the second runs with it){with_eval}")
     else:
         notes.append(f"probe peaks: one step per fresh build{with_eval}")
-    model = PeakModel.fit(search.measured()) or model
+    model = PeakModel.fit(search.measured())
     predicted = model.peak_at(final) if model is not None else int(verified_by.peak_bytes or 0)
     governing = model.governing(final) if model is not None else None
     if model is not None:
@@ -361,7 +395,7 @@ def autobatch(
         if curved:
             notes.append(f"peak not a straight line in batch size for {', '.join(curved)}: predicted with the "
                          "chord through the probes (conservative between probes)")
-    if model is not None and search.max_batch < search_limit and search.bad_batch is None:
+    if model is not None and search.max_batch < search_limit and all(search.within_usable(p) for p in search.probes):
         beyond = model.largest_fitting(usable_bytes, min_batch, search_limit)
         if beyond is not None and beyond > search.max_batch:
             notes.append(f"the fit predicts micro-batches up to about {beyond} would fit (not verified): room for "
@@ -382,46 +416,36 @@ def autobatch(
     )
 
 
-def _verify(search: _Search, model: PeakModel | None, pick: int, effective_batch: int | None,
-            max_verify: int) -> tuple[int, int, Probe, int]:
-    """Verify the final micro-batch under the usable cap, backing off on OOM.
+def _verify(search: _Search, pick: int) -> tuple[int, int, Probe, int]:
+    """The final micro-batch (after the accumulation split) and the run that shows it fits: the search's own run
+    at it, else one verification under the usable cap; where that fails, or ``max_verify`` runs are spent, the
+    largest size measured within the usable budget.
 
     Returns (batch, accumulation, the run that proves it fits, the memory pick it came from).
     """
-    candidate = pick
-    while True:
-        batch, accumulation, how = _split(candidate, effective_batch)
-        good = search.known_good()
-        assert good is not None, "the first probe is within the usable budget"
-        if good.batch_size == batch:
-            proof = good
-            break
-        if sum(1 for p in search.probes if p.kind == "verify") >= max_verify:
-            candidate = good.batch_size
-            batch, accumulation, how = _split(candidate, effective_batch)
-            proof = good
-            smaller = "" if batch == good.batch_size else f" (micro-batch {batch} is smaller still)"
-            search.notes.append(f"{max_verify} verification runs failed; falling back to {good.batch_size}, the "
-                                f"largest size measured within the usable budget{smaller}")
-            break
+    batch, accumulation, how = _split(pick, search.effective_batch)
+    good = search.known_good()
+    assert good is not None, "the first probe is within the usable budget"
+    if good.batch_size == batch:
+        proof: Probe | None = good
+    elif search.verify_runs < search.max_verify:
         proof = search.probe(batch, kind="verify")
-        if proof.fits:
-            break
-        refit = PeakModel.fit(search.measured()) or model
-        backed_off = int(_BACKOFF_FACTOR * batch)
-        fitted = search.fitted_pick(refit)
-        if fitted is not None:
-            backed_off = min(backed_off, fitted)
-        candidate = max(backed_off, good.batch_size)
-        search.notes.append(f"verification at {batch} ran out of the usable {format_bytes(search.usable_bytes)}; "
-                            f"backed off to {candidate}")
+        proof = proof if search.within_usable(proof) else None
+    else:
+        proof = None
+    if proof is None:
+        proof, unverified, pick = good, batch, good.batch_size
+        batch, accumulation, how = _split(pick, search.effective_batch)
+        smaller = "" if batch == good.batch_size else f" (micro-batch {batch} is smaller still)"
+        search.notes.append(f"micro-batch {unverified} was not verified within the usable budget; falling back to "
+                            f"{good.batch_size}, the largest size measured within it{smaller}")
     if proof.kind == "probe":
         proof.status = "verify"
         search.notes.append(f"batch {batch} was already measured by a probe (the same fresh build and steps) within "
                             "the usable budget: that probe is its verification")
     if how:
         search.notes.append(how)
-    return batch, accumulation, proof, candidate
+    return batch, accumulation, proof, pick
 
 
 def _split(candidate: int, effective_batch: int | None) -> tuple[int, int, str]:

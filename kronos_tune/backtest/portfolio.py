@@ -28,7 +28,6 @@ from kronos_tune.backtest.metrics import PREDICTED, REALIZED
 LONG_SHORT = "long-short"
 LONG_ONLY = "long-only"
 FEW_PERIODS = 30  # fewer rebalances than this: annualized figures are extrapolations
-SHARPE_Z = 1.959964  # two-sided 95 % of the normal distribution
 
 
 def target_weights(predictions: pd.DataFrame, top_k: int, long_only: bool) -> pd.Series:
@@ -90,12 +89,15 @@ class CurveStats:
 def sharpe_interval(sharpe: float, periods: int, periods_per_year: float) -> tuple[float, float]:
     """The 95 % interval of an annualized Sharpe ratio from `periods` returns: the per-period ratio plus or minus
     1.96 x sqrt((1 + SR^2 / 2) / n) (Lo 2002, independent returns), annualized like the ratio itself."""
+    from scipy.stats import norm
+
     if periods < 2 or not math.isfinite(sharpe) or periods_per_year <= 0:
         return math.nan, math.nan
     scale = math.sqrt(periods_per_year)
     per_period = sharpe / scale
     error = math.sqrt((1.0 + per_period**2 / 2.0) / periods)
-    return (per_period - SHARPE_Z * error) * scale, (per_period + SHARPE_Z * error) * scale
+    z = float(norm.ppf(0.975))  # two-sided 95%
+    return (per_period - z * error) * scale, (per_period + z * error) * scale
 
 
 def equity_curve(returns: pd.Series | list[float]) -> pd.Series:

@@ -38,13 +38,18 @@ garbage collection, a neighbour's burst) moves the max but barely the median.
   winsorized variances of the A/A's and every paired trial's log ratios pooled (weights n - 1), in the A/A's
   Tukey-McLaughlin interval in place of its own. One A/A whose rounds met a burst of load is one variance
   estimate among several, not the run's only word on its noise.
+
+The distributions (binomial, normal, Student's t), the trimmed mean, winsorizing and the median absolute
+deviation are SciPy's, imported inside the functions that use them (SciPy's stats take longer to import than
+the rest of `kronos-tune report`). Written here is only what SciPy lacks or draws otherwise: the exact
+signed-rank cut of the Hodges-Lehmann interval (``signed_rank_cut``) and the fixed-seed ratio bootstrap
+(``ratio_ci``); each says why in its docstring.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -62,21 +67,18 @@ def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
     return float(q1), float(median), float(q3)
 
 
-def _binomial_cdf(k: int, n: int) -> float:
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-
-
 def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Distribution-free interval for the median: the order statistics x(j), x(n-j+1) with the largest j
     whose coverage 1 - 2 P(Binom(n, 1/2) <= j - 1) is still >= confidence. Below 6 samples no such j exists
     at 95 %, and the interval is [min, max]."""
+    from scipy.stats import binom
+
     values = sorted(float(v) for v in samples)
     n = len(values)
     if n == 0:
         raise ValueError("median_ci of no samples")
-    j = 0
-    while j + 1 <= n // 2 and 1 - 2 * _binomial_cdf(j, n) >= confidence:
-        j += 1
+    coverage = 1 - 2 * binom.cdf(np.arange(n // 2), n, 0.5)  # of x(j), x(n-j+1) for j = 1 .. n // 2
+    j = int(np.count_nonzero(coverage >= confidence))
     if j == 0:
         return values[0], values[-1]
     return values[j - 1], values[n - j]
@@ -91,7 +93,12 @@ def relative_halfwidth(samples: Sequence[float], confidence: float = CONFIDENCE)
 
 def ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
              resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """median(a) / median(b) and its percentile-bootstrap interval (each sample resampled on its own)."""
+    """median(a) / median(b) and its percentile-bootstrap interval (each sample resampled on its own).
+
+    Written here rather than through ``scipy.stats.bootstrap`` (which draws the same resamples from the same
+    seed): that refuses a side with a single step time, which a short trial has, and its seed argument is
+    ``random_state`` before SciPy 1.15 and ``rng`` from 1.15 on, both within the versions pyproject allows;
+    these lines are the whole method."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.size == 0 or y.size == 0:
         raise ValueError("ratio_ci needs samples on both sides")
@@ -196,7 +203,10 @@ MAX_OUTLIER_SHARE = 0.25  # more rounds than this off: that is the noise itself,
 
 
 def _signed_rank_counts(n: int) -> list[int]:
-    """How many of the 2**n sign patterns give each signed-rank sum W+ = 0 .. n(n+1)/2 (exact, by counting)."""
+    """How many of the 2**n sign patterns give each signed-rank sum W+ = 0 .. n(n+1)/2 (exact, by counting).
+
+    SciPy has no public quantile of this distribution (``scipy.stats.wilcoxon`` gives a p-value for given
+    data, not the cut of an interval), nor the Hodges-Lehmann interval built on it, so both stay here."""
     counts = [1]
     for rank in range(1, n + 1):
         grown = counts + [0] * rank
@@ -213,8 +223,10 @@ def signed_rank_cut(n: int, confidence: float = CONFIDENCE) -> int | None:
     if n < 1:
         return None
     if n > 60:  # the normal approximation is within one average of the exact cut here
+        from scipy.stats import norm
+
         mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        z = _normal_quantile(1 - (1 - confidence) / 2)
+        z = float(norm.ppf(1 - (1 - confidence) / 2))
         return max(1, int(math.floor(mean - z * sd)))
     counts = _signed_rank_counts(n)
     total, tail, cut = 2**n, 0, 0
@@ -224,18 +236,6 @@ def signed_rank_cut(n: int, confidence: float = CONFIDENCE) -> int | None:
             break
         cut = w + 1
     return cut or None
-
-
-def _normal_quantile(p: float) -> float:
-    """Inverse of the standard normal CDF by bisection on math.erf (only used past 60 pairs)."""
-    low, high = -10.0, 10.0
-    for _ in range(80):
-        mid = (low + high) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 @dataclass(frozen=True)
@@ -257,13 +257,20 @@ class PairedEstimate:
         return (self.high - self.low) / 2 / self.ratio
 
 
+def _log_ratios(ratios: Sequence[float]) -> np.ndarray:
+    """The logs of the positive, finite ratios."""
+    return np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+
+
 def _without_outliers(logs: np.ndarray) -> np.ndarray:
-    """The log ratios less the rounds OUTLIER_SIGMAS robust standard deviations (1.4826 x the median absolute
-    deviation) from their median: a round whose two blocks straddled a change of load measures the load, and
-    with a periodic load a few rounds do. None are set aside when the deviation is zero or when more than
-    MAX_OUTLIER_SHARE of them would be (then the spread is the noise)."""
+    """The log ratios less the rounds OUTLIER_SIGMAS robust standard deviations (the median absolute deviation
+    scaled to a normal's standard deviation) from their median: a round whose two blocks straddled a change of
+    load measures the load, and with a periodic load a few rounds do. None are set aside when the deviation is
+    zero or when more than MAX_OUTLIER_SHARE of them would be (then the spread is the noise)."""
+    from scipy.stats import median_abs_deviation
+
     centre = float(np.median(logs))
-    sigma = 1.4826 * float(np.median(np.abs(logs - centre)))
+    sigma = float(median_abs_deviation(logs, scale="normal"))
     if sigma <= 0:
         return logs
     kept = logs[np.abs(logs - centre) <= OUTLIER_SIGMAS * sigma]
@@ -273,7 +280,7 @@ def _without_outliers(logs: np.ndarray) -> np.ndarray:
 def paired_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE) -> PairedEstimate:
     """Hodges-Lehmann estimate of paired ratios (trial / baseline per round) with the Wilcoxon signed-rank
     interval, both computed on log ratios (outlying rounds set aside first) and returned as ratios."""
-    every = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+    every = _log_ratios(ratios)
     if every.size == 0:
         raise ValueError("paired_estimate needs at least one positive ratio")
     logs = _without_outliers(every)
@@ -322,61 +329,36 @@ def paired_compare(ratios: Sequence[float], threshold: float, confidence: float 
 AA_TRIM = 0.2  # the share of rounds trimmed at each end of the A/A's log ratios
 
 
-def _t_cdf_by_angle(theta: float, df: int) -> float:
-    """P(T <= sqrt(df) tan(theta)) for Student's t with `df` degrees of freedom (theta in [0, pi/2)): with
-    x = sqrt(df) tan(theta) the density becomes a constant x cos(theta)**(df - 1), smooth enough for Simpson."""
-    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
-    steps = 200
-    width = theta / steps
-    total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * math.cos(i * width) ** (df - 1)
-                for i in range(steps + 1))
-    return 0.5 + scale * total * width / 3
-
-
-@lru_cache(maxsize=256)
-def t_quantile(p: float, df: int) -> float:
-    """The `p` quantile (p >= 0.5) of Student's t with `df` degrees of freedom (no scipy: `kronos-tune report`
-    runs without the optional packages)."""
-    low, high = 0.0, math.pi / 2
-    for _ in range(60):
-        mid = (low + high) / 2
-        if _t_cdf_by_angle(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-    return math.sqrt(df) * math.tan((low + high) / 2)
-
-
 def trimmed_estimate(ratios: Sequence[float], confidence: float = CONFIDENCE,
                      trim: float = AA_TRIM) -> PairedEstimate:
     """The trimmed mean of the log ratios (floor(trim x n) rounds left out at each end) with the
     Tukey-McLaughlin interval: standard error = the winsorized standard deviation / ((1 - 2 trim) sqrt(n)),
-    Student's t with (n - 2 x trimmed - 1) degrees of freedom; on the ratio scale (no interval below
-    MIN_PAIRS rounds). Every round counts: none is set aside before trimming."""
-    logs = np.sort(np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float)))
+    Student's t with (n - 2 x trimmed - 1) degrees of freedom (``scipy.stats.mstats.trimmed_mean_ci``); on the
+    ratio scale (no interval below MIN_PAIRS rounds). Every round counts: none is set aside before trimming."""
+    from scipy.stats import mstats, trim_mean
+
+    logs = _log_ratios(ratios)
     n = int(logs.size)
     if n == 0:
         raise ValueError("trimmed_estimate needs at least one positive ratio")
-    cut = int(math.floor(trim * n))
-    centre = float(np.mean(logs[cut:n - cut]))
+    centre = float(trim_mean(logs, trim))
     if n < MIN_PAIRS:
         return PairedEstimate(math.exp(centre), None, None, n)
-    winsorized = np.clip(logs, logs[cut], logs[n - cut - 1])
-    error = float(np.std(winsorized, ddof=1)) / ((1 - 2 * trim) * math.sqrt(n))
-    reach = t_quantile(1 - (1 - confidence) / 2, n - 2 * cut - 1) * error
-    return PairedEstimate(math.exp(centre), math.exp(centre - reach), math.exp(centre + reach), n)
+    low, high = mstats.trimmed_mean_ci(logs, limits=(trim, trim), alpha=1 - confidence)
+    return PairedEstimate(math.exp(centre), math.exp(float(low)), math.exp(float(high)), n)
 
 
 def _winsorized(ratios: Sequence[float], trim: float = AA_TRIM) -> tuple[int, float, int] | None:
     """(rounds, winsorized variance of the log ratios, the trimmed interval's degrees of freedom); None below
     MIN_PAIRS rounds."""
-    logs = np.sort(np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float)))
+    from scipy.stats import mstats
+
+    logs = _log_ratios(ratios)
     n = int(logs.size)
     if n < MIN_PAIRS:
         return None
-    cut = int(math.floor(trim * n))
-    winsorized = np.clip(logs, logs[cut], logs[n - cut - 1])
-    return n, float(np.var(winsorized, ddof=1)), n - 2 * cut - 1
+    variance = float(mstats.winsorize(logs, limits=(trim, trim)).var(ddof=1))
+    return n, variance, n - 2 * int(math.floor(trim * n)) - 1
 
 
 def pooled_resolution(aa: Sequence[float], others: Sequence[Sequence[float]], confidence: float = CONFIDENCE,
@@ -385,13 +367,15 @@ def pooled_resolution(aa: Sequence[float], others: Sequence[Sequence[float]], co
     the winsorized variance pooled over `aa` and each of `others` (each around its own centre, weights n - 1),
     the standard error pooled variance ** 0.5 / ((1 - 2 trim) sqrt(n of aa)), Student's t with the summed
     degrees of freedom, the reach exp(t x error) - 1 (the wider side). None when `aa` has too few rounds."""
+    from scipy.stats import t
+
     mine = _winsorized(aa, trim)
     if mine is None:
         return None
     sets = [mine, *filter(None, (_winsorized(ratios, trim) for ratios in others))]
     variance = sum((n - 1) * var for n, var, _ in sets) / sum(n - 1 for n, _, _ in sets)
     error = math.sqrt(variance) / ((1 - 2 * trim) * math.sqrt(mine[0]))
-    return math.expm1(t_quantile(1 - (1 - confidence) / 2, sum(df for _, _, df in sets)) * error)
+    return math.expm1(float(t.ppf(1 - (1 - confidence) / 2, sum(df for _, _, df in sets))) * error)
 
 
 def aa_compare(ratios: Sequence[float], floor: float, confidence: float = CONFIDENCE,

@@ -4,8 +4,8 @@ the planner and the maximizer.
 ``PeakModel`` is the highest of its series at every batch size. Its series come either from measured probes
 (``PeakModel.fit``: per phase and overall, a least-squares line and the chord through the points) or from one
 fake step traced at a marker batch size (``PeakModel.from_marker``: one line per point of the step, exact).
-``largest_fitting`` is the search both use: from a guess, gallop to a bracket, then bisect. The margin a pick
-keeps free (``default_margin``) is what the meter cannot see.
+``largest_fitting`` is the search both use: from a guess (a size, or autobatch's fit asked before every probe),
+gallop to a bracket, then bisect. The margin a pick keeps free (``default_margin``) is what the meter cannot see.
 """
 
 from __future__ import annotations
@@ -47,38 +47,56 @@ def validate_margin(margin: Any) -> float:
     return float(margin)
 
 
-def largest_fitting(fits: Callable[[int], bool], low: int, high: int, guess: int | None = None) -> int | None:
-    """The largest size in low..high that ``fits``, None when not even ``low`` does: gallop from ``guess``
-    (default ``low``) to a bracket, then bisect. Assumes memory grows with the batch size; the answer ``b`` is
-    checked by a call at ``b`` that fit and one at ``b + 1`` that did not (unless ``b`` is ``high``)."""
+NextSize = Callable[[int | None, int | None], int | None]
+
+
+def largest_fitting(fits: Callable[[int], bool], low: int, high: int,
+                    guess: int | NextSize | None = None) -> int | None:
+    """The largest size in low..high that ``fits``, None when not even ``low`` does. Assumes memory grows with
+    the batch size.
+
+    From ``guess`` (default ``low``) it gallops to a bracket (steps of 1, 2, 4, ... up while sizes fit, down
+    while they do not; past an end it tries the end itself), then bisects; the answer ``b`` is checked by a call
+    at ``b`` that fit and one at ``b + 1`` that did not (unless ``b`` is ``high``).
+
+    ``guess`` may instead be a function of what is known, asked before every call: ``guess(fit, failed)``, the
+    largest size seen to fit and the smallest seen not to (None before any), gives the size to try next (a
+    measured model's pick: autobatch). A size strictly between the two replaces the gallop's or the
+    bisection's step; ``fit`` itself ends the search there, the call at ``fit + 1`` saved (the model says it
+    would not fit); None or any other size leaves the step to the gallop or the bisection."""
     if high < low:
         return None
-    guess = max(low, min(low if guess is None else guess, high))
-    if fits(guess):
-        lo, step = guess, 1
-        while True:
-            if lo == high:
-                return lo
-            if not fits(min(lo + step, high)):  # a gallop past the top tries `high` itself
-                hi = min(lo + step, high)
-                break
-            lo, step = min(lo + step, high), step * 2
-    else:
-        hi, step = guess, 1
-        while True:
-            if hi == low:
-                return None
-            if fits(max(hi - step, low)):  # a gallop past the bottom tries `low` itself
-                lo = max(hi - step, low)
-                break
-            hi, step = max(hi - step, low), step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
+    ask = guess if callable(guess) else None
+    start = low if guess is None or ask is not None else max(low, min(guess, high))
+    fit: int | None = None
+    failed: int | None = None
+    step = 1
+    while True:
+        if fit is not None and (fit == high or failed == fit + 1):
+            return fit
+        if failed == low:
+            return None
+        if fit is None and failed is None:
+            size, galloping = start, False
+        elif failed is None:
+            size, galloping = min(fit + step, high), True  # a gallop past the top tries `high` itself
+        elif fit is None:
+            size, galloping = max(failed - step, low), True  # and past the bottom `low`
         else:
-            hi = mid
-    return lo
+            size, galloping = (fit + failed) // 2, False
+        if ask is not None:
+            proposed = ask(fit, failed)
+            if fit is not None and proposed == fit:
+                return fit
+            above, below = low - 1 if fit is None else fit, high + 1 if failed is None else failed
+            if proposed is not None and above < proposed < below:
+                size, galloping = proposed, False
+        if fits(size):
+            fit = size
+        else:
+            failed = size
+        if galloping:  # 1, 2, 4, ...; once both ends are known the bisection takes over
+            step *= 2
 
 
 @dataclass(frozen=True)

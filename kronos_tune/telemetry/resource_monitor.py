@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from kronos_core.cpu_features import detect_cpu_features
@@ -35,18 +36,9 @@ from kronos_core.hostmem import total_ram_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry.sampler import Sampler, Snapshot
 
-__all__ = ["ResourceMonitor", "collect_environment", "percentile"]
+__all__ = ["ResourceMonitor", "collect_environment"]
 
 GIT_TIMEOUT_S = 5.0
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    """Linear-interpolated percentile (`fraction` in 0..1) of a non-empty list."""
-    ordered = sorted(values)
-    rank = fraction * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass
@@ -198,7 +190,7 @@ class ResourceMonitor:
                     "min": running.minimum,
                     "mean": running.total / running.count,
                     "max": running.maximum,
-                    "p95": percentile(window_values.get(name) or [running.maximum], 0.95),
+                    "p95": float(np.quantile(window_values.get(name) or [running.maximum], 0.95)),
                     "count": running.count,
                 }
                 for name, running in sorted(self._metrics.items())

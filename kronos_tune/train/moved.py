@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from kronos_core.train import Trainer
 
 START_FILE = "start_eval.json"
-Z_95 = 1.959964  # two-sided 95% of the normal distribution
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,8 @@ def paired_interval(before: list[list[float]], after: list[list[float]]) -> tupl
     """The weighted mean change after - before of paired [loss, weight] parts (evaluation batches, or the
     benchmark's validation windows) and its 95% interval (low, high): the normal approximation over the parts'
     paired differences. None when the parts do not pair (other counts or weights) or there is only one."""
+    from scipy.stats import norm
+
     paired = len(before) == len(after) and all(b[1] == a[1] for b, a in zip(before, after))
     if not paired or len(after) < 2:
         return None
@@ -104,7 +105,8 @@ def paired_interval(before: list[list[float]], after: list[list[float]]) -> tupl
     change = sum(d * share for d, share in diffs)
     n = len(diffs)
     spread = math.sqrt(n / (n - 1) * sum((share * (d - change)) ** 2 for d, share in diffs))
-    return change, change - Z_95 * spread, change + Z_95 * spread
+    z = float(norm.ppf(0.975))  # two-sided 95%
+    return change, change - z * spread, change + z * spread
 
 
 def measure(trainer: Trainer, folder: Path) -> Movement | None:
