@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kronos_core.data.panels import panel_from_table
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 BATCH_ROWS = 262_144  # rows per Parquet record batch: tens of MiB whatever the file's size
 
