@@ -10,7 +10,8 @@ import pandas as pd
 
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
 from kronos_core.data.synthetic import synthetic_universe_symbols
-from kronos_tune.backtest.universe import SymbolSeries, Universe
+from kronos_core.data.series import KlineSeries
+from kronos_tune.backtest.universe import Universe
 
 SYMBOL_COLUMN, SECTOR_COLUMN = "symbol", "sector"
 
@@ -28,7 +29,7 @@ def synthetic_universe(n_symbols: int, **settings: Any) -> pd.DataFrame:
 
 def universe_of(panel: pd.DataFrame, source: str = "synthetic") -> Universe:
     """A panel of synthetic_universe's columns as one series per symbol."""
-    symbols = [SymbolSeries(str(name), pd.to_datetime(group[TIME_COLUMN]).to_numpy(dtype="datetime64[ns]"),
+    symbols = [KlineSeries(str(name), pd.to_datetime(group[TIME_COLUMN]).to_numpy(dtype="datetime64[ns]"),
                             group[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float64))
                for name, group in panel.groupby(SYMBOL_COLUMN, sort=True)]
     return Universe(symbols, source)

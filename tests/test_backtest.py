@@ -18,7 +18,8 @@ from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
 from kronos_tune.backtest.origins import EVERY_DAY, schedule_origins
 from kronos_tune.backtest.portfolio import FEW_PERIODS, curve_stats, run_portfolio, target_weights
-from kronos_tune.backtest.universe import SymbolSeries, load_universe
+from kronos_core.data.series import KlineSeries
+from kronos_tune.backtest.universe import load_universe
 from kronos_tune.errors import KronosTuneError
 from synthetic_panel import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_universe, universe_of
 
@@ -199,7 +200,7 @@ def test_schedule_origins_every_bars_and_days():
     universe = load_universe((), 5, 48 * 6, 0, lambda level, message: None)
     # A short symbol with no room for any origin is skipped, and said so.
     first = universe.symbols[0]
-    universe.symbols.append(SymbolSeries("SHORT", first.stamps[:30], first.features[:30]))
+    universe.symbols.append(KlineSeries("SHORT", first.stamps[:30], first.features[:30]))
     schedule = schedule_origins(universe, lookback=60, pred_len=6, every=12, count=5)
     assert [o.index for o in schedule.origins] == list(range(5))
     positions = [int(np.searchsorted(universe.symbols[0].stamps, o.timestamp.to_datetime64()))

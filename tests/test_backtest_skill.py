@@ -26,7 +26,8 @@ from kronos_tune.backtest.plot import _from_zero, _stamp_labels, picture_title
 from kronos_tune.backtest.runner import run_backtest
 from kronos_tune.backtest.significance import critical_t, hac_lag, hac_mean_test, min_origins, origins_needed
 from kronos_tune.backtest.skill import setting_skill
-from kronos_tune.backtest.universe import SymbolSeries, Universe
+from kronos_core.data.series import KlineSeries
+from kronos_tune.backtest.universe import Universe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,10 +36,10 @@ def _quiet(level: str, message: str) -> None:
     pass
 
 
-def _series(name: str, closes: list[float]) -> SymbolSeries:
+def _series(name: str, closes: list[float]) -> KlineSeries:
     stamps = pd.date_range("2024-01-01", periods=len(closes), freq="D").to_numpy(dtype="datetime64[ns]")
     features = np.column_stack([closes] * 4 + [np.ones(len(closes))] * 2).astype(np.float64)
-    return SymbolSeries(name, stamps, features)
+    return KlineSeries(name, stamps, features)
 
 
 def test_persistence_drift_and_random_walk_band_on_a_hand_checked_panel():

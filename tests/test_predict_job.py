@@ -12,7 +12,7 @@ from kronos_core.data.kline import FEATURE_COLUMNS
 from kronos_core.data.synthetic import synthetic_kline
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.times import future_timestamps, infer_interval, session_grid
-from kronos_tune.predict.inputs import load_series
+from kronos_tune.predict.inputs import load_inputs
 from kronos_tune.predict.job import RANDOM_WEIGHTS_NOTE, PredictConfig, run_predict, score
 from kronos_tune.predict.output import check_output_path, write_table
 
@@ -88,17 +88,20 @@ def test_time_zone_is_kept_and_session_uses_wall_time() -> None:
 def test_holdout_takes_lookback_rows_before_the_last_pred_len(tmp_path: Path) -> None:
     frame = synthetic_kline(50, seed=5)
     frame.to_csv(tmp_path / "s.csv", index=False)
+    stamps = frame["timestamps"].to_numpy(dtype="datetime64[ns]").view(np.int64)
+    features = frame[list(FEATURE_COLUMNS)].to_numpy(dtype=np.float32)
     config = PredictConfig(lookback=20, pred_len=6, size="tiny", data=(tmp_path / "s.csv",), holdout=True)
-    (item,) = load_series(config, _ignore)
-    assert item.name == "s"
-    assert list(item.history["timestamps"]) == list(frame["timestamps"].iloc[24:44])
-    assert list(item.future) == list(frame["timestamps"].iloc[44:])
-    np.testing.assert_allclose(item.actual_close, frame["close"].iloc[44:].to_numpy(), rtol=1e-12)
+    inputs = load_inputs(config, _ignore)
+    assert list(inputs.names) == ["s"]
+    np.testing.assert_array_equal(inputs.x[0], features[24:44])
+    assert inputs.last_ns[0] == stamps[43]
+    np.testing.assert_array_equal(inputs.future_ns[0], stamps[44:])
+    np.testing.assert_allclose(inputs.actual_close[0], frame["close"].iloc[44:].to_numpy(), rtol=1e-12)
 
     plain = PredictConfig(lookback=20, pred_len=6, size="tiny", data=(tmp_path / "s.csv",))
-    (item,) = load_series(plain, _ignore)
-    assert list(item.history["timestamps"]) == list(frame["timestamps"].iloc[30:])
-    assert item.actual_close is None and item.future[0] > frame["timestamps"].iloc[-1]
+    inputs = load_inputs(plain, _ignore)
+    np.testing.assert_array_equal(inputs.x[0], features[30:])
+    assert inputs.actual_close is None and inputs.last_ns[0] == stamps[-1] and inputs.future_ns[0, 0] > stamps[-1]
 
 
 def test_same_stem_in_two_folders_gets_distinct_names(tmp_path: Path) -> None:
@@ -106,7 +109,7 @@ def test_same_stem_in_two_folders_gets_distinct_names(tmp_path: Path) -> None:
         (tmp_path / folder).mkdir()
         synthetic_kline(10, seed=0).to_csv(tmp_path / folder / "s.csv", index=False)
     config = PredictConfig(lookback=5, pred_len=1, size="tiny", data=(tmp_path / "x", tmp_path / "y"))
-    names = [item.name for item in load_series(config, _ignore)]
+    names = list(load_inputs(config, _ignore).names)
     assert len(set(names)) == 2 and all(name.endswith("s") for name in names)
 
 

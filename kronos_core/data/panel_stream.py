@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kronos_core.data.panels import panel_from_table
+from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError
+
+pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 BATCH_ROWS = 65_536  # rows per Parquet record batch: a few MiB, whatever the size of the file
 

@@ -1,7 +1,7 @@
 """Panel files: one long table of many symbols (a symbol column, a time column, OHLCV), read and checked once.
 
     panel = read_panel("sp500_daily.csv", "Symbol")   # symbol, timestamps, open ... (what the file has)
-    for symbol, frame in split_panel(panel): ...      # one K-line frame per symbol, volume/amount filled
+    series = load_series(["sp500_daily.csv"], symbol_column="Symbol").all()   # kronos_core.data.series
 
 `read_panel` handles what real files come with as `read_kline` does for one series (kronos_core.data.tables:
 names in any case, the time column named or a written index, YYYYMMDD integers, mixed UTC offsets
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, check_values, fill_volume_amount
+from kronos_core.data.kline import FEATURE_COLUMNS, PRICE_COLUMNS, check_values
 from kronos_core.data.tables import (TIME_COLUMN, absolute_ns, file_name, first_data_line, found_columns,
                                      ignored_columns_note, lower_columns, order_rows, parse_timestamps, read_table,
                                      row_label, time_values)
@@ -81,27 +81,4 @@ def panel_from_table(raw: pd.DataFrame, path: Path, symbol_col: str = SYMBOL,
     return out
 
 
-def split_panel(panel: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(symbol, K-line frame) for every symbol of a `read_panel` result, in its order: TIME_COLUMN and all six
-    features (volume/amount filled by the reference rule), index from 0, ``attrs["source"]`` naming the
-    file and the symbol."""
-    if len(panel) == 0:
-        return []
-    filled = fill_volume_amount(panel)
-    codes, uniques = pd.factorize(filled[SYMBOL], sort=False)
-    edges = np.flatnonzero(np.diff(codes)) + 1
-    starts, ends = np.concatenate([[0], edges]), np.concatenate([edges, [len(codes)]])
-    columns = [TIME_COLUMN, *FEATURE_COLUMNS]
-    source = panel.attrs.get("source", "panel")
-    out = []
-    for begin, end in zip(starts, ends):
-        symbol = str(filled[SYMBOL].iat[begin])
-        frame = filled.iloc[begin:end][columns].reset_index(drop=True)
-        frame.attrs = {"source": f"{source} (symbol {symbol})"}
-        out.append((symbol, frame))
-    if len(out) != len(uniques):
-        raise KronosError(f"{source}: the rows of a symbol are not together; read the file with read_panel")
-    return out
-
-
-__all__ = ["SYMBOL", "panel_from_table", "read_panel", "split_panel"]
+__all__ = ["SYMBOL", "panel_from_table", "read_panel"]

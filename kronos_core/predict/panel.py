@@ -143,7 +143,7 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     counts = np.bincount(codes, minlength=len(names))
     ends = np.cumsum(counts)
     starts = ends - counts
-    _check_steps(codes, ns, names, source)
+    check_steps(codes, ns, names, source)
     _check_finite(values, codes, ns, names, source, order)
 
     need = lookback + holdout
@@ -172,7 +172,7 @@ def panel_inputs(panel: pd.DataFrame, lookback: int, future: FutureSpec | None, 
     return PanelInputs(kept_names, group, future_ns, tz, skipped, actual, filled, notes, ns[rows[:, -1]])
 
 
-def _check_steps(codes: np.ndarray, ns: np.ndarray, names: list[str], source: str) -> None:
+def check_steps(codes: np.ndarray, ns: np.ndarray, names: list[str], source: str) -> None:
     """Strictly increasing stamps per symbol, and no step shorter than the symbol's median step."""
     if len(ns) < 2:
         return
@@ -250,4 +250,4 @@ def predict_panel(predictor: KronosPredictor, inputs: PanelInputs, T: float = 1.
     return panel_frame(inputs, values) if output == "panel" else series_frames(inputs, values)
 
 
-__all__ = ["PanelInputs", "panel_frame", "panel_inputs", "predict_panel", "read_panel", "series_frames"]
+__all__ = ["PanelInputs", "check_steps", "panel_frame", "panel_inputs", "predict_panel", "read_panel", "series_frames"]

@@ -23,12 +23,11 @@ from multiprocessing.connection import wait as wait_ready
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from kronos_core.data.kline import find_data_files, read_kline
-from kronos_core.data.panels import read_panel, split_panel
+from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
 from kronos_core.data.dataset import KlineEvalDataset, KlineWindowDataset, split_frames
 from kronos_core.deferred import deferred
 from kronos_core.errors import KronosError, KronosWarning
-from kronos_core.data.synthetic import synthetic_series
+from kronos_core.data.series import KlineSeries, SeriesSource, load_series
 from kronos_core.train.config import TrainConfig
 from kronos_core.train.data_span import DataSpan, cut_frames
 from kronos_core.signals import STOP_SIGNALS
@@ -36,38 +35,30 @@ from kronos_core.signals import STOP_SIGNALS
 pd = deferred("pandas")  # imported at its first use (kronos_core.deferred)
 
 
-def load_frames(config: TrainConfig) -> list[pd.DataFrame]:
-    """The training series: synthetic ones, one per file, or one per symbol of panel files (`symbol_column`).
-    What reading did to a file (columns ignored, stamps converted, ...) and the symbols too short for one
-    window are each one KronosWarning line."""
-    if config.is_synthetic:
-        return synthetic_series(config.synthetic_series, n_rows=config.synthetic_rows, seed=config.seed)
-    frames: list[pd.DataFrame] = []
-    for path in find_data_files(config.data):
-        if config.symbol_column is None:
-            frame = read_kline(path, config.date_format)
-            _say(frame.attrs.get("notes", ()))
-            frames.append(frame)
-            continue
-        panel = read_panel(path, config.symbol_column, config.date_format)
-        _say([*panel.attrs.get("notes", ()), *panel.attrs.get("warnings", ())])
-        for symbol, frame in split_panel(panel):
-            frame.attrs["symbol"] = symbol
-            frames.append(frame)
-    return frames
-
-
-def _say(lines) -> None:
-    for line in lines:
-        warnings.warn(line, KronosWarning, stacklevel=3)
-
-
 def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpan]:
-    """The series cut at `train_until` (whole without it) and the span they cover (kronos_core.train.data_span)."""
-    frames = load_frames(config)
-    paths = [] if config.is_synthetic else find_data_files(config.data)
-    return cut_frames(frames, config.train_until, paths, config.is_synthetic, config.symbol_column,
+    """The training series (kronos_core.data.series: synthetic ones, one per file, or one per symbol of panel
+    files, `symbol_column`) as K-line frames, cut at `train_until` (whole without it), and the span they cover
+    (kronos_core.train.data_span). What reading did to a file (columns ignored, stamps converted, ...) and what
+    it found suspicious are each one KronosWarning line."""
+    loaded = load_series(() if config.is_synthetic else config.data, _say, symbol_column=config.symbol_column,
+                         date_format=config.date_format, synthetic=config.synthetic_series,
+                         rows=config.synthetic_rows, seed=config.seed)
+    frames = [_frame(series, loaded) for series in loaded.all()]
+    return cut_frames(frames, config.train_until, loaded.paths, config.is_synthetic, config.symbol_column,
                       config.val_fraction)
+
+
+def _frame(series: KlineSeries, loaded: SeriesSource) -> pd.DataFrame:
+    frame = pd.DataFrame({TIME_COLUMN: series.index(), **dict(zip(FEATURE_COLUMNS, series.features.T))})
+    if not loaded.synthetic:  # a synthetic series is "series k" in messages
+        frame.attrs["source"] = series.source
+    if loaded.name_column is not None:
+        frame.attrs["symbol"] = series.name
+    return frame
+
+
+def _say(level: str, message: str) -> None:
+    warnings.warn(message, KronosWarning, stacklevel=2)
 
 
 def _short_symbols_line(short: list[str], frames: list[pd.DataFrame], config: TrainConfig) -> str:
@@ -111,7 +102,7 @@ def build_datasets(config: TrainConfig, frames: list[pd.DataFrame] | None = None
     short = [frame.attrs.get("symbol") or frame.attrs.get("source") or f"series {k}"
              for k, (frame, part) in enumerate(zip(frames, train)) if len(part) < config.window_length]
     if short:
-        _say([_short_symbols_line(short, frames, config)])
+        _say("warning", _short_symbols_line(short, frames, config))
     common = dict(lookback=config.lookback_window, predict_window=config.predict_window, clip=config.clip,
                   preload=config.preload)
     train_set = KlineWindowDataset(train, samples_per_epoch=config.samples_per_epoch, seed=config.seed, **common)
