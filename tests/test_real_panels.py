@@ -237,10 +237,11 @@ def test_repeated_and_backwards_rows(tmp_path: Path, capsys):
                    f"{len(twice) + 1}; drop duplicates"
 
     panel.to_csv(panel_path, index=False)
-    line = refused(capsys, "train", "--config", write_train_config(tmp_path), "--data", panel_path,
-                   "--out", tmp_path / "as_one_series")
-    assert "duplicate timestamp" in line  # AAA and BBB on the same day, read as one series
-    assert line.endswith("or, as the file has a 'Symbol' column, read it as a panel (--symbol-column Symbol)")
+    # one file with a Symbol column is a panel for every command, as for the backtest: a series per symbol
+    code, out, err = run(capsys, "train", "--config", write_train_config(tmp_path), "--data", panel_path,
+                         "--steps", 2, "--out", tmp_path / "as_panel")
+    assert code == 0 and "Traceback" not in out + err, (out + err)[-2000:]
+    assert (tmp_path / "as_panel" / "metrics.jsonl").exists()
 
 
 def write_train_config(folder: Path) -> Path:

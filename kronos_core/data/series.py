@@ -85,16 +85,16 @@ class SeriesSource:
 
 
 def load_series(data: Sequence[str | Path] = (), on_note: NoteCallback = _quiet, *, symbol_column: str | None = None,
-                find_panel: bool = False, date_format: str | None = None, synthetic: int | None = None,
+                date_format: str | None = None, synthetic: int | None = None,
                 rows: int = 2000, seed: int = 0, universe: bool = False) -> SeriesSource:
     """The series of `data` (files, or folders of them), or without it `synthetic` series of `rows` bars made from
     `seed` (`universe`: the symbols SYN0000 ... of one market with sectors, else independent series synthetic_0
-    ...). `symbol_column`: the files are panels; `find_panel`: so is one file with a column of
-    SYMBOL_COLUMN_NAMES (kronos_core.data.tables.symbol_column). `date_format`: how the files write their dates."""
+    ...). `symbol_column`: the files are panels; so is one file with a column of SYMBOL_COLUMN_NAMES
+    (kronos_core.data.tables.symbol_column), for every command alike. `date_format`: how the files write their dates."""
     if not data:
         return _synthetic(synthetic if synthetic is not None else 0, rows, seed, universe)
     paths = find_data_files(list(data))
-    if symbol_column is None and find_panel and len(paths) == 1:
+    if symbol_column is None and len(paths) == 1:
         symbol_column = _panel_column(paths[0])
     if symbol_column is not None:
         return _panels(paths, symbol_column, on_note, date_format)

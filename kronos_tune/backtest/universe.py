@@ -35,7 +35,7 @@ def load_universe(data: tuple[Path, ...], synthetic: int | None, synthetic_rows:
     except KronosError as error:
         raise KronosTuneError(f"--data: {error}") from None
     try:
-        loaded = load_series(data, on_note, symbol_column=symbol_column, find_panel=True, date_format=date_format,
+        loaded = load_series(data, on_note, symbol_column=symbol_column, date_format=date_format,
                              synthetic=synthetic, rows=synthetic_rows, seed=seed, universe=True)
         symbols = loaded.all()
     except KronosError as error:
