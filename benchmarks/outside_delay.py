@@ -157,7 +157,18 @@ def run_row(index: int, wall: float, report: dict[str, Any], planted: str, exemp
             "noisy": bool(timing.get("noisy")), "aa": _comparison(trials.get("noise-probe")),
             "planted": _comparison(trials.get(planted)), "recommended": recommended.get("source"),
             "recommended_planted": bool(config) and all(config.get(k) == v for k, v in exempt.items()),
-            "others": others}
+            "others": others, "planted_rounds": _rounds(trials.get(planted)),
+            "others_measured_on": sum(bool(((t.get("timing") or {}).get("extended_after"))) for name, t in
+                                      trials.items() if name in others)}
+
+
+def _rounds(trial: dict[str, Any] | None) -> str:
+    """'10' or, for a change measured on, '10>30' (the rounds when its budget was spent > all of them)."""
+    timing = (trial or {}).get("timing") or {}
+    if not timing.get("rounds"):
+        return "-"
+    first = timing.get("extended_after")
+    return f"{first}>{timing['rounds']}" if first else str(timing["rounds"])
 
 
 def _pct(value: float | None) -> str:
@@ -171,13 +182,14 @@ def _ratio(value: float | None) -> str:
 def table(rows: list[dict[str, Any]], planted: str) -> tuple[list[str], dict[str, Any]]:
     """The per-run lines and the tallies against the targets."""
     lines = [f"{'run':>3} {'wall':>6} {'step':>7} {'A/A (noise-probe)':>28} {'resol.':>7} {'pooled':>7} "
-             f"{'planted':>8} {planted + ' (measured)':>30} {'evidence':>22}  recommended"]
+             f"{'planted':>8} {planted + ' (measured)':>30} {'rounds':>6} {'evidence':>22}  recommended"]
     for row in rows:
         hit, step = row["planted"], row["baseline_step_s"]
         lines.append(f"{row['run']:>3} {row['wall_s']:>5.0f}s {'-' if step is None else f'{1000 * step:.0f} ms':>7} "
                      f"{change_text(row['aa']):>28} {_pct(row['resolution_pct']):>7} {_pct(row['own_threshold_pct']):>7} "
                      f"{_ratio(row['planted_ratio']):>8} "
-                     f"{change_text(hit):>30} {(hit or {}).get('evidence') or '-':>22}  {row['recommended']}"
+                     f"{change_text(hit):>30} {row.get('planted_rounds', '-'):>6} "
+                     f"{(hit or {}).get('evidence') or '-':>22}  {row['recommended']}"
                      f"{' (planted config)' if row['recommended_planted'] else ''}")
     count = len(rows)
     tallies = {"runs": count,
@@ -187,12 +199,14 @@ def table(rows: list[dict[str, Any]], planted: str) -> tuple[list[str], dict[str
                                        for r in rows),
                "others_called": sum(v in ("faster", "slower") for r in rows for v in r["others"].values()),
                "others_compared": sum(len(r["others"]) for r in rows),
+               "others_measured_on": sum(r.get("others_measured_on", 0) for r in rows),
                "resolution_pct": sorted(r["resolution_pct"] for r in rows if r["resolution_pct"] is not None)}
     resolutions = tallies["resolution_pct"]
     lines += [f"planted {planted} called faster: {tallies['planted_faster']} of {count}; recommended (the planted "
               f"config): {tallies['planted_recommended']} of {count}",
               f"A/A not called different: {tallies['aa_not_different']} of {count}",
-              f"other changes called faster or slower: {tallies['others_called']} of {tallies['others_compared']}",
+              f"other changes called faster or slower: {tallies['others_called']} of {tallies['others_compared']} "
+              f"(measured on: {tallies['others_measured_on']})",
               "resolution: " + ("-" if not resolutions else
                                 f"median {statistics.median(resolutions):.1f}%, max {max(resolutions):.1f}%"),
               "targets: planted called faster and recommended >= 9 of 10 and A/A not different >= 9 of 10 under the "

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from benchmarks.decisions import BenchRun, paired_once, start_worker, verdict_counts
-from kronos_tune.benchmark.run.paired import MAX_STRETCH, Interleaver
+from kronos_tune.benchmark.run.paired import EXTENSION_FACTOR, MAX_STRETCH, Interleaver
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.stats import MIN_PAIRS, paired_compare
 
@@ -45,6 +45,19 @@ def test_a_planted_delay_is_found_by_two_live_workers_in_alternating_blocks(
         assert capped.timing()["min_rounds"] == 100_000
         # an interval once there are pairs enough for one (a loaded machine may give fewer in 1 s)
         assert (capped.halfwidth < float("inf")) == (len(capped.blocks) >= MIN_PAIRS)
+        # a change whose verdict its rounds leave open when the budget is spent goes on, once, to 3x the rounds
+        seen: list[int] = []
+        kept_open = Interleaver(run, "open", 1, 0.3, min_rounds=6,
+                                open_verdict=lambda ratios: seen.append(len(ratios)) or True)
+        kept_open.measure(base, trial)
+        assert seen == [kept_open.extended_after] and kept_open.extended_after >= 6  # asked once, at the budget
+        assert len(kept_open.blocks) > kept_open.extended_after and kept_open.stop in ("extended", "time-cap", "max-rounds")
+        if kept_open.stop == "extended":
+            assert len(kept_open.blocks) == EXTENSION_FACTOR * kept_open.extended_after
+        assert kept_open.timing()["extended_after"] == kept_open.extended_after
+        shut = Interleaver(run, "shut", 1, 0.3, min_rounds=6, open_verdict=lambda ratios: False)
+        shut.measure(base, trial)
+        assert shut.extended_after is None and shut.stop in ("budget", "time-cap")
     finally:
         base.close()
         trial.close()

@@ -11,8 +11,12 @@ repeated).
 Each round gives one ratio (the trial block's median step time over the
 baseline block's); rounds are added until the interval of their centre
 (stats.paired_estimate) is within ``target_ci`` or the trial's measuring
-budget is spent. The raw blocks go into results.jsonl, so `kronos-tune report`
-recomputes the verdict anywhere.
+budget is spent. A change whose rounds leave its verdict open when the budget
+is spent (its centre beyond the run's threshold, its interval still reaching
+past 1: ``open_verdict``) is measured on once, to EXTENSION_FACTOR times the
+rounds it had, and then judged on a 99% interval (stats.EXTENDED_CONFIDENCE),
+which pays for the second look. The raw blocks go into results.jsonl, so
+`kronos-tune report` recomputes the verdict anywhere.
 
 Where two workers cannot live side by side (their memory does not fit the
 device together, or the trial needs every device: DDP/FSDP), or when asked
@@ -42,6 +46,10 @@ MAX_BLOCK_STEPS = 50
 # Rounds a minimum asks for may run past the budget (a loaded machine runs fewer rounds a second, and the
 # rounds are what buy the resolution), up to this many budgets.
 MAX_STRETCH = 2.5
+# A change measured on (its verdict open when the budget was spent) runs to this many times the rounds it had,
+# and no longer than EXTENDED_STRETCH budgets.
+EXTENSION_FACTOR = 3
+EXTENDED_STRETCH = 3.5
 BASELINE_WORKER = "the baseline's worker"
 
 
@@ -126,7 +134,9 @@ class Interleaver:
     is tight or the budget is spent. ``blocks`` holds every finished round (also when a worker dies).
     ``whole_budget``: rounds until the budget is spent whatever the interval (the A/A comparison: its reach is the
     run's resolution, and stopping on the first tight interval would state the luckiest moment's figure).
-    ``min_rounds``: at least this many rounds (None: the run's), even past the budget, up to MAX_STRETCH x it."""
+    ``min_rounds``: at least this many rounds (None: the run's), even past the budget, up to MAX_STRETCH x it.
+    ``open_verdict``: given the block ratios when the budget is spent, whether they leave the verdict open (then
+    the rounds go on, once, to EXTENSION_FACTOR times as many; ``extended_after`` says after which round)."""
 
     run: RunContext
     name: str
@@ -134,6 +144,8 @@ class Interleaver:
     budget_s: float
     whole_budget: bool = False
     min_rounds: int | None = None  # None: the run's min_rounds
+    open_verdict: Callable[[list[float]], bool] | None = None
+    extended_after: int | None = None
     blocks: list[dict[str, Any]] = field(default_factory=list)
     stop: str = ""
     settles: list[int] = field(default_factory=list)  # rounds after which untimed blocks absorbed an evaluation
@@ -178,8 +190,13 @@ class Interleaver:
                         self.stop = "time-cap"
                 elif self.halfwidth <= options.target_ci and not self.whole_budget:
                     self.stop = "interval"
+                elif self.extended_after is not None:
+                    self.stop = self._extension_stop(elapsed)
                 elif elapsed >= self.budget_s:
-                    self.stop = "budget"
+                    if self.open_verdict is not None and self.open_verdict(block_ratios(self.blocks)):
+                        self.extended_after = len(self.blocks)
+                    else:
+                        self.stop = "budget"
                 elif len(self.blocks) >= options.max_rounds:
                     self.stop = "max-rounds"
                 if self.stop:
@@ -191,6 +208,14 @@ class Interleaver:
                     self._rewarm(base, trial, on_trial_step, after=index)
         finally:
             self.measure_time_s = time.perf_counter() - started
+
+    def _extension_stop(self, elapsed: float) -> str:
+        """Why a comparison measured on stops now ("" while it goes on)."""
+        if self.extended_after is not None and len(self.blocks) >= EXTENSION_FACTOR * self.extended_after:
+            return "extended"
+        if elapsed >= EXTENDED_STRETCH * self.budget_s:
+            return "time-cap"
+        return "max-rounds" if len(self.blocks) >= self.run.options.max_rounds else ""
 
     def _rewarm(self, base: LiveWorker, trial: LiveWorker, on_trial_step: StepHandler | None,
                 after: int | None = None) -> None:
@@ -211,4 +236,5 @@ class Interleaver:
                 "ci_halfwidth": self.halfwidth, "target_ci": self.run.options.target_ci, "budget_s": self.budget_s,
                 "measure_time_s": self.measure_time_s, "whole_budget": self.whole_budget,
                 "min_rounds": self.least_rounds, "settled_after": list(self.settles),
+                "extended_after": self.extended_after,
                 "order_seed": self.order_seed, "order": [block["first"] for block in self.blocks]}

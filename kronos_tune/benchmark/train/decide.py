@@ -68,7 +68,7 @@ from kronos_tune.benchmark.costs import duration as _duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
 from kronos_tune.benchmark.stats import (
-    Comparison, aa_compare, block_ratios, compare, paired_compare, pooled_resolution,
+    CONFIDENCE, EXTENDED_CONFIDENCE, Comparison, aa_compare, block_ratios, compare, paired_compare, pooled_resolution,
 )
 from kronos_tune.benchmark.train.target import recommend_by_target
 from kronos_tune.benchmark.train.verdicts import PAIRED_FLOOR, Decision, OneTimeCost, Trajectory
@@ -142,7 +142,7 @@ def drift_estimate(results: list[TrialResult]) -> tuple[float | None, list[str]]
 
 
 def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: float,
-                      rule: Callable[[list[float], float], Comparison | None] = paired_compare
+                      rule: Callable[[list[float], float, float], Comparison | None] = paired_compare
                       ) -> Comparison | None:
     """The paired verdict from a result's raw blocks (per-token ratios), or None when it has no full round;
     `rule`: stats.paired_compare for a change, stats.aa_compare for the A/A comparison."""
@@ -150,7 +150,18 @@ def paired_comparison(result: TrialResult, base: TrialResult | None, threshold: 
     if not ratios:
         return None
     factor = _scale(result, base)
-    return rule([r * factor for r in ratios], threshold)
+    confidence = EXTENDED_CONFIDENCE if result.timing.get("extended_after") else CONFIDENCE
+    return rule([r * factor for r in ratios], threshold, confidence)
+
+
+def measuring_threshold(results: list[TrialResult], context: DecisionContext = DecisionContext()) -> float:
+    """The change a comparison must show on the A/A's resolution, known while the run goes on (the A/A runs
+    before the changes): max(paired floor, resolution), or the floor alone without an A/A or in a run too noisy
+    to decide on it. A change whose centre lies beyond it but whose interval does not is measured on."""
+    resolution, _ = resolution_of(results, context)
+    if resolution is None or resolution > NOISY_LIMIT:
+        return context.paired_floor
+    return max(context.paired_floor, resolution)
 
 
 def resolution_of(results: list[TrialResult], context: DecisionContext) -> tuple[float | None, Comparison | None]:
@@ -388,8 +399,8 @@ def _evidence_text(decision: Decision, context: DecisionContext, comparison: Com
     """Why a change called faster is beyond the noise, in the words of the evidence that called it."""
     if comparison is None or comparison.evidence != OWN_INTERVAL or decision.own_threshold is None:
         return _noise_text(decision, context)
-    return (f"its own 95% interval wholly beyond what this run's pooled noise can resolve "
-            f"({100 * decision.own_threshold:.1f}%: the A/A comparison's interval at the spread of every paired "
+    return (f"its own {100 * comparison.confidence:g}% interval wholly beyond what this run's pooled noise can "
+            f"resolve ({100 * decision.own_threshold:.1f}%: the A/A comparison's interval at the spread of every paired "
             f"comparison of the run; the A/A's own interval reaches {100 * (decision.resolution or 0):.1f}% from 1)")
 
 

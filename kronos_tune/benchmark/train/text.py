@@ -9,6 +9,7 @@ from typing import Any
 
 from kronos_tune.benchmark.report.cells import fmt_seconds
 from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialResult
+from kronos_tune.benchmark.stats import CONFIDENCE, EXTENDED_CONFIDENCE
 from kronos_tune.benchmark.train.decide import (
     AA_RESOLUTION, NOISY_LIMIT, OWN_INTERVAL, PAIRED_FLOOR_ONLY, SEQUENTIAL_THRESHOLD,
 )
@@ -169,9 +170,18 @@ def evidence_line(report: BenchmarkReport, own_only: bool = False) -> str | None
 
 
 def _evidence(comparison: Any, decision: Decision) -> str:
+    said = _evidence_alone(comparison, decision)
+    if comparison.confidence == CONFIDENCE:
+        return said
+    return (f"{said}; measured on after its first rounds left the verdict open, so judged on a "
+            f"{100 * comparison.confidence:g}% interval")
+
+
+def _evidence_alone(comparison: Any, decision: Decision) -> str:
     called = comparison.verdict in ("faster", "slower")
     if comparison.evidence == OWN_INTERVAL:
-        return (f"its own interval ({comparison.interval_text().removeprefix('95% interval ')}) lies wholly beyond "
+        span = comparison.interval_text().split(" interval ", 1)[-1]
+        return (f"its own interval ({span}) lies wholly beyond "
                 f"the pooled resolution {_pct(decision.own_threshold)} (the A/A's own {_pct(decision.resolution)})")
     if comparison.evidence == AA_RESOLUTION:
         where = "beyond" if called else "not beyond"
@@ -275,7 +285,9 @@ def timing_lines(report: BenchmarkReport) -> list[str]:
              for tr in report.trials if tr.timing.get("stop") and tr.timing.get("ci_halfwidth") is not None]
     if stops:
         lines.append("Measured steps (paired: rounds) and why measuring stopped (interval = the 95% interval reached "
-                     "its target, budget = time budget spent, max-steps/max-rounds): " + "; ".join(stops) + ".")
+                     "its target, budget = time budget spent, extended = measured on because the first rounds "
+                     f"left the verdict open, then judged on a {100 * EXTENDED_CONFIDENCE:g}% interval; time-cap, "
+                     "max-steps/max-rounds): " + "; ".join(stops) + ".")
     return lines
 
 

@@ -9,6 +9,7 @@ mean (verdicts, the recommendation) is decided in decision.py and summary.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.profiling.flops import mfu
 from kronos_tune.benchmark.run.context import RunContext
-from kronos_tune.benchmark.train.decide import DecisionContext, decide, memory_binding
+from kronos_tune.benchmark.stats import verdict_open
+from kronos_tune.benchmark.train.decide import DecisionContext, decide, measuring_threshold, memory_binding
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
 from kronos_tune.benchmark.run.live_worker import LiveWorker, WorkerGone
 from kronos_tune.benchmark.train.measure import TrialSteps, TrainMeasurement
@@ -308,13 +310,26 @@ def baseline_worker(run: RunContext) -> LiveWorker:
     return worker
 
 
+def _open_verdict(run: RunContext, spec: TrialSpec) -> Callable[[list[float]], bool] | None:
+    """Whether a change's block ratios leave its verdict open when its budget is spent, against the run's
+    threshold as the A/A measured it (then it is measured on: paired.Interleaver). None for a trial with
+    another batch size than the baseline's: its raw block ratios are not the per-token ones it is judged on."""
+    base = run.results.get("baseline")
+    if spec.config is not None and base is not None and base.config and \
+            spec.config.batch_size != base.config.get("batch_size"):
+        return None
+    threshold = measuring_threshold(list(run.results.values()), decision_context(run))
+    return lambda ratios: verdict_open(ratios, threshold)
+
+
 def run_paired(run: RunContext, spec: TrialSpec, work: Path) -> TrialResult:
     """The trial's worker and the baseline's in alternating blocks (paired.Interleaver), then the trial's
     evaluation; whatever was measured before a worker died, timed out or was cancelled is kept."""
     on_step = _on_step(run, spec.name)
     aa = spec.name == NOISE_PROBE
     interleaver = Interleaver(run, spec.name, 1, comparison_budget(run, spec), whole_budget=aa,
-                              min_rounds=run.options.resolution_min_rounds if aa else None)
+                              min_rounds=run.options.resolution_min_rounds if aa else None,
+                              open_verdict=None if aa else _open_verdict(run, spec))
     worker: LiveWorker | None = None
     ready: TrainMeasurement | None = None
     try:
