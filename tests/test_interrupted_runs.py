@@ -242,3 +242,19 @@ def test_a_stopped_training_names_its_folder_and_the_command_that_continues_it(t
     said = [line for line in stdout.splitlines() if line.startswith("interrupted after ")]
     assert said and f"the checkpoint kept in {out}" in said[0], stdout[-2000:]
     assert said[0].endswith(f"resume with: kronos-tune train --resume {out}")
+
+
+def test_a_predict_bar_stopped_between_its_start_and_its_lines_closes_cleanly() -> None:
+    """A stop (CI caught one) can land after the job's bar started and before its piped lines did: closing it then
+    stops what started instead of raising an AttributeError over the one-line error."""
+    import io
+
+    from rich.progress import Progress
+
+    from kronos_tune.commands.predict import _JobBar
+
+    bar = _JobBar(Console(file=io.StringIO()))
+    bar.progress = Progress(console=bar.console, transient=True)
+    bar.progress.start()
+    bar.close()
+    assert bar.lines is None and not bar.progress.live.is_started

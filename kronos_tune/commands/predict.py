@@ -20,7 +20,7 @@ from kronos_tune.commands.common import (AmpOption, CalendarOption, CheckpointOp
                                          RdzvBackendOption, RdzvEndpointOption, RdzvIdOption, SampleCountOption,
                                          SeedOption, SizeOption, TemperatureOption, TopPOption, WindowModeOption,
                                          make_console)
-from kronos_tune.commands.progress_lines import lines_when_piped
+from kronos_tune.commands.progress_lines import ProgressLines, lines_when_piped
 from kronos_tune.predict.chunk_size import HOW_CHOSEN
 from kronos_tune.time_left import TimeLeft, seconds_left
 
@@ -106,11 +106,14 @@ class _JobBar:
         self.console = console
         self.progress: Progress | None = None
         self.task: TaskID | None = None
+        self.lines: ProgressLines | None = None  # the piped-output lines, once the bar has started
         self.estimate = TimeLeft()  # from the job's start: "first estimate X, actual Y" at its end
 
     def close(self) -> None:
-        if self.progress is not None:
+        # a signal may land between the bar's start and its lines' (then only what started is stopped)
+        if self.lines is not None:
             self.lines.stop()
+        if self.progress is not None:
             self.progress.stop()
 
     def job(self, report: JobProgress) -> None:
