@@ -44,9 +44,10 @@ def job_checks(config: TrainConfig, upstream: bool = False, counted: WindowCount
                      f"windows the data has; samples_per_epoch = {counted.train} makes an epoch one pass)")
     used = min(counted.val, config.eval_samples)
     if used < MIN_VAL_WINDOWS:
-        lines.append(f"warning: {used} validation window{'s' if used != 1 else ''}: a change in val loss under "
+        noun = "window" if used == 1 else "windows"
+        lines.append(f"warning: {used} validation {noun}: a change in val loss under "
                      f"{100 * resolvable_share(used):.0f}% of its per-window spread cannot be resolved with {used} "
-                     f"windows (raise val_fraction or give more data; the benchmark states it in % of the loss "
+                     f"{noun} (raise val_fraction or give more data; the benchmark states it in % of the loss "
                      f"once its baseline is measured)")
     else:
         lines.append(f"validation: {used:,} windows" + (f" of the {counted.val:,} the data has (eval_samples)"
