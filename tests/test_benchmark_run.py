@@ -92,7 +92,10 @@ def test_end_to_end_writes_every_report_file(full_run) -> None:
                 order = trial["timing"]["order"]
                 assert set(order) <= {"trial", "baseline"}
                 assert abs(order.count("trial") - order.count("baseline")) <= 1  # each side leads as often
-                assert trial["timing"]["stop"] in ("interval", "budget", "max-rounds", "time-cap")
+                assert trial["timing"]["stop"] in ("interval", "budget", "extended", "max-rounds", "time-cap")
+                if trial["timing"]["stop"] == "extended":  # measured on, its verdict open: to 3x the rounds
+                    assert trial["timing"]["rounds"] == 3 * trial["timing"]["extended_after"]
+                    assert trial["comparison"]["confidence"] == 0.99
                 assert trial["timing"]["order_seed"] == f"100:{trial['name']}"
             assert len(trial["warmup_times_s"]) == 2  # max_warmup 2
             assert trial["mfu"] is None  # the preset has no peak figure
