@@ -122,9 +122,9 @@ def test_every_view_says_which_evidence_decided_each_verdict(tmp_path: Path) -> 
     from rich.console import Console
 
     from kronos_tune.benchmark import BenchmarkReport
-    from kronos_tune.benchmark.report.estimate import report_dict
+    from kronos_tune.benchmark.report.shown import report_dict
     from kronos_tune.benchmark.report.files import report_markdown
-    from kronos_tune.benchmark.report.summary import summarize
+    from kronos_tune.benchmark.report.shown import summarize
     from kronos_tune.commands.benchmark import render
     from kronos_tune.tui.answer import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel

@@ -37,7 +37,7 @@ class Answer:
 
 def _figure(result: Any, trials: list[Any], task: str) -> str:
     """The fastest trial's figure, as its row shows it (the compared estimate)."""
-    from kronos_tune.benchmark.report.estimate import baseline_of, shown_time
+    from kronos_tune.benchmark.report.shown import baseline_of, shown_time
     from kronos_tune.benchmark.tasks import get
 
     if result is None:

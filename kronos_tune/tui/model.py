@@ -128,7 +128,7 @@ class Column:
     key: str
     label: str
     sort_value: Callable[..., Any]
-    by_estimate: bool = False  # sort_value(result, baseline): the estimate (benchmark.report.estimate)
+    by_shown_figure: bool = False  # sort_value(result, baseline): the estimate (benchmark.report.shown)
 
 
 class ResultsModel:
@@ -168,8 +168,8 @@ class ResultsModel:
         if self.sort_key is None:
             return list(reversed(self.results)) if self.reverse else list(self.results)
         column = self.columns[self.sort_key]
-        if column.by_estimate:  # the figure shown: the compared estimate, which needs the baseline
-            from kronos_tune.benchmark.report.estimate import baseline_of
+        if column.by_shown_figure:  # the figure shown: the compared estimate, which needs the baseline
+            from kronos_tune.benchmark.report.shown import baseline_of
 
             baseline = baseline_of(self.results)
             value: Callable[[Any], Any] = lambda r: column.sort_value(r, baseline)  # noqa: E731
@@ -183,8 +183,8 @@ class ResultsModel:
 
 def best_trial(results: Sequence[Any], task: str) -> Any | None:
     """The fastest trial that ran ok and kept the quality guard, by the one estimate every view shows
-    (kronos_tune.benchmark.report.estimate: the compared ratio x the baseline's median where there is one);
+    (kronos_tune.benchmark.report.shown: the compared ratio x the baseline's median where there is one);
     None before any such trial."""
-    from kronos_tune.benchmark.report.estimate import fastest
+    from kronos_tune.benchmark.report.shown import fastest
 
     return fastest(list(results), task)

@@ -120,7 +120,7 @@ def quality_check(trial: TrialResult, min_spearman: float) -> QualityCheck:
 
 def _compared_ratio(verdict: PredictVerdict) -> float:
     """Time per series against the baseline's (an eligible verdict always has one): the estimate every view
-    shows (report/estimate.py), so the recommendation is the trial the table and the picture put first."""
+    shows (report/shown.py), so the recommendation is the trial the table and the picture put first."""
     return verdict.vs_baseline.ratio if verdict.vs_baseline is not None else float("inf")
 
 

@@ -43,7 +43,7 @@ def same_batch(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
 
 
 def shown_rate(trial: TrialResult, verdict: PredictVerdict | None, baseline: TrialResult) -> float | None:
-    """The series/s every view shows (report/estimate.series_rate_estimate): the baseline's over the compared
+    """The series/s every view shows (report/shown.shown_series_rate): the baseline's over the compared
     time ratio, else the trial's own median."""
     compared = verdict.vs_baseline if verdict is not None else None
     return rate_over_ratio(None if compared is None else compared.ratio,

@@ -18,7 +18,7 @@ from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.profiling.flops import mfu
-from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.task import RunContext
 from kronos_tune.benchmark.train.decide import DecisionContext, decide, memory_binding
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
 from kronos_tune.benchmark.run.live_worker import LiveWorker, WorkerGone
