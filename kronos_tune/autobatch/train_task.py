@@ -50,7 +50,7 @@ class TrainTask:
 
     def __init__(self, config: TrainConfig, device: str = "cpu", mesh: Any = None) -> None:
         self.config = config
-        # A sharded (fsdp) config is estimated as rank 0 of `mesh` (kronos_tune.plan.sharded.SimulatedRanks).
+        # A sharded (fsdp) config is estimated as rank 0 of `mesh` (kronos_tune.plan.setup_traces.SimulatedRanks).
         self.mesh = mesh
         self.device = torch.device(device).type
         self.notes: list[str] = []
