@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kronos_core.train import TrainConfig
 from kronos_tune.autobatch.maximize import MIN_STEPS_PER_EPOCH, check_rule, scale_for_batch
-from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.autobatch.train_probes import TrainProbes
 from kronos_tune.cli import app
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter
@@ -51,7 +51,7 @@ def test_learning_rate_rules_on_a_known_change() -> None:
 def test_maximize_finds_the_largest_fitting_micro_batch_and_verifies_it() -> None:
     config = _config(accumulation_steps=1)
     budget = 48 * 2**20
-    with TrainTask(config, device="cpu") as task:
+    with TrainProbes(config, device="cpu") as task:
         found = task.run(budget, margin=0.05, max_probes=6)
 
         def peak(batch: int) -> int | None:  # an independent measurement: a real step under the exact tracker

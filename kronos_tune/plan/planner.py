@@ -149,7 +149,7 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
                 setups: tuple[str, ...] | None = None, on_progress: Callable[[str], None] | None = None) -> Plan:
     """Estimate the set-ups (default: all) for every size (default: the published four) on the preset's
     cards, per rank of `ranks` (default: the preset's device count). Nothing is allocated."""
-    from kronos_tune.autobatch.train_task import OPTIMIZER_EMULATION
+    from kronos_tune.autobatch.train_probes import OPTIMIZER_EMULATION
     from kronos_tune.memory.estimate import CudaEmulation
     from kronos_tune.workloads import train_config_from_preset
 

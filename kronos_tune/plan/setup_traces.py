@@ -85,12 +85,12 @@ def estimating(config: Any, ranks: int, emulation: Any, primed: bool,
     """`measure(estimate)` for a FakeEstimate of `config`'s training step (FSDP: rank 0 of `ranks` simulated),
     its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), the
     local bytes of the model's largest FSDP unit and the model's parameter count."""
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
     from kronos_tune.memory.estimate import FakeEstimate
 
     def run(mesh: Any) -> tuple[Any, int, int]:
         holder: dict[str, Any] = {}
-        with TrainTask(config, device="cpu", mesh=mesh) as task:
+        with TrainProbes(config, device="cpu", mesh=mesh) as task:
             def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
                 probe = holder["probe"] = task.estimate_step_factory(2)  # each step passes its own size
                 holder["unit"] = _largest_unit_bytes(probe.model)

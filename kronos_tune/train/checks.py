@@ -71,13 +71,13 @@ def memory_check(config: TrainConfig) -> str:
     """The step's projected peak at the job's batch against this machine's free memory, and the micro-batch
     autobatch would pick for the same effective batch: autobatch's search on fake tensors (nothing allocated)."""
     from kronos_core.units import format_bytes
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
 
     device = config.resolved_device()
     free, where = free_memory(device)
     effective = config.batch_size * config.accumulation_steps
     shape = config.replace(symbol_column=None, date_format=None, train_until=None)  # probes read synthetic data
-    with TrainTask(shape, device=device) as task:
+    with TrainProbes(shape, device=device) as task:
         emulation = task.cuda_emulation() if device == "cuda" else None
         result = task.run(free, max_probes=4, estimate=True, cuda_emulation=emulation, effective_batch=effective)
     peak = round(result.fixed_bytes + result.bytes_per_sample * config.batch_size)

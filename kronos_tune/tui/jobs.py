@@ -63,8 +63,8 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
 
         from kronos_core.units import format_bytes
         from kronos_tune.autobatch.probes import SearchCancelled
-        from kronos_tune.autobatch.text import probe_line
-        from kronos_tune.autobatch.train_task import TrainTask
+        from kronos_tune.autobatch.probes import probe_line
+        from kronos_tune.autobatch.train_probes import TrainProbes
         from kronos_tune.workloads import train_config_from_preset
 
         config, notes = train_config_from_preset(preset)
@@ -85,7 +85,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         post(JobNote(f"probing training batch sizes on {device} against {format_bytes(preset.budget_bytes)} "
                      f"(real steps, exact memory)"))
 
-        with TrainTask(config, device=device) as task:
+        with TrainProbes(config, device=device) as task:
             result = task.run(preset.budget_bytes, effective_batch=effective, round_bytes=round_bytes,
                               on_probe=on_probe)
     except SearchCancelled:
