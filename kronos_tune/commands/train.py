@@ -41,7 +41,7 @@ from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.workloads import emulated_bf16_note
 from kronos_tune.resume_command import resume_line
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import read_run_file
