@@ -18,8 +18,7 @@ import pytest
 from rich.console import Console
 
 from kronos_tune.benchmark import Spread, TrialResult
-from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.results import BenchmarkReport
+from kronos_tune.benchmark.results import BenchmarkReport, TrialKind
 
 GIB = 2**30
 BASE_S, TOKENS = 0.370, 1600

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kronos_tune.benchmark.kinds import TrialKind
+from kronos_tune.benchmark.results import TrialKind
 from kronos_tune.benchmark.stats import aa_compare, paired_compare, pooled_resolution, trimmed_estimate
 from kronos_tune.benchmark.train.decide import AA_RESOLUTION, OWN_INTERVAL, decide
 from kronos_tune.benchmark.train.verdicts import Decision

@@ -14,8 +14,7 @@ import pytest
 
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.train.decide import DecisionContext, decide
-from kronos_tune.benchmark.kinds import TrialKind, untyped_kind
-from kronos_tune.benchmark.results import SCHEMA_VERSION, OtherSchema
+from kronos_tune.benchmark.results import SCHEMA_VERSION, OtherSchema, TrialKind, untyped_kind
 from kronos_tune.benchmark.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
 
 from test_report_cli import run_cli, write_gpu_run  # noqa: E402
