@@ -60,7 +60,7 @@ def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -
     the checks of the job). A missing data path is one line here, before any folder is claimed."""
     from kronos_core.data.file_dates import check_file_dates
     from kronos_core.data.kline import find_data_files
-    from kronos_core.train.windows import count_windows
+    from kronos_core.train.loading import count_windows
     from kronos_tune.train.checks import job_checks
 
     job = load_train_file(path)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kronos_core.train import TrainConfig
 
 if TYPE_CHECKING:  # counting reads the data (torch, pandas): only when a job is checked
-    from kronos_core.train.windows import WindowCount
+    from kronos_core.train.loading import WindowCount
 
 MIN_VAL_WINDOWS = 30  # below this, the validation loss of two runs cannot tell a small change from noise
 
@@ -27,7 +27,7 @@ def job_checks(config: TrainConfig, upstream: bool = False, counted: WindowCount
     if config.is_synthetic:
         return []
     if counted is None:
-        from kronos_core.train.windows import count_windows
+        from kronos_core.train.loading import count_windows
 
         counted = count_windows(config)
     per_step = config.batch_size * config.accumulation_steps
