@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kronos_core.data.kline import FEATURE_COLUMNS
-from kronos_tune.backtest.origins import Origin
-from kronos_tune.backtest.universe import Universe
+from kronos_tune.backtest.origins import Origin, Universe
 
 CLOSE = FEATURE_COLUMNS.index("close")
 

@@ -20,8 +20,7 @@ import pandas as pd
 from kronos_tune.backtest.calibration import (CALIBRATION_COLUMNS, CRPS_COLUMN, QUANTILE_COLUMNS, crps_from_samples,
                                               sample_quantiles)
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED
-from kronos_tune.backtest.origins import Origin
-from kronos_tune.backtest.universe import Universe
+from kronos_tune.backtest.origins import Origin, Universe
 
 PERSISTENCE, DRIFT, RANDOM_WALK = "persistence", "drift", "random_walk_band"
 MIN_BAND_RETURNS = 2  # a distribution needs two returns

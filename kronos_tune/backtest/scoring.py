@@ -16,12 +16,11 @@ from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.leakage import OverlapCheck
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, SeriesSummary, origin_quality, summarize
 from kronos_tune.backtest.naive import DRIFT, PERSISTENCE, RANDOM_WALK, band_unavailable, naive_frames
-from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule
+from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, Universe
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
 from kronos_tune.backtest.significance import hac_lag
 from kronos_tune.backtest.skill import SettingComparison, SettingSkill, absolute_errors, compare, setting_skill
 from kronos_tune.backtest.store import has_band, origin_path, read_origin
-from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
 
 RANDOM_WEIGHTS_CAVEAT = "random weights: not a finding"
