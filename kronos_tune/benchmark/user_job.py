@@ -58,7 +58,7 @@ def benchmarked_phase(job: TrainFile, phase: str | None) -> str:
 def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -> tuple[Preset, list[str]]:
     """The preset for `benchmark --config PATH` and the lines the plan prints (hardware, the data's windows,
     the checks of the job). A missing data path is one line here, before any folder is claimed."""
-    from kronos_core.data.file_dates import check_file_dates
+    from kronos_core.data.tables import check_file_dates
     from kronos_core.data.kline import find_data_files
     from kronos_core.train.loading import count_windows
     from kronos_tune.train.checks import job_checks

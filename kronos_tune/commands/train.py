@@ -332,7 +332,7 @@ def register(app: typer.Typer) -> None:
         both = what == "both" or (what is None and job is not None and job.two_phases)
         base = base.replace(**checked_weights(base, "both" if both else what))
         if not base.is_synthetic:  # a missing path or dates read two ways: one line before any folder is made
-            from kronos_core.data.file_dates import check_file_dates
+            from kronos_core.data.tables import check_file_dates
             from kronos_core.data.kline import find_data_files
 
             check_file_dates(find_data_files(base.data), base.date_format)
