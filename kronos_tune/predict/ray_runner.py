@@ -30,7 +30,7 @@ from kronos_core.errors import one_line
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunks import write_chunk_inputs
 from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
-from kronos_tune.predict.ray_setup import require_ray
+from kronos_tune.predict.config import require_ray
 from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 
