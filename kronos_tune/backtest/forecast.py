@@ -51,7 +51,6 @@ def origin_windows(universe: Universe, origin: Origin, lookback: int, pred_len: 
 
 
 Forecaster = Callable[[list[Window], int], np.ndarray]
-ChunkCallback = Callable[[int], None]  # called with the number of series just predicted
 
 
 class OracleForecaster:
