@@ -121,7 +121,7 @@ def test_bigger_batch_trial_is_evaluated_at_equal_samples_seen(tmp_path: Path) -
     assert report.headroom["batch"] == 8 and report.headroom["fits_batch"] == big.changes["memory_allows"] >= 16
     assert "would fit" in report.headroom["text"]
     assert f"Memory: {report.headroom['text']}" in (tmp_path / "out" / "report.md").read_text()
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     panel = AnswerPanel()  # the dashboard's recommendation panel draws the same as a bar

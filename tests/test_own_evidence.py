@@ -126,7 +126,7 @@ def test_every_view_says_which_evidence_decided_each_verdict(tmp_path: Path) -> 
     from kronos_tune.benchmark.report.files import report_markdown
     from kronos_tune.benchmark.report.shown import summarize
     from kronos_tune.commands.benchmark import render
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",

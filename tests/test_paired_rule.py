@@ -216,7 +216,7 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     from kronos_tune.benchmark import BenchmarkReport
     from kronos_tune.benchmark.report.files import report_markdown
     from kronos_tune.benchmark.report.shown import summarize
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",
