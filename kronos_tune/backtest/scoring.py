@@ -18,8 +18,8 @@ from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, Ser
 from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, Universe
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
 from kronos_tune.backtest.significance import hac_lag
-from kronos_tune.backtest.skill import (DRIFT, PERSISTENCE, RANDOM_WALK, SettingComparison, SettingSkill, absolute_errors,
-                                        band_unavailable, compare, naive_frames, setting_skill)
+from kronos_tune.backtest.skill import (DRIFT, PERSISTENCE, RANDOM_WALK, SettingComparison, SettingSkill,
+                                        absolute_errors, band_unavailable, compare, naive_frames, setting_skill)
 from kronos_tune.backtest.store import has_band, origin_path, read_origin
 from kronos_tune.errors import KronosTuneError
 

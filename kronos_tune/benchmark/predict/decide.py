@@ -221,7 +221,7 @@ def same_batch(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     return None
 
 
-def shown_rate(trial: TrialResult, verdict: PredictVerdict | None, baseline: TrialResult) -> float | None:
+def _rate_from_verdict(trial: TrialResult, verdict: PredictVerdict | None, baseline: TrialResult) -> float | None:
     """The series/s every view shows (report/shown.shown_series_rate): the baseline's over the compared
     time ratio, else the trial's own median."""
     compared = verdict.vs_baseline if verdict is not None else None
@@ -245,8 +245,8 @@ def same_work_gaps(trials: Sequence[TrialResult], verdicts: Mapping[str, Predict
     for index, first in enumerate(done):
         for second in done[index + 1:]:
             batch = same_batch(first.config or {}, second.config or {})
-            rates = (shown_rate(first, verdicts.get(first.name), baseline),
-                     shown_rate(second, verdicts.get(second.name), baseline))
+            rates = (_rate_from_verdict(first, verdicts.get(first.name), baseline),
+                     _rate_from_verdict(second, verdicts.get(second.name), baseline))
             if batch is None or rates[0] is None or rates[1] is None or min(rates) <= 0:
                 continue
             pair = SameWork(first.name, second.name, rates[0], rates[1], resolution, batch,

@@ -147,7 +147,7 @@ def autobatch_chunk(settings: PredictSettings, device: str, budget_bytes: int, m
     from kronos_tune.autobatch.predict_probes import PredictProbes
 
     task = PredictProbes(settings.model_size, settings.lookback, settings.pred_len, settings.sample_count,
-                       settings.series_count, device=device, seed=settings.seed)
+                         settings.series_count, device=device, seed=settings.seed)
     result = autobatch(task.step_factory, budget_bytes, margin=margin, min_batch=1, max_batch=settings.series_count,
                        device=device, steps_per_probe=1)
     notes = [f"autobatch: {result.batch_size} series per call ({result.batch_size * settings.sample_count} "

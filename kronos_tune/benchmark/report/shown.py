@@ -44,9 +44,9 @@ RATE_KEYS = ("series_per_s", "tokens_per_s", "samples_per_s")
 # The deltas taken from a figure an estimate or a projection sets (align_deltas); the loss's is the guard's.
 DERIVED_KEYS = ("step_time_s", *RATE_KEYS, "projected_train_time_s", "projected_predict_time_s", "peak_memory_bytes")
 SHOWN_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
-                   "alternating blocks, else the ratio of medians); tokens/s, samples/s and series/s: the "
-                   "baseline's median over that ratio; every delta: the change between the two figures shown "
-                   "(`figures`); the raw medians are in report.json")
+                "alternating blocks, else the ratio of medians); tokens/s, samples/s and series/s: the "
+                "baseline's median over that ratio; every delta: the change between the two figures shown "
+                "(`figures`); the raw medians are in report.json")
 
 
 def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
