@@ -33,10 +33,10 @@ import torch
 
 from kronos_core.train import Trainer
 from kronos_core.units import format_bytes
-from kronos_tune.autobatch.predict_task import PredictTask
+from kronos_tune.autobatch.predict_probes import PredictProbes
 from kronos_tune.autobatch.probes import AutobatchResult
 from kronos_tune.memory.peak import default_margin
-from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.autobatch.train_probes import TrainProbes
 from kronos_tune.workloads import train_config_from_preset
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError
 from kronos_tune.memory.peak import largest_fitting
@@ -68,7 +68,7 @@ def _true_max(fits: Callable[[int], bool], guess: int) -> tuple[int, int]:
     return found, runs
 
 
-def _train_fits(task: TrainTask, cap_bytes: int) -> Callable[[int], bool]:
+def _train_fits(task: TrainProbes, cap_bytes: int) -> Callable[[int], bool]:
     """A fresh Trainer at the batch size: 2 steps and an eval batch under a CpuExactMeter of cap_bytes."""
 
     def fits(batch_size: int) -> bool:
@@ -107,7 +107,7 @@ def bench_train(preset: Preset, model_size: str | None, budget_bytes: int, margi
     print(f"train: Kronos-{config.model_size}, windows {config.lookback_window}+{config.predict_window}+1, "
           f"amp {config.amp}, simulated cpu device {format_bytes(budget_bytes)} (usable {format_bytes(usable)}, "
           f"margin {margin:.0%}), torch threads {torch.get_num_threads()}")
-    with TrainTask(config, device="cpu") as task:
+    with TrainProbes(config, device="cpu") as task:
         result = task.run(budget_bytes, margin=margin)
         print(f"  autobatch pick: {result.batch_size}  ({result.search_probes} search probes + "
               f"{len(result.probes) - result.search_probes} verification runs, {result.probe_steps} training "
@@ -167,7 +167,7 @@ def bench_train(preset: Preset, model_size: str | None, budget_bytes: int, margi
 def bench_predict(preset: Preset, model_size: str | None, budget_bytes: int, margin: float, repeats: int) -> None:
     p = preset.predict
     size = model_size or preset.workload.model_size
-    task = PredictTask(size, p.lookback, p.pred_len, p.sample_count, p.series_count, device="cpu")
+    task = PredictProbes(size, p.lookback, p.pred_len, p.sample_count, p.series_count, device="cpu")
     print(f"predict: Kronos-{size}, {p.series_count} series x {p.sample_count} sample(s), {p.lookback} in / "
           f"{p.pred_len} out, simulated cpu device {format_bytes(budget_bytes)} "
           f"(margin {default_margin('cpu') if margin is None else margin:.0%})")

@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.results import SCHEMA_VERSION
+from kronos_tune.benchmark.results import SCHEMA_VERSION, TrialKind
 from kronos_tune.benchmark.tasks import plan_trials
 from kronos_tune.runs import MARK, RUN_FORMAT
 

@@ -15,7 +15,7 @@ import tempfile
 import torch
 
 from kronos_core.train import TrainConfig, Trainer
-from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.autobatch.train_probes import TrainProbes
 from kronos_tune.memory import CpuExactMeter, CudaEmulation, estimate_step_peak
 
 MIB = 2**20
@@ -42,7 +42,7 @@ def real_peak_bytes(config: TrainConfig) -> int:
 
 
 def estimated_peak_bytes(config: TrainConfig, batch: int, emulate_cuda: bool) -> int:
-    task = TrainTask(config, device="cpu")
+    task = TrainProbes(config, device="cpu")
     holder = {}
 
     def build():

@@ -86,7 +86,7 @@ def steady_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
     by test_tui_canned.log_text), since the pane keeps none of its own."""
     import socket
 
-    from kronos_tune.tui.widgets.log import LogPane
+    from kronos_tune.tui.widgets.status import LogPane
 
     add = LogPane.add
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.results import TrialResult
+from kronos_tune.benchmark.results import TrialKind, TrialResult
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import pandas as pd
 from kronos_core.data.kline import FEATURE_COLUMNS, TIME_COLUMN
 from kronos_core.data.synthetic import synthetic_universe_symbols
 from kronos_core.data.series import KlineSeries
-from kronos_tune.backtest.universe import Universe
+from kronos_tune.backtest.origins import Universe
 
 SYMBOL_COLUMN, SECTOR_COLUMN = "symbol", "sector"
 

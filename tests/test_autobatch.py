@@ -17,7 +17,7 @@ from rich.console import Console
 from torch import nn
 
 from kronos_tune.autobatch import ProbeStep, autobatch, split_effective_batch
-from kronos_tune.autobatch.text import toml_snippet
+from kronos_tune.autobatch.probes import toml_snippet
 from kronos_tune.commands import autobatch_render as render
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter, OutOfMemoryError

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kronos_core.train import TrainConfig, Trainer
-from kronos_tune.autobatch.predict_task import PredictTask
-from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.autobatch.predict_probes import PredictProbes
+from kronos_tune.autobatch.train_probes import TrainProbes
 from kronos_tune.cli import app, main
 from kronos_tune.memory import CpuExactMeter
 
@@ -82,7 +82,7 @@ def test_train_json_keys_types_and_a_pick_that_trains(preset_dir: Path) -> None:
 
 def test_estimate_matches_the_trainer_step(preset_dir: Path) -> None:
     config = TrainConfig(model_size="tiny", lookback_window=30, predict_window=5, batch_size=8, device="cpu")
-    with TrainTask(config) as task:
+    with TrainProbes(config) as task:
         real = task.run(40 << 20, max_probes=3)
         fake = task.run(40 << 20, max_probes=3, estimate=True)
     assert fake.batch_size == real.batch_size
@@ -103,7 +103,7 @@ def test_predict_chunk_json(preset_dir: Path) -> None:
     assert payload["series_per_s"] > 0
 
     # The chunk really predicts the whole workload under the budget.
-    task = PredictTask("tiny", 32, 4, sample_count=2, series_count=12)
+    task = PredictProbes("tiny", 32, 4, sample_count=2, series_count=12)
     predictor = task.predictor(chunk["max_batch_size"])
     meter = CpuExactMeter(budget_bytes=payload["budget_bytes"])
     meter.track_existing(predictor.model, predictor.tokenizer)

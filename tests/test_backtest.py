@@ -16,10 +16,9 @@ from kronos_core.data.tables import symbol_column
 from kronos_tune.backtest.agreement import ranking_agreement, returns_from_frames
 from kronos_tune.backtest.config import PredictionSetting, parse_setting
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
-from kronos_tune.backtest.origins import EVERY_DAY, schedule_origins
+from kronos_tune.backtest.origins import EVERY_DAY, load_universe, schedule_origins
 from kronos_tune.backtest.portfolio import FEW_PERIODS, curve_stats, run_portfolio, target_weights
 from kronos_core.data.series import KlineSeries
-from kronos_tune.backtest.universe import load_universe
 from kronos_tune.errors import KronosTuneError
 from synthetic_panel import SECTOR_COLUMN, SYMBOL_COLUMN, synthetic_universe, universe_of
 

@@ -1,4 +1,4 @@
-"""Naive forecasts (kronos_tune.backtest.naive): persistence and drift on a hand-checked tiny panel, the
+"""Naive forecasts (kronos_tune.backtest.skill): persistence and drift on a hand-checked tiny panel, the
 random-walk band, and the persistence MAE that `predict --holdout` reports beside the model's (kronos_tune.predict.job)."""
 
 from __future__ import annotations

@@ -20,14 +20,12 @@ from benchmarks.skill import ic_outcome, overlapping_origins
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.forecast import Window
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, origin_quality, summarize
-from kronos_tune.backtest.naive import DRIFT, PERSISTENCE, RANDOM_WALK, naive_frames
-from kronos_tune.backtest.origins import Origin
+from kronos_tune.backtest.skill import DRIFT, PERSISTENCE, RANDOM_WALK, naive_frames, setting_skill
+from kronos_tune.backtest.origins import Origin, Universe
 from kronos_tune.backtest.plot import _from_zero, _stamp_labels, picture_title
 from kronos_tune.backtest.runner import run_backtest
 from kronos_tune.backtest.significance import critical_t, hac_lag, hac_mean_test, min_origins, origins_needed
-from kronos_tune.backtest.skill import setting_skill
 from kronos_core.data.series import KlineSeries
-from kronos_tune.backtest.universe import Universe
 
 ROOT = Path(__file__).resolve().parents[1]
 

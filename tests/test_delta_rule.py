@@ -18,8 +18,7 @@ import pytest
 from rich.console import Console
 
 from kronos_tune.benchmark import Spread, TrialResult
-from kronos_tune.benchmark.kinds import TrialKind
-from kronos_tune.benchmark.results import BenchmarkReport
+from kronos_tune.benchmark.results import BenchmarkReport, TrialKind
 
 GIB = 2**30
 BASE_S, TOKENS = 0.370, 1600
@@ -55,7 +54,7 @@ def _paired(name: str, kind: TrialKind, ratio: float, rounds: int = 16, tokens: 
 
 @pytest.fixture(scope="module")
 def report() -> BenchmarkReport:
-    from kronos_tune.benchmark.report.summary import summarize
+    from kronos_tune.benchmark.report.shown import summarize
 
     rng = random.Random(1)
     trials = [
@@ -203,7 +202,7 @@ def test_report_json_deltas_agree_with_the_figures_it_keeps(report, tmp_path) ->
 
 
 def test_the_dashboard_deltas_agree_with_their_figures(report) -> None:
-    from kronos_tune.benchmark.report.estimate import baseline_of
+    from kronos_tune.benchmark.report.shown import baseline_of
     from kronos_tune.tui.widgets.results import FIGURES, row_cells
 
     baseline = baseline_of(report.trials)
@@ -224,7 +223,7 @@ def test_the_dashboard_deltas_agree_with_their_figures(report) -> None:
 
 
 def test_the_pictures_points_are_the_times_shown_and_its_marks_the_tables(report) -> None:
-    from kronos_tune.benchmark.report.estimate import baseline_of, fastest, shown_figure
+    from kronos_tune.benchmark.report.shown import baseline_of, fastest, shown_figure
     from kronos_tune.benchmark.report.picture import report_scatter
     from kronos_tune.tui.widgets.results import name_cell
 
@@ -243,7 +242,7 @@ def test_the_pictures_points_are_the_times_shown_and_its_marks_the_tables(report
 
 
 def test_a_bigger_batch_says_its_change_per_step_and_per_token(report) -> None:
-    from kronos_tune.benchmark.report.table import table
+    from kronos_tune.benchmark.report.shown import table
 
     header, rows = table(report)
     row = next(r for r in rows if r[0].text.startswith("bigger-batch"))

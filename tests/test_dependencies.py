@@ -164,7 +164,7 @@ def test_the_check_catches_an_undeclared_import_and_an_eager_extra(tmp_path: Pat
 def test_the_training_package_imports_pandas_only_when_a_table_is_read() -> None:
     import subprocess
 
-    probe = ("import sys\nimport kronos_core.train, kronos_tune.plan.planner, kronos_tune.autobatch.train_task\n"
+    probe = ("import sys\nimport kronos_core.train, kronos_tune.plan.planner, kronos_tune.autobatch.train_probes\n"
              "print('pandas' in sys.modules)\n"
              "from kronos_core.data.synthetic import synthetic_series\n"
              "from kronos_core.data import kline\n"

@@ -165,7 +165,7 @@ def test_fsdp_optimizer_steps_on_local_shards_trace_what_dtensor_s_dispatch_trac
 def test_an_op_dtensor_would_redistribute_or_refuse_is_left_to_dtensor() -> None:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from kronos_tune.plan.sharded import SimulatedRanks
+    from kronos_tune.plan.setup_traces import SimulatedRanks
 
     mul_ = torch.ops.aten._foreach_mul_.Tensor
     with SimulatedRanks(2) as ranks:

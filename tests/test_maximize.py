@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kronos_core.train import TrainConfig
 from kronos_tune.autobatch.maximize import MIN_STEPS_PER_EPOCH, check_rule, scale_for_batch
-from kronos_tune.autobatch.train_task import TrainTask
+from kronos_tune.autobatch.train_probes import TrainProbes
 from kronos_tune.cli import app
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.memory import CpuExactMeter
@@ -51,7 +51,7 @@ def test_learning_rate_rules_on_a_known_change() -> None:
 def test_maximize_finds_the_largest_fitting_micro_batch_and_verifies_it() -> None:
     config = _config(accumulation_steps=1)
     budget = 48 * 2**20
-    with TrainTask(config, device="cpu") as task:
+    with TrainProbes(config, device="cpu") as task:
         found = task.run(budget, margin=0.05, max_probes=6)
 
         def peak(batch: int) -> int | None:  # an independent measurement: a real step under the exact tracker
@@ -121,7 +121,7 @@ def test_bigger_batch_trial_is_evaluated_at_equal_samples_seen(tmp_path: Path) -
     assert report.headroom["batch"] == 8 and report.headroom["fits_batch"] == big.changes["memory_allows"] >= 16
     assert "would fit" in report.headroom["text"]
     assert f"Memory: {report.headroom['text']}" in (tmp_path / "out" / "report.md").read_text()
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     panel = AnswerPanel()  # the dashboard's recommendation panel draws the same as a bar

@@ -12,7 +12,7 @@ import pytest
 
 from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.report.files import report_markdown
-from kronos_tune.benchmark.report.summary import summarize
+from kronos_tune.benchmark.report.shown import summarize
 from kronos_tune.benchmark.run.paired import EXTENSION_FACTOR
 from kronos_tune.benchmark.stats import EXTENDED_CONFIDENCE, paired_compare, verdict_open
 from kronos_tune.benchmark.train.decide import decide, measuring_threshold

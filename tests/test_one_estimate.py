@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronos_tune.benchmark.report.estimate import fastest, raw_and_estimate, step_time_estimate
+from kronos_tune.benchmark.report.shown import fastest, raw_and_shown, shown_step_time
 from kronos_tune.benchmark.report.pareto import scatter_of
 from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.benchmark.stats import Comparison
@@ -36,9 +36,9 @@ def trials() -> list[TrialResult]:
 
 def test_the_estimate_is_the_baseline_median_times_the_paired_ratio(trials) -> None:
     base, fused, loader = trials
-    assert step_time_estimate(fused, base) == pytest.approx(0.347 * 1.037)
-    assert step_time_estimate(base, base) == pytest.approx(0.347)
-    kept = raw_and_estimate(fused, base)
+    assert shown_step_time(fused, base) == pytest.approx(0.347 * 1.037)
+    assert shown_step_time(base, base) == pytest.approx(0.347)
+    kept = raw_and_shown(fused, base)
     assert kept["raw_median"] == pytest.approx(0.335) and kept["shown"] == pytest.approx(0.347 * 1.037)
     assert kept["source"] == "compared ratio x baseline median" and kept["design"] == "paired"
 
@@ -59,7 +59,7 @@ def test_every_view_orders_the_trials_the_same_way(trials) -> None:
 
 
 def test_the_report_table_shows_the_estimate_with_the_raw_median(trials) -> None:
-    from kronos_tune.benchmark.report.table import table
+    from kronos_tune.benchmark.report.shown import table
     from kronos_tune.benchmark.results import BenchmarkReport
 
     report = BenchmarkReport(preset="cpu", task="train", device="cpu", device_line="cpu", budget_bytes=8 * GIB,
@@ -141,7 +141,7 @@ def test_the_picture_marks_the_recommended_point_and_plots_the_estimate(trials, 
     scatter = report_scatter(report)
     assert scatter.recommended == "dataloader"
     assert {p.name: p.seconds for p in scatter.points} == pytest.approx(
-        {t.name: step_time_estimate(t, trials[0]) for t in trials})
+        {t.name: shown_step_time(t, trials[0]) for t in trials})
     figure = new_figure(figsize=(9, 6), layout="constrained")
     draw(figure, scatter, "one estimate")
     axes = figure.axes[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kronos_tune.benchmark.kinds import TrialKind
+from kronos_tune.benchmark.results import TrialKind
 from kronos_tune.benchmark.stats import aa_compare, paired_compare, pooled_resolution, trimmed_estimate
 from kronos_tune.benchmark.train.decide import AA_RESOLUTION, OWN_INTERVAL, decide
 from kronos_tune.benchmark.train.verdicts import Decision
@@ -122,11 +122,11 @@ def test_every_view_says_which_evidence_decided_each_verdict(tmp_path: Path) -> 
     from rich.console import Console
 
     from kronos_tune.benchmark import BenchmarkReport
-    from kronos_tune.benchmark.report.estimate import report_dict
+    from kronos_tune.benchmark.report.shown import report_dict
     from kronos_tune.benchmark.report.files import report_markdown
-    from kronos_tune.benchmark.report.summary import summarize
+    from kronos_tune.benchmark.report.shown import summarize
     from kronos_tune.commands.benchmark import render
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",

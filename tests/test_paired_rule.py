@@ -14,8 +14,7 @@ import pytest
 
 from kronos_tune.benchmark import Spread, TrialResult
 from kronos_tune.benchmark.train.decide import DecisionContext, decide
-from kronos_tune.benchmark.kinds import TrialKind, untyped_kind
-from kronos_tune.benchmark.results import SCHEMA_VERSION, OtherSchema
+from kronos_tune.benchmark.results import SCHEMA_VERSION, OtherSchema, TrialKind, untyped_kind
 from kronos_tune.benchmark.stats import block_ratios, paired_compare, paired_estimate, signed_rank_cut
 
 from test_report_cli import run_cli, write_gpu_run  # noqa: E402
@@ -216,8 +215,8 @@ def test_the_resolution_is_stated_in_the_report_the_terminal_and_the_dashboard(t
     from kronos_tune.commands.benchmark import render
     from kronos_tune.benchmark import BenchmarkReport
     from kronos_tune.benchmark.report.files import report_markdown
-    from kronos_tune.benchmark.report.summary import summarize
-    from kronos_tune.tui.answer import answer_from
+    from kronos_tune.benchmark.report.shown import summarize
+    from kronos_tune.tui.model import answer_from
     from kronos_tune.tui.widgets.answer import AnswerPanel
 
     report = BenchmarkReport("cpu", "train", "cpu", "device: cpu", 8 * GIB, "simulated",

@@ -69,11 +69,11 @@ def test_a_primed_build_steps_like_one_after_a_warm_up_step(parallelism: str) ->
 
 
 def _cold_first_step(config: TrainConfig) -> StepTrace:
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
     from kronos_tune.memory.estimate import FakeEstimate
-    from kronos_tune.plan.sharded import SimulatedRanks
+    from kronos_tune.plan.setup_traces import SimulatedRanks
 
-    with SimulatedRanks(2) as ranks, TrainTask(config, mesh=ranks.mesh if config.parallelism == "fsdp" else None) \
+    with SimulatedRanks(2) as ranks, TrainProbes(config, mesh=ranks.mesh if config.parallelism == "fsdp" else None) \
             as task:
         holder = {}
 

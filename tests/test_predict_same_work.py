@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kronos_tune.benchmark.predict.decide import decide_predict
-from kronos_tune.benchmark.predict.same_work import same_batch
+from kronos_tune.benchmark.predict.decide import same_batch
 from kronos_tune.benchmark.predict.summary import predict_decision_lines, predict_markdown_lines, summarize_predict
 from kronos_tune.benchmark.predict.verdicts import PredictDecision
 from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult

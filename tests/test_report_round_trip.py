@@ -63,7 +63,7 @@ def test_a_report_read_without_a_decision_reader_leaves_the_decision_out() -> No
 
 
 def test_summarize_returns_a_new_report_and_leaves_the_given_one_as_it_was() -> None:
-    from kronos_tune.benchmark.report.summary import summarize
+    from kronos_tune.benchmark.report.shown import summarize
 
     report = BenchmarkReport(preset="cpu", task="predict", device="cpu", device_line="cpu", budget_bytes=2**33,
                             budget_mode="simulated", trials=_run(), planned=["recompute", "kv-cache", "autobatch"],

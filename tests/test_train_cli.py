@@ -158,10 +158,10 @@ def test_a_change_inside_the_evaluation_noise_is_called_so() -> None:
 @pytest.mark.parametrize("flags, emulated", [(["avx2", "fma"], True), (["avx2", "avx512f", "amx_bf16"], False)])
 def test_amp_bf16_in_a_config_on_a_cpu_without_native_bf16_is_one_note_and_the_run_goes_on(
         tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, flags: list[str], emulated: bool) -> None:
-    import kronos_tune.precision as precision
+    import kronos_tune.workloads as workloads
     from kronos_core.cpu_features import NO_NATIVE_BF16, features_from_flags
 
-    monkeypatch.setattr(precision, "detect_cpu_features", lambda: features_from_flags(flags, cores=2))
+    monkeypatch.setattr(workloads, "detect_cpu_features", lambda: features_from_flags(flags, cores=2))
     config = write_config(tmp_path, extra='amp = "bf16"\n')
     assert run_cli(["train", "--config", str(config), "--what", "predictor", "--steps", "1", "--device", "cpu",
                     "--out", str(tmp_path / "out"), "--no-tensorboard"]) == 0

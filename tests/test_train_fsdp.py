@@ -130,7 +130,7 @@ def test_exact_meter_follows_storage_resizes_and_counts_shards() -> None:
 
     from kronos_core.train.fsdp import apply_fsdp
     from kronos_tune.memory import CpuExactMeter
-    from kronos_tune.plan.sharded import SimulatedRanks
+    from kronos_tune.plan.setup_traces import SimulatedRanks
 
     meter = CpuExactMeter()
     with meter:

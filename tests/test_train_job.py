@@ -121,7 +121,7 @@ def test_cancel_stops_at_a_step_boundary_and_the_next_start_continues_the_run(tm
 def test_a_cancel_after_the_last_step_leaves_a_run_both_the_folder_and_the_dashboard_call_complete(
         tmp_path: Path) -> None:
     from kronos_tune.tui import jobs
-    from kronos_tune.tui.messages import JobFinished, TrainingStep
+    from kronos_tune.tui.jobs import JobFinished, TrainingStep
 
     config_file, folder, cancel = tiny_config(tmp_path), tmp_path / "run", threading.Event()
     posted: list[Any] = []
@@ -150,7 +150,7 @@ def without_measured(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_the_cli_and_the_dashboard_leave_the_same_files_for_the_same_config(tmp_path: Path) -> None:
     from kronos_tune.tui import jobs
-    from kronos_tune.tui.messages import JobFinished, TrainingStep
+    from kronos_tune.tui.jobs import JobFinished, TrainingStep
 
     config_file = tiny_config(tmp_path)
     by_cli, by_tui = tmp_path / "cli", tmp_path / "tui"

@@ -15,7 +15,7 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.tui.messages import BenchmarkEvent, TelemetryUpdated
+from kronos_tune.tui.jobs import BenchmarkEvent, TelemetryUpdated
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen
 from kronos_tune.tui.widgets import (
     AnswerPanel, GpuPanel, HostPanel, LogPane, NoGpuPanel, ResultsTable, RunPanel, StatusBar,
@@ -228,7 +228,7 @@ async def test_finished_trials_fill_the_table_with_reasons_and_sort() -> None:
 
 
 def _feed_benchmark(app: DashboardApp, partial: bool = False) -> None:
-    from kronos_tune.tui.messages import JobFinished
+    from kronos_tune.tui.jobs import JobFinished
 
     results, report = full_benchmark(partial)
     app.run_state.begin("benchmark train")

@@ -13,7 +13,7 @@ from kronos_tune.benchmark.predict.summary import summarize_predict
 from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.tui.messages import JobFinished, BenchmarkEvent, TelemetryUpdated
+from kronos_tune.tui.jobs import JobFinished, BenchmarkEvent, TelemetryUpdated
 from kronos_tune.tui.model import ResultsModel
 from kronos_tune.tui.widgets import AnswerPanel, ResultsTable, columns
 from test_tui_canned import full_benchmark, row_marks, series, table_rows

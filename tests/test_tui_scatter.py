@@ -13,7 +13,7 @@ from kronos_tune.presets import resolve_preset
 from kronos_tune.benchmark.events import TrialFinished
 from kronos_tune.benchmark.results import Spread, TrialResult
 from kronos_tune.tui.app import DashboardApp
-from kronos_tune.tui.messages import JobFinished, BenchmarkEvent
+from kronos_tune.tui.jobs import JobFinished, BenchmarkEvent
 from kronos_tune.tui.widgets.scatter import ScatterPanel, ScatterScreen
 from planned import with_planned_kind
 from test_tui_canned import GIB, full_benchmark, trial_results, until

@@ -16,7 +16,7 @@ from kronos_core.cpu_features import features_from_flags
 from kronos_tune.presets import resolve_preset
 from kronos_tune.tui.app import DashboardApp
 from kronos_tune.benchmark.events import TrialFinished
-from kronos_tune.tui.messages import JobFinished, BenchmarkEvent, TelemetryUpdated
+from kronos_tune.tui.jobs import JobFinished, BenchmarkEvent, TelemetryUpdated
 from test_tui_canned import GIB, SNAPSHOT_TRIALS, full_benchmark, series, trial_in_flight, trial_results
 from test_tui_finished_fit import LONG_REASON
 

@@ -1,7 +1,7 @@
 """Models, optimizer, scheduler, autocast and the parts of a training step for a TrainConfig.
 
 ``build_training`` and the step's parts (``forward_backward``, ``optimizer_step``, ``evaluate_sums``) are what
-the Trainer runs and what the memory estimate traces on fake tensors (kronos_tune.autobatch.train_task), so the
+the Trainer runs and what the memory estimate traces on fake tensors (kronos_tune.autobatch.train_probes), so the
 two cannot drift apart; only where the batches come from differs.
 """
 

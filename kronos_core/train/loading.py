@@ -18,6 +18,7 @@ import signal
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
 
 import torch
@@ -46,6 +47,28 @@ def load_training_data(config: TrainConfig) -> tuple[list[pd.DataFrame], DataSpa
     frames = [_frame(series, loaded) for series in loaded.all()]
     return cut_frames(frames, config.train_until, loaded.paths, config.is_synthetic, config.symbol_column,
                       config.val_fraction)
+
+
+@dataclass(frozen=True)
+class WindowCount:
+    """How many windows of `window_length` rows a config's data holds on each side of the trainer's split: every
+    start position in each series' training / validation part."""
+
+    train: int
+    val: int
+    window_length: int
+
+
+def count_windows(config: TrainConfig) -> WindowCount:
+    """Read the config's data (cut at train_until) and count the windows on each side of the split; reading's
+    notes are left to the trainer, which says them once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KronosWarning)
+        frames, _ = load_training_data(config)
+    length = config.window_length
+    train, val = split_frames(frames, config.val_fraction, min_val_rows=length)
+    return WindowCount(sum(max(0, len(part) - length + 1) for part in train),
+                       sum(max(0, len(part) - length + 1) for part in val), length)
 
 
 def _frame(series: KlineSeries, loaded: SeriesSource) -> pd.DataFrame:

@@ -113,7 +113,7 @@ def _read_toml(path: Path) -> TrainFile:
 
 
 def _read_yaml(path: Path) -> TrainFile:
-    from kronos_core.train.windows import count_windows
+    from kronos_core.train.loading import count_windows
 
     mapped = read_upstream(path)
     job = TrainFile(path, mapped.shared, mapped.phases, upstream=True, label=mapped.label,

@@ -4,10 +4,10 @@
     result = autobatch(step_factory, budget_bytes=2 << 30, margin=0.1)
     result.batch_size, result.accumulation_steps, result.probes
 
-* ``search``: the generic core (``autobatch``), over ``probes`` (``AutobatchResult``, ``Probe``, ``ProbeStep``);
-* ``train_task``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
-* ``predict_task``: the predict call size (``max_batch_size``) for a preset's predict workload;
-* ``text``: a probe's progress line and the TOML snippet (the Rich tables and plot are commands/autobatch_render.py).
+* ``search``: the generic core (``autobatch``), over ``probes`` (``AutobatchResult``, ``Probe``, ``ProbeStep``, and a
+  probe's progress line and the TOML snippet; the Rich tables and plot are commands/autobatch_render.py);
+* ``train_probes``: step/eval factories for a preset's fine-tuning workload (kronos_core's Trainer);
+* ``predict_probes``: the predict call size (``max_batch_size``) for a preset's predict workload;
 
 ``python -m benchmarks.autobatch`` (repository root) compares the pick with the true maximum.
 """

@@ -1,4 +1,6 @@
-"""Probes and results of the autobatch search (the peak model it fits: kronos_tune.memory.peak)."""
+"""Probes and results of the autobatch search (the peak model it fits: kronos_tune.memory.peak), and a result in
+plain words: a probe's progress line and the TOML snippet of the pick (the Rich tables and plot are the commands
+layer's, commands/autobatch_render.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from kronos_core.units import format_bytes
 from kronos_tune.memory.estimate import accepts_meter
 
 ProbeStatus = Literal["ok", "oom", "verify"]
@@ -68,6 +71,16 @@ def largest_within(probes: list[Probe], usable_bytes: int) -> Probe | None:
     """The probe of the largest batch measured within ``usable_bytes`` (a verification first among equals)."""
     good = [p for p in probes if within(p, usable_bytes)]
     return max(good, key=lambda p: (p.batch_size, p.kind == "verify")) if good else None
+
+
+def probe_line(probe: Probe, unit: str = "batch") -> str:
+    """One line per finished probe, for progress output."""
+    peak = format_bytes(probe.peak_bytes) if probe.peak_bytes is not None else "out of memory"
+    return f"{probe.kind} {unit} {probe.batch_size}: {peak} ({probe.status}, {probe.wall_time_s:.1f} s)"
+
+
+def toml_snippet(batch_size: int, accumulation_steps: int) -> str:
+    return f"batch_size = {batch_size}\naccumulation_steps = {accumulation_steps}\n"
 
 
 @dataclass

@@ -11,9 +11,8 @@ from typing import Any
 import torch
 
 from kronos_core.errors import one_line
-from kronos_tune.memory.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import MemoryBudget, OutOfMemoryError, StorageTracker, apply_cuda_budget
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.memory.budget import MemoryBudget, OutOfMemoryError
 from kronos_tune.memory.estimate import CudaEmulation, estimate_step_peak
 from kronos_tune.memory.meters import make_meter
 
@@ -144,8 +143,6 @@ class _CudaRunner(_Runner):
         return torch.cuda.memory_allocated(self.torch_device)
 
     def _cap(self, cap_bytes: int | None) -> None:
-        from kronos_tune.memory.budget import apply_cuda_budget
-
         if cap_bytes is not None and cap_bytes < self.total_bytes:
             note = apply_cuda_budget(cap_bytes, self.torch_device)
             if not self.notes:

@@ -146,7 +146,7 @@ class BacktestConfig(InputSpec):
     resume: bool = False
     overwrite: bool = False
     calendar: str | None = None  # exchange calendar for the model's future stamps; None: each symbol's own bars
-    symbol_column: str | None = None  # --data files are panels with this column (None: detected, see universe.py)
+    symbol_column: str | None = None  # --data files are panels with this column (None: detected, load_universe)
     allow_overlap: bool = False  # score origins inside a checkpoint's training span (marked in-sample)
 
     @property

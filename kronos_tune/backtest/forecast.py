@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kronos_core.data.kline import FEATURE_COLUMNS
-from kronos_tune.backtest.origins import Origin
-from kronos_tune.backtest.universe import Universe
+from kronos_tune.backtest.origins import Origin, Universe
 
 CLOSE = FEATURE_COLUMNS.index("close")
 
@@ -52,7 +51,6 @@ def origin_windows(universe: Universe, origin: Origin, lookback: int, pred_len: 
 
 
 Forecaster = Callable[[list[Window], int], np.ndarray]
-ChunkCallback = Callable[[int], None]  # called with the number of series just predicted
 
 
 class OracleForecaster:

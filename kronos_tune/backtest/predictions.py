@@ -28,9 +28,8 @@ from kronos_core.data.kline import calendar_features_ns
 from kronos_core.launch import LaunchSpec
 from kronos_core.predict.spec import PredictorSpec
 from kronos_tune.backtest.forecast import Forecaster, Window, origin_windows
-from kronos_tune.backtest.origins import OriginSchedule
+from kronos_tune.backtest.origins import OriginSchedule, Universe
 from kronos_tune.backtest.store import origin_frame, origin_path, read_origin, write_origin
-from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import FINAL_CLOSES, ChunkSettings, predict_chunk
 from kronos_tune.predict.chunk_size import choose_chunk_series, describe_chunks

@@ -28,12 +28,12 @@ from kronos_tune.backtest.config import (DEFAULT_SYNTHETIC_ORIGINS, BacktestConf
 from kronos_tune.backtest.forecast import Forecaster
 from kronos_tune.backtest.predictions import SlotJob, predict_slot, settings_for
 from kronos_tune.backtest.leakage import check_spans, resolve_models, schedule_out_of_sample
-from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, parse_every, schedule_origins
+from kronos_tune.backtest.origins import (EVERY_DAY, OriginSchedule, Universe, load_universe, parse_every,
+                                         schedule_origins)
 from kronos_tune.backtest.outputs import write_outputs
 from kronos_tune.backtest.scoring import BacktestResult, every_in_bars, score_run
 from kronos_tune.backtest.significance import hac_lag, min_origins, missing_stats
-from kronos_tune.backtest.universe import Universe, load_universe
-from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.workloads import emulated_bf16_note
 from kronos_tune.predict.config import resolve_device
 from kronos_tune.predict.times import calendar_grid
 from kronos_tune.errors import KronosTuneError

@@ -15,13 +15,12 @@ from kronos_tune.backtest.calibration import summarize_calibration
 from kronos_tune.backtest.config import BacktestConfig, PredictionSetting
 from kronos_tune.backtest.leakage import OverlapCheck
 from kronos_tune.backtest.metrics import PREDICTED, REALIZED, OriginQuality, SeriesSummary, origin_quality, summarize
-from kronos_tune.backtest.naive import DRIFT, PERSISTENCE, RANDOM_WALK, band_unavailable, naive_frames
-from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule
+from kronos_tune.backtest.origins import EVERY_DAY, OriginSchedule, Universe
 from kronos_tune.backtest.portfolio import CurveStats, Period, curve_stats, equity_curve, run_portfolio
 from kronos_tune.backtest.significance import hac_lag
-from kronos_tune.backtest.skill import SettingComparison, SettingSkill, absolute_errors, compare, setting_skill
+from kronos_tune.backtest.skill import (DRIFT, PERSISTENCE, RANDOM_WALK, SettingComparison, SettingSkill,
+                                        absolute_errors, band_unavailable, compare, naive_frames, setting_skill)
 from kronos_tune.backtest.store import has_band, origin_path, read_origin
-from kronos_tune.backtest.universe import Universe
 from kronos_tune.errors import KronosTuneError
 
 RANDOM_WEIGHTS_CAVEAT = "random weights: not a finding"
@@ -79,7 +78,7 @@ class SettingScores(ForecastScores):
 
 @dataclass
 class NaiveScores:
-    """The naive forecasts on the model's pairs (kronos_tune.backtest.naive) and the overlap lag of the tests."""
+    """The naive forecasts on the model's pairs (kronos_tune.backtest.skill) and the overlap lag of the tests."""
 
     lag: int
     persistence: list[pd.DataFrame]

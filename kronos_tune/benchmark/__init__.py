@@ -12,7 +12,8 @@ Predict: full recompute vs KV cache vs bf16 vs the autobatch chunk vs sharding.
 
 One folder or module per stage: options, tasks (by name), selection (--skip/--only/--full), run/
 (processes and workers), train/ and predict/ (trial list, measure, trials, decide), results (the
-dataclasses and results.jsonl), events (what a run tells its views), report/ (summary, table, files, picture, rebuild).
+dataclasses and results.jsonl), events (what a run tells its views), report/ (shown: the figures, the table
+and summarize; cells, files, pareto, picture, rebuild).
 The names below load their module on first use, so reading a report never imports the runner (or torch).
 """
 

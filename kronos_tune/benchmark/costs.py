@@ -10,7 +10,6 @@ compared ratio). Pure functions of the results, like the decision rule.
 
 from __future__ import annotations
 
-from kronos_core.units import format_duration
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.stats import Comparison
 from kronos_tune.benchmark.train.verdicts import OneTimeCost
@@ -44,7 +43,3 @@ def one_time_costs(result: TrialResult, base: TrialResult | None, comparison: Co
     saving = workload * (1 - comparison.ratio)
     return OneTimeCost(extra, saving, workload, saving > extra, comparison.ratio,
                        workload * comparison.ratio + one_time_s(result))
-
-
-def duration(seconds: float) -> str:
-    return format_duration(seconds)

@@ -3,6 +3,10 @@
 Every figure that was measured more than once is a ``Spread``: a float whose
 value is the median, carrying ``min``, ``max`` and ``n`` (so code that wants a
 number gets the median, and the spread is never lost on the way to a report).
+
+What a trial is, for the decision rule (``TrialKind``), is data the plan sets on every trial and each result
+carries: the rule reads a trial's kind, group and promises from its result, never from its name. The predict
+task's trial list sets none: its trials are the reference (stage baseline) or a speed change (``untyped_kind``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from kronos_tune.benchmark.kinds import TrialKind, untyped_kind
 from kronos_tune.benchmark.recommendation import Recommendation
 from kronos_tune.benchmark.stats import Comparison, quantiles
 from kronos_tune.benchmark.train.verdicts import Trajectory
@@ -25,6 +28,30 @@ TASKS = ("train", "predict")
 SCHEMA_VERSION = 3  # 3: kinds, designs and raw block times per trial; 2: raw step times; 1: medians only
 DESIGNS = ("paired", "sequential")
 NOISE_PROBE = "noise-probe"  # the A/A trial: the baseline again (another sampler seed) against the baseline
+
+
+# What a trial is, for the decision rule: the reference itself, the reference measured again, one change that
+# should make steps faster, one that saves memory, one that changes what is trained, the helpful changes together.
+KINDS = ("reference", "baseline-repeat", "speed", "memory", "optimization", "combination")
+LOSS_PROMISES = ("equivalent", "close", "approximate")  # what a change promises about the training losses
+
+
+@dataclass(frozen=True)
+class TrialKind:
+    """A trial's kind as the plan sets it: ``kind`` (KINDS), ``group`` (trials of one group change the same thing;
+    the combination takes one of them), ``losses`` (the promised class of its training losses against the
+    baseline's, None: no promise) and ``redraws_dropout`` (another batch split or kernel order draws other dropout
+    masks: its losses are equal to the baseline's only in distribution when the model drops out)."""
+
+    kind: str
+    group: str | None = None
+    losses: str | None = None
+    redraws_dropout: bool = False
+
+
+def untyped_kind(name: str, stage: str) -> TrialKind:
+    """The kind of a trial whose plan set none (the predict task's): the reference, or one change for speed."""
+    return TrialKind("reference" if stage == "baseline" else "speed", name)
 
 
 class Spread(float):

@@ -20,7 +20,7 @@ DESIGN_CHOICES = ("auto", "paired", "sequential")
 
 
 def autobatch_available() -> bool:
-    return importlib.util.find_spec("kronos_tune.autobatch.train_task") is not None
+    return importlib.util.find_spec("kronos_tune.autobatch.train_probes") is not None
 
 
 def resolve(preset: Preset | str) -> Preset:

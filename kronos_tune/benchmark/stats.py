@@ -414,7 +414,7 @@ def aa_compare(ratios: Sequence[float], floor: float, confidence: float = CONFID
 
 def rate_over_ratio(ratio: float | None, reference_rate: float | None, own_rate: float | None) -> float | None:
     """A rate (series/s) as every view shows it: the reference's rate over the compared time ratio where there
-    is one, else the trial's own (report/estimate.py, predict/same_work.py)."""
+    is one, else the trial's own (report/shown.py, benchmark/predict/decide.py)."""
     if ratio is not None and ratio > 0 and reference_rate is not None:
         return reference_rate / ratio
     return own_rate

@@ -1,12 +1,17 @@
 """What a benchmark task is: the trials it plans and runs, how it decides and reports. `tasks.py` holds them by
-name ("train", "predict"); the runner, the reports and the commands ask the task instead of testing its name."""
+name ("train", "predict"); the runner, the reports and the commands ask the task instead of testing its name.
+
+A task's trials see the run they belong to through `RunContext`: `runner.BenchmarkRun` owns the run (folder,
+events, the order of trials) and hands itself to them, so the trial modules depend on this interface and not on
+the runner that calls them."""
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.report.cells import Cell
@@ -14,7 +19,30 @@ from kronos_tune.benchmark.results import BenchmarkReport, TaskDecision, TrialRe
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
-    from kronos_tune.benchmark.run.context import RunContext
+    from kronos_tune.benchmark.run.isolation import Outcome
+
+
+class RunContext(Protocol):
+    preset: Preset
+    task: str
+    options: BenchmarkOptions
+    device: str
+    budget_bytes: int
+    cancel: threading.Event
+    specs: list[TrialSpec]
+    results: dict[str, TrialResult]
+    references: dict[str, Any]  # predict: the reference method's outputs
+    trial_timeout_s: float
+    paired: Any  # paired.BaselineWorkers: the live baseline worker of the paired design
+    setup_costs: dict[str, dict[str, float]]  # per trial: one-time costs measured while resolving it (autobatch)
+
+    def emit(self, event: Any) -> None: ...
+
+    def launch(self, spec: TrialSpec, work: Path, job: dict[str, Any],
+               on_event: Callable[[dict[str, Any]], None],
+               deadline: Callable[[], float | None] | None = None) -> tuple[Outcome, Path]: ...
+
+    def noise(self) -> float | None: ...
 
 
 class BenchmarkTask(ABC):
@@ -23,7 +51,7 @@ class BenchmarkTask(ABC):
     columns: tuple[str, ...]  # the report table's header
     config_command: str  # the command its recommended.toml is for: kronos-tune <config_command> --config FILE
     probes_in_process: bool = False  # it probes the device in the runner's process: a CUDA budget is capped there
-    # Its timing: the TrialResult field every view shows as one estimate (report/estimate.py), in this table column
+    # Its timing: the TrialResult field every view shows as one estimate (report/shown.py), in this table column
     time_key: str  # seconds per step, lower is faster; or, with time_is_rate, per second, higher is faster
     time_is_rate: bool = False
     time_column: str

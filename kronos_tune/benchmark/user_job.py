@@ -44,6 +44,18 @@ def machine_hardware() -> tuple[HardwareSpec, str]:
                   f"simulates another budget)")
 
 
+def _where(path: Path, hardware_preset: Preset | None) -> tuple[HardwareSpec, BenchmarkBudget, str, Path | None, str]:
+    """The hardware, benchmark budget, preset name and source a user's job is measured with, and the line that
+    says so: this machine's, or the budget of `hardware_preset` simulated here."""
+    if hardware_preset is None:
+        hardware, line = machine_hardware()
+        return hardware, BenchmarkBudget(), path.stem, None, line
+    hardware = hardware_preset.hardware
+    return (hardware, hardware_preset.benchmark, f"{path.stem}-on-{hardware_preset.name}", hardware_preset.source_path,
+            f"hardware: preset {hardware_preset.name}'s budget ({hardware.memory_per_device_gb:g} GiB "
+            f"{hardware.device}), simulated on this machine; the workload is {path}'s, not the preset's")
+
+
 def benchmarked_phase(job: TrainFile, phase: str | None) -> str:
     """The phase the benchmark times: --phase, else the predictor where the file trains it."""
     trains = list(job.phases) or [job.what]
@@ -58,9 +70,9 @@ def benchmarked_phase(job: TrainFile, phase: str | None) -> str:
 def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -> tuple[Preset, list[str]]:
     """The preset for `benchmark --config PATH` and the lines the plan prints (hardware, the data's windows,
     the checks of the job). A missing data path is one line here, before any folder is claimed."""
-    from kronos_core.data.file_dates import check_file_dates
+    from kronos_core.data.tables import check_file_dates
     from kronos_core.data.kline import find_data_files
-    from kronos_core.train.windows import count_windows
+    from kronos_core.train.loading import count_windows
     from kronos_tune.train.checks import job_checks
 
     job = load_train_file(path)
@@ -72,14 +84,7 @@ def user_preset(path: Path, phase: str | None, hardware_preset: Preset | None) -
                               f"--preset runs (kronos-tune presets); give data = [\"your.csv\"] in the file")
     check_file_dates(find_data_files(config.data), config.date_format)
     counted = count_windows(config)
-    if hardware_preset is None:
-        hardware, line = machine_hardware()
-        budget, name, source = BenchmarkBudget(), path.stem, None
-    else:
-        hardware, budget = hardware_preset.hardware, hardware_preset.benchmark
-        name, source = f"{path.stem}-on-{hardware_preset.name}", hardware_preset.source_path
-        line = (f"hardware: preset {hardware_preset.name}'s budget ({hardware.memory_per_device_gb:g} GiB "
-                f"{hardware.device}), simulated on this machine; the workload is {path}'s, not the preset's")
+    hardware, budget, name, source, line = _where(path, hardware_preset)
     workload = TrainWorkload(config.model_size, SIZES[config.model_size].tokenizer,
                              config.lookback_window, config.predict_window, config.batch_size,
                              config.accumulation_steps, config.epochs, config.samples_per_epoch,
@@ -135,17 +140,9 @@ def user_predict_preset(path: Path, hardware_preset: Preset | None) -> tuple[Pre
     series = len(load_inputs(config, lambda level, message: notes.append(message)))
     size = values.get("size") or size_of(inputs.get("checkpoint"), inputs.get("tokenizer"))
     sample_count = int(values.get("sample_count") or 1)
-    if hardware_preset is None:
-        hardware, line = machine_hardware()
-        budget, name, source = BenchmarkBudget(), path.stem, None
-        train = TrainWorkload(size, SIZES[size].tokenizer, values["lookback"], values["pred_len"], 1, 1, 1, 1, 1,
-                              "none")
-    else:
-        hardware, budget = hardware_preset.hardware, hardware_preset.benchmark
-        name, source = f"{path.stem}-on-{hardware_preset.name}", hardware_preset.source_path
-        line = (f"hardware: preset {hardware_preset.name}'s budget ({hardware.memory_per_device_gb:g} GiB "
-                f"{hardware.device}), simulated on this machine; the workload is {path}'s, not the preset's")
-        train = hardware_preset.workload
+    hardware, budget, name, source, line = _where(path, hardware_preset)
+    train = hardware_preset.workload if hardware_preset is not None else TrainWorkload(
+        size, SIZES[size].tokenizer, values["lookback"], values["pred_len"], 1, 1, 1, 1, 1, "none")
     train = replace(train, model_size=size, tokenizer=SIZES[size].tokenizer)
     workload = PredictWorkload(series, values["lookback"], values["pred_len"], sample_count)
     stringified = {key: [str(item) for item in value] if key == "data" else str(value) if isinstance(value, Path)

@@ -94,7 +94,7 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
 
     import torch
 
-    from kronos_tune.autobatch import text
+    from kronos_tune.autobatch.probes import probe_line
 
     hw = preset.hardware
     wants_cuda = hw.device == "cuda"
@@ -120,7 +120,7 @@ def run_autobatch(preset_name: str, task: str, budget_gb: float | None, margin: 
     progress = make_console(stderr=True)
 
     def on_probe(probe: Probe) -> None:
-        progress.print(f"[dim]  {text.probe_line(probe, kind.unit)}[/]")
+        progress.print(f"[dim]  {probe_line(probe, kind.unit)}[/]")
 
     progress.print(f"[dim]autobatch {task} on preset {preset.name}: probing on {device}...[/]")
     payload, renderables = kind.run(preset, budget_bytes, margin, max_probes, estimate, run_device, round_bytes,
@@ -135,13 +135,13 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
            round_bytes: int, device: str, simulated: bool, assumptions: list[str], on_probe: Any,
            maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
     from kronos_tune.commands import autobatch_render as render
-    from kronos_tune.autobatch import text
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.probes import toml_snippet
+    from kronos_tune.autobatch.train_probes import TrainProbes
     from kronos_tune.workloads import train_config_from_preset
 
     config, config_notes = train_config_from_preset(preset)
     effective = preset.workload.batch_size * preset.workload.accumulation_steps
-    with TrainTask(config, device=run_device) as task:
+    with TrainProbes(config, device=run_device) as task:
         emulation = task.cuda_emulation() if estimate and preset.hardware.device == "cuda" else None
         if emulation is not None:
             assumptions.append(f"the CUDA context ({preset.hardware.cuda_context_overhead_gb:g} GiB) is already "
@@ -169,7 +169,7 @@ def _train(preset: Preset, budget_bytes: int, margin: float, max_probes: int, es
     payload["train_config"] = final.to_dict()
     title = (f"autobatch: fine-tune Kronos-{config.model_size} on {preset.name} "
              f"({'simulated on the CPU' if simulated and not estimate else device})")
-    snippet = text.toml_snippet(result.batch_size, result.accumulation_steps)
+    snippet = toml_snippet(result.batch_size, result.accumulation_steps)
     summary = render.summary_table(result, title)
     return payload, _renderables(result, summary, render.probes_table(result), "batch size", snippet,
                                  "paste into the preset's \\[workload] or a training config", assumptions)
@@ -180,9 +180,9 @@ def _predict(preset: Preset, budget_bytes: int, margin: float, max_probes: int, 
              maximize: bool = False, lr_rule: str = "sqrt") -> tuple[dict, list]:
     """The predict call (`estimate` and `maximize` are refused before: AutobatchKind)."""
     from kronos_tune.commands import autobatch_render as render
-    from kronos_tune.autobatch.predict_task import PredictTask
+    from kronos_tune.autobatch.predict_probes import PredictProbes
 
-    task = PredictTask.from_preset(preset, device=run_device)
+    task = PredictProbes.from_preset(preset, device=run_device)
     pick = task.run(budget_bytes, margin=margin, max_probes=max_probes, round_bytes=round_bytes, on_probe=on_probe)
     result = pick.result
     payload = _payload(result, device, simulated, assumptions)

@@ -1,4 +1,4 @@
-"""Rich output for an autobatch result: summary, probe table, memory-vs-batch plot (the plain lines: autobatch/text.py)."""
+"""Rich output for an autobatch result: summary, probe table, memory-vs-batch plot (the plain lines: autobatch/probes.py)."""
 
 from __future__ import annotations
 

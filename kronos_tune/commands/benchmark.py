@@ -32,7 +32,7 @@ from kronos_tune.benchmark.results import BenchmarkReport
 from kronos_tune.benchmark.selection import DESIGN_CHOICES
 from kronos_tune.benchmark.report.picture import picture_line
 from kronos_tune.benchmark.report.cells import changes_text, fmt_seconds
-from kronos_tune.benchmark.report.table import table
+from kronos_tune.benchmark.report.shown import table
 from kronos_tune.benchmark.tasks import TASKS, check_options, get
 from kronos_tune.benchmark.report.files import resolution_line
 from kronos_core.units import format_bytes, format_duration
@@ -298,7 +298,7 @@ def register(app: typer.Typer) -> None:
             report = run_benchmark(chosen, task=task, options=options, out_dir=out, resume=resume,
                                   on_event=view.on_event, cancel=cancel, overwrite=overwrite, tensorboard=tensorboard)
         if json_out:  # report.json as written: with the figures every view shows (`shown`)
-            from kronos_tune.benchmark.report.estimate import report_dict
+            from kronos_tune.benchmark.report.shown import report_dict
 
             typer.echo(json.dumps(report_dict(report), indent=2))
         else:

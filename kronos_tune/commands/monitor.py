@@ -19,24 +19,11 @@ from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.telemetry.nvml import GpuSnapshot
 from kronos_tune.telemetry.sampler import MAX_INTERVAL_S, Sampler, Snapshot, validate_interval
+from kronos_tune.tui.format import bar, ratio
 
 MONITOR_MAX_INTERVAL_S = 60.0
 BAR_WIDTH = 30
 CORE_BAR_WIDTH = 12
-
-
-def _bar(fraction: float | None, width: int = BAR_WIDTH) -> Text:
-    """A text bar coloured by level; an empty grey bar when unknown."""
-    if fraction is None or math.isnan(fraction):
-        return Text("·" * width, style="dim")
-    fraction = min(1.0, max(0.0, fraction))
-    filled = round(fraction * width)
-    style = "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
-    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
-
-
-def _ratio(used: int | float | None, total: int | float | None) -> float | None:
-    return used / total if used is not None and total else None
 
 
 def _metric_table(title: str) -> Table:
@@ -52,16 +39,16 @@ def _gpu_table(gpu: GpuSnapshot) -> Table:
     table = _metric_table(f"GPU {gpu.index}: {gpu.name or 'unknown'}")
     table.add_row(
         "Memory",
-        _bar(_ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)),
+        bar(ratio(gpu.memory_used_bytes, gpu.memory_total_bytes), BAR_WIDTH),
         f"{format_bytes(gpu.memory_used_bytes, 'GiB')} / {format_bytes(gpu.memory_total_bytes, 'GiB')}",
     )
     util = gpu.utilization_pct
     util_text = "n/a" if util is None else f"{util:.0f} %"
-    table.add_row("Utilization", _bar(util / 100 if util is not None else None), util_text)
+    table.add_row("Utilization", bar(util / 100 if util is not None else None, BAR_WIDTH), util_text)
     power = "n/a" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
     if gpu.power_limit_w is not None:
         power += f" / {gpu.power_limit_w:.0f} W"
-    table.add_row("Power", _bar(_ratio(gpu.power_w, gpu.power_limit_w)), power)
+    table.add_row("Power", bar(ratio(gpu.power_w, gpu.power_limit_w), BAR_WIDTH), power)
     temperature = "n/a" if gpu.temperature_c is None else f"{gpu.temperature_c:.0f} °C"
     table.add_row("Temperature", Text(""), temperature)
     table.add_row("Our processes", Text(""), format_bytes(gpu.our_memory_bytes, "GiB"))
@@ -74,15 +61,15 @@ def _host_table(snapshot: Snapshot, pid: int) -> Table:
     table = _metric_table("Host")
     table.add_row(
         "RAM",
-        _bar(_ratio(host.ram_used_bytes, host.ram_total_bytes)),
+        bar(ratio(host.ram_used_bytes, host.ram_total_bytes), BAR_WIDTH),
         f"{format_bytes(host.ram_used_bytes, 'GiB')} / {format_bytes(host.ram_total_bytes, 'GiB')}",
     )
     table.add_row(
         "Swap",
-        _bar(_ratio(host.swap_used_bytes, host.swap_total_bytes)),
+        bar(ratio(host.swap_used_bytes, host.swap_total_bytes), BAR_WIDTH),
         f"{format_bytes(host.swap_used_bytes, 'GiB')} / {format_bytes(host.swap_total_bytes, 'GiB')}",
     )
-    table.add_row("CPU total", _bar(host.cpu_percent_total / 100), f"{host.cpu_percent_total:.0f} %")
+    table.add_row("CPU total", bar(host.cpu_percent_total / 100, BAR_WIDTH), f"{host.cpu_percent_total:.0f} %")
     table.add_row(
         f"Process tree RSS (pid {pid})",
         Text(""),
@@ -97,7 +84,7 @@ def _cores_grid(per_core: tuple[float, ...]) -> Table:
     for _ in range(columns):
         grid.add_column()
     cells = [
-        Text(f"cpu{index:<3}") + _bar(percent / 100, CORE_BAR_WIDTH) + Text(f" {percent:5.1f}%")
+        Text(f"cpu{index:<3}") + bar(percent / 100, CORE_BAR_WIDTH) + Text(f" {percent:5.1f}%")
         for index, percent in enumerate(per_core)
     ]
     for start in range(0, len(cells), columns):

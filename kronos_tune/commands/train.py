@@ -41,7 +41,7 @@ from kronos_core.train import TrainConfig
 from kronos_core.units import format_bytes
 from kronos_tune.commands.common import DateFormatOption, LiveProgress, OfflineOption, make_console
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.workloads import emulated_bf16_note
 from kronos_tune.resume_command import resume_line
 from kronos_tune.run_logs import want_tensorboard
 from kronos_tune.runs import read_run_file
@@ -332,7 +332,7 @@ def register(app: typer.Typer) -> None:
         both = what == "both" or (what is None and job is not None and job.two_phases)
         base = base.replace(**checked_weights(base, "both" if both else what))
         if not base.is_synthetic:  # a missing path or dates read two ways: one line before any folder is made
-            from kronos_core.data.file_dates import check_file_dates
+            from kronos_core.data.tables import check_file_dates
             from kronos_core.data.kline import find_data_files
 
             check_file_dates(find_data_files(base.data), base.date_format)

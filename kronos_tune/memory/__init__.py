@@ -16,8 +16,8 @@ from kronos_core.deferred import lazy_exports
 # Loaded on first use (as kronos_core.train's names): the meters and estimates load torch, while the peak model
 # and the margin check (kronos_tune.memory.peak) that a command's bad-flag errors use need none.
 _EXPORTS = {
-    "StorageTracker": "kronos_tune.memory.live_bytes",
-    **{name: "kronos_tune.memory.budget" for name in ("MemoryBudget", "OutOfMemoryError", "apply_cuda_budget")},
+    **{name: "kronos_tune.memory.live_bytes" for name in ("MemoryBudget", "OutOfMemoryError", "StorageTracker",
+                                                           "apply_cuda_budget")},
     **{name: "kronos_tune.memory.estimate" for name in ("CudaEmulation", "EstimateResult", "FakeEstimate",
                                                          "estimate_step_peak")},
     **{name: "kronos_tune.memory.meters" for name in ("CpuExactMeter", "CudaMeter", "LiveMeter",

@@ -23,10 +23,9 @@ import torch
 from torch import nn
 
 from kronos_tune.torch_private import CountingFakeMode, local_shard
-from kronos_tune.memory.live_bytes import StorageTracker, round_up
+from kronos_tune.memory.live_bytes import MemoryBudget, StorageTracker, round_up
 from kronos_core.units import format_bytes
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.memory.budget import MemoryBudget
 from kronos_tune.memory.peak import PeakModel
 
 _MIB = 1 << 20

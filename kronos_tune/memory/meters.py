@@ -18,10 +18,9 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
 
-from kronos_tune.memory.live_bytes import StorageTracker
+from kronos_tune.memory.live_bytes import MemoryBudget, StorageTracker, apply_cuda_budget, indexed_cuda_device
 from kronos_core.train.records import PhaseMeter
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.memory.budget import MemoryBudget, apply_cuda_budget, indexed_cuda_device
 
 
 @runtime_checkable

@@ -5,7 +5,7 @@ For each model size the planner estimates, per rank of the preset's
 (parameters, gradients and AdamW state sharded), FSDP + activation
 checkpointing, and FSDP + CPU offload. Each estimate is a real training step
 on fake tensors (kronos_tune.memory.estimate), with FSDP simulated as rank 0
-of N (kronos_tune.plan.sharded); on a CUDA preset the CUDA emulation
+of N (kronos_tune.plan.setup_traces.SimulatedRanks); on a CUDA preset the CUDA emulation
 (allocator rounding, AdamW implementation) applies and the budget is the card
 minus the preset's CUDA context. The largest micro-batch is searched from the
 guess of a line through two probes (peak = fixed + per-sample x batch): every
@@ -149,7 +149,7 @@ def plan_preset(preset: Preset, sizes: tuple[str, ...] | None = None, ranks: int
                 setups: tuple[str, ...] | None = None, on_progress: Callable[[str], None] | None = None) -> Plan:
     """Estimate the set-ups (default: all) for every size (default: the published four) on the preset's
     cards, per rank of `ranks` (default: the preset's device count). Nothing is allocated."""
-    from kronos_tune.autobatch.train_task import OPTIMIZER_EMULATION
+    from kronos_tune.autobatch.train_probes import OPTIMIZER_EMULATION
     from kronos_tune.memory.estimate import CudaEmulation
     from kronos_tune.workloads import train_config_from_preset
 

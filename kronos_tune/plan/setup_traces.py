@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kronos_tune.errors import KronosTuneError
+
 if TYPE_CHECKING:
     from kronos_tune.memory.estimate import EstimateResult, FakeEstimate, StepTrace
     from kronos_tune.memory.peak import PeakModel
@@ -34,18 +36,61 @@ class SetupProbe:
     parameters: int  # the model's parameter count (FSDP: of the whole model, not the shard)
 
 
+class SimulatedRanks:
+    """Context manager: this process is rank 0 of a fake `world_size`-rank group (with a CPU mesh), to estimate
+    the per-rank memory of sharded (FSDP) training for N ranks in one process and without N devices.
+
+    It joins PyTorch's testing backend (collectives return at once, nothing is communicated) and builds the
+    device mesh outside any fake-tensor mode. Inside it, a model sharded with
+    ``kronos_core.train.fsdp.apply_fsdp(..., mesh=ranks.mesh)`` holds exactly rank 0's shards, gathers into
+    real-sized buffers, and its step can run on fake tensors under ``estimate_step_peak``: the estimate is rank
+    0's peak. Rank 0 holds the largest shards when a dimension does not divide evenly (FSDP pads the last
+    ranks' shards, so they are never larger)."""
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise KronosTuneError(f"world size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.mesh: Any = None
+        self._owns = False
+
+    def __enter__(self) -> SimulatedRanks:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise KronosTuneError("this PyTorch build has no torch.distributed; sharded estimates need it")
+        if dist.is_initialized():
+            raise KronosTuneError("a process group is already running in this process; estimate sharded "
+                                  "memory from a plain process (not under torchrun)")
+        from kronos_tune.torch_private import fake_store
+        from kronos_core.train.fsdp import device_mesh
+
+        dist.init_process_group("fake", store=fake_store(), rank=0, world_size=self.world_size)
+        self._owns = True
+        self.mesh = device_mesh(torch.device("cpu"), self.world_size)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        self.mesh = None
+        if self._owns and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns = False
+
+
 def estimating(config: Any, ranks: int, emulation: Any, primed: bool,
                 measure: Callable[[FakeEstimate], Any]) -> tuple[Any, int, int]:
     """`measure(estimate)` for a FakeEstimate of `config`'s training step (FSDP: rank 0 of `ranks` simulated),
     its build primed like a first step (`ProbeStep.prime`; `primed=False`: warmed up by a step instead), the
     local bytes of the model's largest FSDP unit and the model's parameter count."""
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
     from kronos_tune.memory.estimate import FakeEstimate
-    from kronos_tune.plan.sharded import SimulatedRanks
 
     def run(mesh: Any) -> tuple[Any, int, int]:
         holder: dict[str, Any] = {}
-        with TrainTask(config, device="cpu", mesh=mesh) as task:
+        with TrainProbes(config, device="cpu", mesh=mesh) as task:
             def build() -> Any:  # called inside the fake mode: the model and optimizer are fake
                 probe = holder["probe"] = task.estimate_step_factory(2)  # each step passes its own size
                 holder["unit"] = _largest_unit_bytes(probe.model)

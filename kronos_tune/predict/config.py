@@ -7,13 +7,15 @@ folders), the data; `PredictConfig` adds the prediction settings.
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from kronos_core.data.day_month import check_date_format
 from kronos_core.data.kline import find_data_files
-from kronos_core.errors import KronosError
+from kronos_core.errors import KronosError, one_line
 from kronos_core.launch import LaunchSpec, check_launch
+from kronos_core.optional import require
 from kronos_core.predict.spec import PredictorSpec
 from kronos_core.sizes import size_spec
 from kronos_tune.errors import KronosTuneError
@@ -71,6 +73,7 @@ AMP_CHOICES = ("none", "bf16", "fp16")
 WEIGHT_DTYPES = ("fp32", "bf16")
 DEFAULT_MAX_CONTEXT = 512
 RUNNERS = ("torchrun", "ray")
+_RAY_ANSWER_S = 5.0  # how long a --ray-address has to accept a connection
 RANDOM_WEIGHTS_NOTE = "random weights: predictions are meaningless, for timing only"
 
 
@@ -224,10 +227,30 @@ def check_runner(config: PredictConfig) -> None:
                               "pool with --ray-actors N); leave the torchrun flags out")
     if config.ray_actors is not None and config.ray_actors < 1:
         raise KronosTuneError(f"--ray-actors {config.ray_actors}: must be at least 1")
-    from kronos_tune.predict.ray_setup import check_address, require_ray
-
     require_ray()
     check_address(config.ray_address)
+
+
+def require_ray() -> None:
+    """Ray Data importable, or one line saying how to install it (before any work)."""
+    require("ray", "--runner ray", instead="leave --runner out for torchrun")
+
+
+def check_address(address: str | None) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) cluster address that answers, checked before any work: Ray itself
+    retries an unreachable address for minutes. `local`, `auto` and none are Ray's own rules."""
+    if address is None or address in ("local", "auto"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise KronosTuneError(f"--ray-address {address}: give HOST:PORT of the cluster's head (e.g. 10.0.0.5:6379), "
+                              f"ray://HOST:PORT of a Ray client server, `auto` or `local`")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_RAY_ANSWER_S):
+            pass
+    except OSError as error:
+        raise KronosTuneError(f"--ray-address {address}: no Ray cluster answers there ({one_line(error, typed=False)}); "
+                              f"start it (`ray start --head` on its head node) or check the address") from None
 
 
 def resolve_max_context(config: PredictConfig) -> int:

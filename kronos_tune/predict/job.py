@@ -26,7 +26,7 @@ from kronos_core.hostmem import peak_rss_bytes
 from kronos_core.hub import PretrainedSource, resolve_sources
 from kronos_core.predict.predictor import KronosPredictor
 from kronos_core.predict.spec import build_predictor, load_weights
-from kronos_tune.precision import emulated_bf16_note
+from kronos_tune.workloads import emulated_bf16_note
 from kronos_tune.predict.config import (RANDOM_WEIGHTS_NOTE, InputSpec, PredictConfig, bf16_flag, check_config,
                                         predictor_spec, resolve_device, resolve_max_context)
 from kronos_tune.predict.inputs import NoteCallback

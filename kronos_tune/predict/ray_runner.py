@@ -1,7 +1,7 @@
 """`kronos-tune predict --runner ray`: the chunks predicted by Ray Data actors, for a cluster that runs Ray.
 
 The same pipeline as one process and as torchrun's ranks: the parent writes each unfinished chunk's inputs
-into the work folder (`job_inputs.write_chunk_inputs`, as `shards.run_ranks` does), then a Ray dataset of the
+into the work folder (`chunks.write_chunk_inputs`, as `shards.run_ranks` does), then a Ray dataset of the
 unfinished chunk numbers goes through `map_batches` on a pool of actors. Each actor builds the predictor once
 (`build_predictor` of the job's spec) and, per chunk, loads its inputs, runs `predict_chunk` and writes the
 part and its `done/` record (`parts.write_part`): the records are the truth for `--resume`, whoever wrote them.
@@ -28,9 +28,9 @@ import numpy as np
 
 from kronos_core.errors import one_line
 from kronos_tune.errors import KronosTuneError
-from kronos_tune.predict.job_inputs import write_chunk_inputs
+from kronos_tune.predict.chunks import write_chunk_inputs
 from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
-from kronos_tune.predict.ray_setup import require_ray
+from kronos_tune.predict.config import require_ray
 from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 

@@ -26,7 +26,7 @@ from kronos_core.predict.spec import PredictorSpec
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_run import ChunkSettings
 from kronos_tune.predict.job_state import JobOutcome, JobProgress, JobProgressCallback
-from kronos_tune.predict.job_inputs import write_chunk_inputs
+from kronos_tune.predict.chunks import write_chunk_inputs
 from kronos_tune.predict.series import LoadedSeries
 from kronos_tune.predict.workdir import DoneChunk, WorkFolder
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kronos_core.train import TrainConfig
 
 if TYPE_CHECKING:  # counting reads the data (torch, pandas): only when a job is checked
-    from kronos_core.train.windows import WindowCount
+    from kronos_core.train.loading import WindowCount
 
 MIN_VAL_WINDOWS = 30  # below this, the validation loss of two runs cannot tell a small change from noise
 
@@ -27,7 +27,7 @@ def job_checks(config: TrainConfig, upstream: bool = False, counted: WindowCount
     if config.is_synthetic:
         return []
     if counted is None:
-        from kronos_core.train.windows import count_windows
+        from kronos_core.train.loading import count_windows
 
         counted = count_windows(config)
     per_step = config.batch_size * config.accumulation_steps
@@ -72,13 +72,13 @@ def memory_check(config: TrainConfig) -> str:
     """The step's projected peak at the job's batch against this machine's free memory, and the micro-batch
     autobatch would pick for the same effective batch: autobatch's search on fake tensors (nothing allocated)."""
     from kronos_core.units import format_bytes
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
 
     device = config.resolved_device()
     free, where = free_memory(device)
     effective = config.batch_size * config.accumulation_steps
     shape = config.replace(symbol_column=None, date_format=None, train_until=None)  # probes read synthetic data
-    with TrainTask(shape, device=device) as task:
+    with TrainProbes(shape, device=device) as task:
         emulation = task.cuda_emulation() if device == "cuda" else None
         result = task.run(free, max_probes=4, estimate=True, cuda_emulation=emulation, effective_batch=effective)
     peak = round(result.fixed_bytes + result.bytes_per_sample * config.batch_size)

@@ -22,11 +22,10 @@ from kronos_tune.presets import Preset, list_presets, resolve_preset
 from kronos_tune.runs import default_run_dir
 from kronos_tune.telemetry.sampler import Sampler
 from kronos_tune.tui import jobs
-from kronos_tune.tui.answer import Answer
+from kronos_tune.tui.model import Answer, ResultsModel, RunState, TelemetryHistory
 from kronos_tune.tui.format import gib
 from kronos_tune.tui.keys import bindings, help_rows, palette_entries
-from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, BenchmarkEvent, TelemetryUpdated, TrainingStep
-from kronos_tune.tui.model import ResultsModel, RunState, TelemetryHistory
+from kronos_tune.tui.jobs import JobFinished, JobNote, LogLine, BenchmarkEvent, TelemetryUpdated, TrainingStep
 from kronos_tune.tui.results_view import ResultsView
 from kronos_tune.tui.screens import HelpScreen, PresetPicker, TooSmallScreen, too_small
 from kronos_tune.tui.widgets import (

@@ -1,4 +1,5 @@
-"""The bodies of the dashboard's background jobs: the same public calls the CLI makes, reported as messages.
+"""The bodies of the dashboard's background jobs: the same public calls the CLI makes, reported as messages, and
+those Messages, which carry work results into the app (posted from the sampler and worker threads).
 
 Each function runs in a worker thread, takes `post` (the app's thread-safe
 `post_message`) and a `cancel` event, and ends by posting exactly one
@@ -16,7 +17,7 @@ from textual.message import Message
 
 from kronos_core.errors import one_line
 from kronos_tune.presets import Preset
-from kronos_tune.tui.messages import JobFinished, JobNote, LogLine, BenchmarkEvent, TrainingStep
+from kronos_tune.telemetry.sampler import Snapshot
 
 if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_core.train import StepRecord
@@ -26,6 +27,59 @@ if TYPE_CHECKING:  # torch-heavy; imported inside the jobs, in their thread
     from kronos_tune.train.schedule import TrainSchedule
 
 Post = Callable[[Message], object]
+
+
+class TelemetryUpdated(Message):
+    """A new sampler snapshot."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class BenchmarkEvent(Message):
+    """One event of run_benchmark: TrialStarted, TrialStep, TrialFinished or BenchmarkFinished."""
+
+    def __init__(self, event: Any) -> None:
+        super().__init__()
+        self.event = event
+
+
+class TrainingStep(Message):
+    """One optimizer step of a training run (a kronos_core StepRecord)."""
+
+    def __init__(self, record: Any, target_steps: int | None) -> None:
+        super().__init__()
+        self.record = record
+        self.target_steps = target_steps
+
+
+class JobFinished(Message):
+    """A background job ended: `phase` is done, cancelled or failed; `result` is what it returned."""
+
+    def __init__(self, job: str, phase: str, outcome: str, result: Any = None) -> None:
+        super().__init__()
+        self.job = job
+        self.phase = phase
+        self.outcome = outcome
+        self.result = result
+
+
+class LogLine(Message):
+    """A line for the log pane from a worker thread (level: info, warning, error)."""
+
+    def __init__(self, text: str, level: str = "info") -> None:
+        super().__init__()
+        self.text = text
+        self.level = level
+
+
+class JobNote(Message):
+    """What the running job is doing now, for the run panel (an autobatch probe, a run being prepared...)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 def _finish(post: Post, job: str, stopped_early: bool, outcome: str, result: Any = None) -> None:
@@ -63,8 +117,8 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
 
         from kronos_core.units import format_bytes
         from kronos_tune.autobatch.probes import SearchCancelled
-        from kronos_tune.autobatch.text import probe_line
-        from kronos_tune.autobatch.train_task import TrainTask
+        from kronos_tune.autobatch.probes import probe_line
+        from kronos_tune.autobatch.train_probes import TrainProbes
         from kronos_tune.workloads import train_config_from_preset
 
         config, notes = train_config_from_preset(preset)
@@ -85,7 +139,7 @@ def autobatch(post: Post, preset: Preset, cancel: threading.Event) -> None:
         post(JobNote(f"probing training batch sizes on {device} against {format_bytes(preset.budget_bytes)} "
                      f"(real steps, exact memory)"))
 
-        with TrainTask(config, device=device) as task:
+        with TrainProbes(config, device=device) as task:
             result = task.run(preset.budget_bytes, effective_batch=effective, round_bytes=round_bytes,
                               on_probe=on_probe)
     except SearchCancelled:

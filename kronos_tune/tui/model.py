@@ -1,4 +1,6 @@
-"""What the dashboard shows, kept apart from how: telemetry history, the run in progress, finished trials.
+"""What the dashboard shows, kept apart from how: telemetry history, the run in progress, finished trials, and
+the benchmark's answer (`Answer`: what to run, why, the command and the fastest trial, built from a
+BenchmarkReport's `recommended` and the finished trials).
 
 Plain Python (no Textual): the app feeds it snapshots and events, the widgets
 read it. Nothing here measures or decides anything about a run; it only
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kronos_tune.telemetry.sampler import Snapshot
-from kronos_tune.tui.format import ratio
+from kronos_tune.tui.format import duration, rate, ratio
 
 HISTORY_LENGTH = 240
 
@@ -128,7 +130,7 @@ class Column:
     key: str
     label: str
     sort_value: Callable[..., Any]
-    by_estimate: bool = False  # sort_value(result, baseline): the estimate (benchmark.report.estimate)
+    by_shown_figure: bool = False  # sort_value(result, baseline): the estimate (benchmark.report.shown)
 
 
 class ResultsModel:
@@ -168,8 +170,8 @@ class ResultsModel:
         if self.sort_key is None:
             return list(reversed(self.results)) if self.reverse else list(self.results)
         column = self.columns[self.sort_key]
-        if column.by_estimate:  # the figure shown: the compared estimate, which needs the baseline
-            from kronos_tune.benchmark.report.estimate import baseline_of
+        if column.by_shown_figure:  # the figure shown: the compared estimate, which needs the baseline
+            from kronos_tune.benchmark.report.shown import baseline_of
 
             baseline = baseline_of(self.results)
             value: Callable[[Any], Any] = lambda r: column.sort_value(r, baseline)  # noqa: E731
@@ -183,8 +185,64 @@ class ResultsModel:
 
 def best_trial(results: Sequence[Any], task: str) -> Any | None:
     """The fastest trial that ran ok and kept the quality guard, by the one estimate every view shows
-    (kronos_tune.benchmark.report.estimate: the compared ratio x the baseline's median where there is one);
+    (kronos_tune.benchmark.report.shown: the compared ratio x the baseline's median where there is one);
     None before any such trial."""
-    from kronos_tune.benchmark.report.estimate import fastest
+    from kronos_tune.benchmark.report.shown import fastest
 
     return fastest(list(results), task)
+
+
+@dataclass
+class Answer:
+    preset: str
+    task: str
+    folder: str | None
+    recommended: str | None  # the trial whose config is recommended
+    changes: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    command: str | None = None
+    best: str | None = None  # the fastest trial that ran ok and kept the quality guard
+    best_figure: str = ""
+    partial: bool = False
+    missing: list[str] = field(default_factory=list)
+    newer_partial: str | None = None  # a later, partial run's folder: this answer comes from an earlier one
+    headroom: dict[str, Any] | None = None  # BenchmarkReport.headroom: peak vs budget, the batch that would fit
+    resolution: str | None = None  # "changes under 3.8% could not be told from noise in this run (...)"
+    own_evidence: str | None = None  # the verdicts called on their own interval, not on the resolution above
+
+    def changes_text(self) -> str:
+        return ", ".join(f"{key} = {value}" for key, value in self.changes.items()) or "the baseline config"
+
+
+def _figure(result: Any, trials: list[Any], task: str) -> str:
+    """The fastest trial's figure, as its row shows it (the compared estimate)."""
+    from kronos_tune.benchmark.report.shown import baseline_of, shown_time
+    from kronos_tune.benchmark.tasks import get
+
+    if result is None:
+        return ""
+    chosen = get(task)
+    shown = shown_time(result, baseline_of(trials), task)
+    return f"{(rate if chosen.time_is_rate else duration)(shown)} {chosen.time_text}"
+
+
+def answer_from(report: Any) -> Answer:
+    """The answer of a finished (or cancelled) benchmark run."""
+    from kronos_tune.benchmark.report.files import evidence_line, resolution_line
+
+    rec = report.recommended
+    best = best_trial(report.trials, report.task)
+    missing = list((rec.missing if rec is not None else None) or getattr(report, "missing", []) or [])
+    partial = rec.partial if rec is not None else bool(getattr(report, "partial", False) or report.cancelled)
+    return Answer(preset=report.preset, task=report.task, folder=report.out_dir,
+                  recommended=rec.source if rec is not None else None,
+                  changes=dict(rec.changes) if rec is not None else {},
+                  reason=rec.reason if rec is not None else "", command=rec.command if rec is not None else None,
+                  best=best.name if best is not None else None, best_figure=_figure(best, report.trials, report.task),
+                  partial=partial, missing=missing, headroom=getattr(report, "headroom", None),
+                  resolution=resolution_line(report) if getattr(report, "timing", None) else None,
+                  own_evidence=evidence_line(report, own_only=True) if getattr(report, "timing", None) else None)
+
+
+def is_complete(report: Any) -> bool:
+    return not (getattr(report, "partial", False) or report.cancelled)

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 from textual.geometry import Size
 
-from kronos_tune.tui.answer import Answer, answer_from, is_complete
+from kronos_tune.tui.model import Answer, ResultsModel, answer_from, best_trial, is_complete
 from kronos_tune.tui.format import duration, rate
-from kronos_tune.tui.model import ResultsModel, best_trial
 from kronos_tune.tui.widgets import AnswerPanel, LogPane, ResultsTable, columns
 from kronos_tune.tui.widgets.scatter import ScatterScreen
 

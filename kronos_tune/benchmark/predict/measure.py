@@ -144,10 +144,10 @@ def autobatch_chunk(settings: PredictSettings, device: str, budget_bytes: int, m
     """Sequences per call (KronosPredictor max_batch_size) that autobatch finds for the whole workload; the trial
     runs chunks of that many series (task.resolve)."""
     from kronos_tune.autobatch import autobatch
-    from kronos_tune.autobatch.predict_task import PredictTask
+    from kronos_tune.autobatch.predict_probes import PredictProbes
 
-    task = PredictTask(settings.model_size, settings.lookback, settings.pred_len, settings.sample_count,
-                       settings.series_count, device=device, seed=settings.seed)
+    task = PredictProbes(settings.model_size, settings.lookback, settings.pred_len, settings.sample_count,
+                         settings.series_count, device=device, seed=settings.seed)
     result = autobatch(task.step_factory, budget_bytes, margin=margin, min_batch=1, max_batch=settings.series_count,
                        device=device, steps_per_probe=1)
     notes = [f"autobatch: {result.batch_size} series per call ({result.batch_size * settings.sample_count} "

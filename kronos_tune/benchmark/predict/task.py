@@ -22,7 +22,7 @@ from kronos_tune.benchmark.task import BenchmarkTask
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
-    from kronos_tune.benchmark.run.context import RunContext
+    from kronos_tune.benchmark.task import RunContext
 
 
 class PredictBenchmark(BenchmarkTask):

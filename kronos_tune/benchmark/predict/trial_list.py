@@ -10,7 +10,7 @@ from kronos_tune.benchmark.results import PredictSettings, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, selection_reason
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.predict.chunk_size import choose_chunk_series
-from kronos_tune.precision import bf16_support
+from kronos_tune.workloads import bf16_support
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from kronos_tune.benchmark.predict.measure import output_max_abs_diff
 from kronos_tune.benchmark.predict.pipeline import benchmark_series, histories
 from kronos_tune.benchmark.predict.precision_agreement import (agreement_text, identical_token_share,
                                                                max_relative_difference, sampled_agreement)
-from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.task import RunContext
 from kronos_tune.benchmark.events import PredictStep, TrialStep
 from kronos_tune.benchmark.results import Spread, TrialResult, TrialSpec
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason

@@ -83,7 +83,7 @@ class SameWork:
 
     first: str
     second: str
-    first_rate: float  # series/s as every view shows it (report/estimate.py)
+    first_rate: float  # series/s as every view shows it (report/shown.py)
     second_rate: float
     resolution: float  # the run's: the relative change its rule can tell from noise
     batch: str  # why the batches are the same work

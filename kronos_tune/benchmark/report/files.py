@@ -19,7 +19,7 @@ from typing import Any
 
 from kronos_core.errors import one_line
 from kronos_core.files import write_text_atomic
-from kronos_tune.benchmark.report.table import table
+from kronos_tune.benchmark.report.shown import baseline_of, report_dict, shown_figure, table
 from kronos_tune.benchmark.results import RESULTS_FILE, BenchmarkReport
 from kronos_tune.benchmark.tasks import get
 
@@ -73,8 +73,6 @@ CSV_KEYS = ("name", "stage", "status", "reason", "hardware", "val_loss", "val_lo
 def report_csv(report: BenchmarkReport) -> str:
     """One row per trial: the raw spreads, and beside each `<key>_shown` the figure the views show (the compared
     estimate), which its `delta_<key>_pct` is taken from."""
-    from kronos_tune.benchmark.report.estimate import baseline_of, shown_figure
-
     baseline = baseline_of(report.trials)
     flat_rows = []
     for t in report.trials:
@@ -117,8 +115,6 @@ def write_reports(report: BenchmarkReport, out_dir: str | os.PathLike, results: 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written, picture = _picture(report, folder)
-    from kronos_tune.benchmark.report.estimate import report_dict
-
     texts = {"report.json": json.dumps(report_dict(report), indent=2) + "\n",
              "report.csv": report_csv(report), "report.md": report_markdown(report, picture)}
     if results:

@@ -1,7 +1,7 @@
 """Step time against peak memory, one point per trial: the data behind the report's picture (pareto.png/svg,
 kronos_tune.benchmark.report.picture) and the dashboard's scatter. Plain Python: nothing here draws.
 
-Lower is better on both axes. Times are the estimate every view shows (report/estimate.py: the compared
+Lower is better on both axes. Times are the estimate every view shows (report/shown.py: the compared
 ratio x the baseline's median), not raw medians. The time axis is the time per optimizer step when every trial runs the same
 batch; when batches differ (bigger-batch, autobatch, DDP) it is the time per training sample, so that the
 points compare equal work. Prediction trials use the time per series. Re-measurements of the baseline
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kronos_tune.benchmark.train.decide import DRIFT_STAGE
-from kronos_tune.benchmark.report.estimate import baseline_of, fastest, series_rate_estimate, step_time_estimate
+from kronos_tune.benchmark.report.shown import baseline_of, fastest, shown_series_rate, shown_step_time
 from kronos_tune.benchmark.results import TrialResult
 from kronos_tune.benchmark.tasks import get
 
@@ -107,11 +107,11 @@ def _median(spread: float | None) -> float | None:
 
 
 def _seconds(trial: TrialResult, unit: str, baseline: TrialResult | None) -> float | None:
-    """The point's time from the one estimate every view shows (kronos_tune.benchmark.report.estimate)."""
+    """The point's time from the one estimate every view shows (kronos_tune.benchmark.report.shown)."""
     if unit == "series":
-        rate = _median(series_rate_estimate(trial, baseline))
+        rate = _median(shown_series_rate(trial, baseline))
         return None if rate is None else 1.0 / rate
-    step = _median(step_time_estimate(trial, baseline))
+    step = _median(shown_step_time(trial, baseline))
     if unit == "step" or step is None:
         return step
     samples_per_step = (_median(trial.samples_per_s) or 0.0) * (_median(trial.step_time_s) or 0.0)

@@ -17,7 +17,7 @@ from typing import Any
 from kronos_tune.errors import KronosTuneError
 from kronos_tune.presets import Preset, resolve_preset
 from kronos_tune.benchmark.results import RESULTS_FILE, BenchmarkReport, read_results
-from kronos_tune.benchmark.report.summary import summarize
+from kronos_tune.benchmark.report.shown import summarize
 from kronos_tune.runs import RUN_FILE, read_run_file
 
 RESULTS_SUFFIX = "-results.jsonl"

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.task import RunContext
 from kronos_tune.benchmark.run.isolation import Outcome, stderr_tail, timeout_reason
 from kronos_tune.benchmark.train.measure import TrainMeasurement
 from kronos_tune.benchmark.results import TrialSpec

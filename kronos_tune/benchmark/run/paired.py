@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from kronos_core.units import format_bytes
-from kronos_tune.benchmark.run.context import RunContext
 from kronos_tune.benchmark.run.live_worker import LiveWorker, StepHandler
 from kronos_tune.benchmark.run.order import trial_leads
 from kronos_tune.benchmark.results import TrialResult, TrialSpec
+from kronos_tune.benchmark.task import RunContext
 from kronos_tune.benchmark.stats import block_ratios, paired_estimate
 
 MAX_BLOCK_STEPS = 50

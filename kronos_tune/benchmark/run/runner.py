@@ -50,7 +50,7 @@ from kronos_tune.benchmark.results import NOISE_PROBE, BenchmarkReport, TrialRes
 from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.benchmark.results import RESULTS_FILE, append_result, load_results
 from kronos_tune.benchmark.report.files import write_reports
-from kronos_tune.benchmark.report.summary import summarize
+from kronos_tune.benchmark.report.shown import summarize
 from kronos_tune.runs import RunDir, claim_run_dir, default_run_dir
 from kronos_tune.time_left import TimeLeft, seconds_left_by_budget
 from kronos_tune.workloads import runnable_device

@@ -63,8 +63,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kronos_core.units import format_bytes
-from kronos_tune.benchmark.costs import duration as _duration
+from kronos_core.units import format_bytes, format_duration
 from kronos_tune.benchmark.costs import one_time_costs
 from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult
 from kronos_tune.benchmark.stats import (
@@ -406,9 +405,9 @@ def _evidence_text(decision: Decision, context: DecisionContext, comparison: Com
 
 def _cost_text(name: str, cost: OneTimeCost) -> str:
     return (f"{name} is faster ({100 * (cost.ratio - 1):+.1f}% per step) but its one-time cost "
-            f"({_duration(cost.one_time_s)} of warm-up and setup) "
-            f"exceeds what it saves over the workload ({_duration(max(0.0, cost.saving_s))} of "
-            f"{_duration(cost.workload_s)})")
+            f"({format_duration(cost.one_time_s)} of warm-up and setup) "
+            f"exceeds what it saves over the workload ({format_duration(max(0.0, cost.saving_s))} of "
+            f"{format_duration(cost.workload_s)})")
 
 
 def _noisy_reason(decision: Decision) -> str:
@@ -510,9 +509,9 @@ def _recommend(results: list[TrialResult], decision: Decision, context: Decision
                              f"{_ms(median) if median else 'n/a'}/step{combined_note}")
     what = "the combination " + "+".join(decision.combination) if winner.stage == "combined" else winner.name
     cost = decision.costs.get(winner.name)
-    paid = "" if cost is None else (f"; over the workload it saves {_duration(max(0.0, cost.saving_s))} of "
-                                    f"{_duration(cost.workload_s)}, more than its one-time cost of "
-                                    f"{_duration(cost.one_time_s)}")
+    paid = "" if cost is None else (f"; over the workload it saves {format_duration(max(0.0, cost.saving_s))} of "
+                                    f"{format_duration(cost.workload_s)}, more than its one-time cost of "
+                                    f"{format_duration(cost.one_time_s)}")
     described = _describe(winner, decision.comparisons.get(winner.name), _median(base), median)
     return winner.name, (f"{what} is the fastest measured configuration: {described.split(': ', 1)[-1]}, "
                          f"{_evidence_text(decision, context, decision.comparisons.get(winner.name))}, "

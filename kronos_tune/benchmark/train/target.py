@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 from kronos_tune.benchmark.results import TrialResult, TrialSpec
 
 if TYPE_CHECKING:
-    from kronos_tune.benchmark.run.context import RunContext
+    from kronos_tune.benchmark.task import RunContext
 
-TARGET_EVENT = "target_step"
 CHECKS_PER_TARGET = 8  # evaluations before step N: the time to target is known to within N / 8 steps
 
 

@@ -20,7 +20,7 @@ from kronos_tune.benchmark.options import BenchmarkOptions
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:
-    from kronos_tune.benchmark.run.context import RunContext
+    from kronos_tune.benchmark.task import RunContext
 
 
 def loss_delta_cell(trial: TrialResult, compact: bool = False) -> Cell:

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 
 from kronos_core.train import TrainConfig
-from kronos_tune.benchmark.kinds import TrialKind
 from kronos_tune.benchmark.options import BenchmarkOptions
-from kronos_tune.benchmark.results import NOISE_PROBE, TrialResult, TrialSpec
+from kronos_tune.benchmark.results import NOISE_PROBE, TrialKind, TrialResult, TrialSpec
 from kronos_tune.benchmark.selection import autobatch_available, device_count, quick_reason, selection_reason
-from kronos_tune.precision import bf16_support
+from kronos_tune.workloads import bf16_support
 from kronos_tune.presets import Preset
 
 if TYPE_CHECKING:

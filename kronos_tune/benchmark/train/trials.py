@@ -19,7 +19,7 @@ from kronos_core.data.synthetic import synthetic_series
 from kronos_core.train import StepRecord, TrainConfig
 from kronos_core.train.builders import build_models
 from kronos_tune.profiling.flops import mfu
-from kronos_tune.benchmark.run.context import RunContext
+from kronos_tune.benchmark.task import RunContext
 from kronos_tune.benchmark.stats import verdict_open
 from kronos_tune.benchmark.train.decide import DecisionContext, decide, measuring_threshold, memory_binding
 from kronos_tune.benchmark.run.isolation import raise_for_exit, timeout_reason
@@ -106,9 +106,9 @@ def quick_memory_reason(run: RunContext, spec: TrialSpec) -> str | None:
 
 def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any, str]:
     """autobatch over the baseline's config within the run's budget (cancellable between probes); `limits` go to
-    TrainTask.run (effective_batch, max_batch). Returns the result and how it was measured."""
+    TrainProbes.run (effective_batch, max_batch). Returns the result and how it was measured."""
     from kronos_tune.autobatch.probes import SearchCancelled
-    from kronos_tune.autobatch.train_task import TrainTask
+    from kronos_tune.autobatch.train_probes import TrainProbes
 
     estimate = run.options.autobatch_estimate
     estimate = run.device == "cpu" if estimate is None else estimate
@@ -120,7 +120,7 @@ def search_batch(run: RunContext, base: TrainConfig, **limits: Any) -> tuple[Any
             raise SearchCancelled
 
     try:
-        with TrainTask(base, device=run.device) as task:
+        with TrainProbes(base, device=run.device) as task:
             found = task.run(run.budget_bytes, margin=run.options.autobatch_margin, estimate=estimate,
                              on_probe=on_probe, **limits)
     except SearchCancelled:

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from kronos_tune.tui.answer import Answer
+from kronos_tune.tui.model import Answer
 from kronos_tune.tui.keys import PANE_BINDINGS
 from kronos_tune.tui.widgets.base import Line
 from kronos_tune.tui.widgets.results import BEST_MARK, RECOMMENDED_MARK

@@ -33,11 +33,11 @@ ESTIMATED = ("step_time_s", "series_per_s", "tokens_per_s", "samples_per_s")  # 
 
 def shown_value(result: TrialResult, key: str, baseline: TrialResult | None = None) -> Any:
     """The figure a cell shows: the compared estimate for the time and the rates (the figures the delta beside
-    it is taken from, and the projected total, the ★ and the scatter use: kronos_tune.benchmark.report.estimate), else
+    it is taken from, and the projected total, the ★ and the scatter use: kronos_tune.benchmark.report.shown), else
     the field itself."""
     if key not in ESTIMATED or getattr(result, key) is None:
         return getattr(result, key)
-    from kronos_tune.benchmark.report.estimate import shown_figure
+    from kronos_tune.benchmark.report.shown import shown_figure
 
     return shown_figure(result, key, baseline)
 
@@ -158,7 +158,7 @@ class ResultsTable(DataTable):
                 f"{column.label} {arrow}" if column.key == sort_key else column.label)
         cursor = self.cursor_row
         self.clear()
-        from kronos_tune.benchmark.report.estimate import baseline_of
+        from kronos_tune.benchmark.report.shown import baseline_of
 
         baseline = baseline_of(rows)
         for result in rows:

@@ -53,7 +53,7 @@ class PredictPick:
         return statistics.median(self.series_per_s) if self.series_per_s else None
 
 
-class PredictTask:
+class PredictProbes:
     """Synthetic series of the predict workload's shape, and factories that run one call over them."""
 
     def __init__(self, model_size: str, lookback: int, pred_len: int, sample_count: int = 1, series_count: int = 1,
@@ -79,7 +79,7 @@ class PredictTask:
                       f"{sample_count} sample path(s) each, model {model_size} with random weights"]
 
     @classmethod
-    def from_preset(cls, preset: Preset, device: str = "cpu") -> PredictTask:
+    def from_preset(cls, preset: Preset, device: str = "cpu") -> PredictProbes:
         p = preset.predict
         return cls(preset.workload.model_size, p.lookback, p.pred_len, p.sample_count, p.series_count, device)
 

@@ -41,7 +41,7 @@ MIN_VAL_WINDOWS_PER_SERIES = 64
 OPTIMIZER_EMULATION = {"auto": "fused", "fused": "fused", "foreach": "foreach", "for-loop": "as_built"}
 
 
-class TrainTask:
+class TrainProbes:
     """Factories for ``autobatch`` at any batch size, for one TrainConfig on one device.
 
     Use as a context manager (or call ``close()``): probes write the Trainer's
@@ -50,7 +50,7 @@ class TrainTask:
 
     def __init__(self, config: TrainConfig, device: str = "cpu", mesh: Any = None) -> None:
         self.config = config
-        # A sharded (fsdp) config is estimated as rank 0 of `mesh` (kronos_tune.plan.sharded.SimulatedRanks).
+        # A sharded (fsdp) config is estimated as rank 0 of `mesh` (kronos_tune.plan.setup_traces.SimulatedRanks).
         self.mesh = mesh
         self.device = torch.device(device).type
         self.notes: list[str] = []
@@ -142,7 +142,7 @@ class TrainTask:
         cpu = torch.device("cpu")
         if config.parallelism == "fsdp" and self.mesh is None:
             raise KronosTuneError("estimating a parallelism = \"fsdp\" config needs the simulated ranks: "
-                                  "TrainTask(config, mesh=SimulatedRanks(N).mesh) inside `with SimulatedRanks(N)`")
+                                  "TrainProbes(config, mesh=SimulatedRanks(N).mesh) inside `with SimulatedRanks(N)`")
         parts = build_training(config, cpu, self.mesh.size() if self.mesh is not None else 1, mesh=self.mesh)
         model, optimizer, steps = parts.model, parts.optimizer, parts.steps
         scaler = build_grad_scaler(config, cpu)
@@ -215,7 +215,7 @@ class TrainTask:
         self._current = None
         self._tmp.cleanup()
 
-    def __enter__(self) -> TrainTask:
+    def __enter__(self) -> TrainProbes:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,4 +1,6 @@
-"""One estimate per trial for every figure a user sees: the step time (train) or series/s (predict).
+"""The figures a user sees of a benchmark: one per trial for its timing (the step time, train, or series/s,
+predict), the summary table of report.md and the terminal (the shared columns here, the task's own from its
+`cells`), and `summarize`, the finished (or partial) report those figures are shown from.
 
 A trial's raw median was measured at another time than the baseline's, so two raw medians can disagree
 with the comparison the decision rule makes (the paired design cancels the drift between them). Every
@@ -15,26 +17,36 @@ every delta a view prints is the change between the two figures it shows (`align
 estimate and projection is set), so a delta never contradicts the figure beside it.
 
 The raw medians stay in report.json (each trial's `step_time_s` / `series_per_s` spread, named "raw" by
-`raw_and_estimate`).
+`raw_and_shown`).
+
+``summarize(report, preset)`` returns a new report: the given one's trials with what is missing, whether the
+run is partial, and the sections its task derives (train/summary.py, predict/summary.py), then the deltas
+aligned with the figures shown. The runner calls it at the end of a run; ``kronos-tune report`` calls it on a
+results.jsonl from any machine (nothing here touches a device).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from kronos_tune.benchmark.results import Spread, TrialResult
+from kronos_core.units import format_bytes
+from kronos_tune.benchmark.report.cells import (Cell, changes_text, delta_cell, fmt_rate, fmt_seconds, spread_text,
+                                                status_cell)
+from kronos_tune.benchmark.results import BenchmarkReport, Spread, TrialResult
 from kronos_tune.benchmark.stats import rate_over_ratio
 from kronos_tune.benchmark.tasks import get
+from kronos_tune.presets import Preset
 
 RATE_KEYS = ("series_per_s", "tokens_per_s", "samples_per_s")
 # The deltas taken from a figure an estimate or a projection sets (align_deltas); the loss's is the guard's.
 DERIVED_KEYS = ("step_time_s", *RATE_KEYS, "projected_train_time_s", "projected_predict_time_s", "peak_memory_bytes")
-ESTIMATE_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
-                   "alternating blocks, else the ratio of medians); tokens/s, samples/s and series/s: the "
-                   "baseline's median over that ratio; every delta: the change between the two figures shown "
-                   "(`figures`); the raw medians are in report.json")
+SHOWN_LEGEND = ("time per step: the baseline's median x the compared ratio (paired where the trial ran in "
+                "alternating blocks, else the ratio of medians); tokens/s, samples/s and series/s: the "
+                "baseline's median over that ratio; every delta: the change between the two figures shown "
+                "(`figures`); the raw medians are in report.json")
 
 
 def _ratio(result: TrialResult, baseline: TrialResult | None) -> float | None:
@@ -55,7 +67,7 @@ def _per_step_scale(result: TrialResult, baseline: TrialResult) -> float:
     return result.tokens_per_step / baseline.tokens_per_step
 
 
-def step_time_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
+def shown_step_time(result: TrialResult, baseline: TrialResult | None) -> float | None:
     """Seconds per optimizer step of `result` (see the module doc); None when it has no timing."""
     ratio = _ratio(result, baseline)
     if ratio is not None and baseline is not None and baseline.step_time_s is not None:
@@ -63,7 +75,7 @@ def step_time_estimate(result: TrialResult, baseline: TrialResult | None) -> flo
     return None if result.step_time_s is None else float(result.step_time_s.median)
 
 
-def rate_estimate(result: TrialResult, baseline: TrialResult | None, key: str) -> float | None:
+def shown_rate(result: TrialResult, baseline: TrialResult | None, key: str) -> float | None:
     """A rate (`key`: series/s, tokens/s or samples/s) as every view shows it: the baseline's median over the
     compared time ratio (which is per token, so no batch scale), else the trial's own median; None when the
     trial did not measure it."""
@@ -74,9 +86,9 @@ def rate_estimate(result: TrialResult, baseline: TrialResult | None, key: str) -
     return rate_over_ratio(_ratio(result, baseline), reference, own)
 
 
-def series_rate_estimate(result: TrialResult, baseline: TrialResult | None) -> float | None:
+def shown_series_rate(result: TrialResult, baseline: TrialResult | None) -> float | None:
     """Series per second of a predict trial: the reference's rate over the compared time ratio."""
-    return rate_estimate(result, baseline, "series_per_s")
+    return shown_rate(result, baseline, "series_per_s")
 
 
 def shown_figure(result: TrialResult, key: str, baseline: TrialResult | None) -> float | None:
@@ -84,9 +96,9 @@ def shown_figure(result: TrialResult, key: str, baseline: TrialResult | None) ->
     for the time and the rates, the field itself otherwise (the projected totals already take the compared
     ratio, the memory and the loss are measured once)."""
     if key == "step_time_s":
-        return None if result.step_time_s is None else step_time_estimate(result, baseline)
+        return None if result.step_time_s is None else shown_step_time(result, baseline)
     if key in RATE_KEYS:
-        return rate_estimate(result, baseline, key)
+        return shown_rate(result, baseline, key)
     value = getattr(result, key)
     return None if value is None else float(value)
 
@@ -115,15 +127,15 @@ def align_deltas(trials: Sequence[TrialResult]) -> None:
 def shown_time(result: TrialResult, baseline: TrialResult | None, task: str | None = None) -> float | None:
     """The estimate of the trial's timing (its task's time_key): the step time, or the series/s."""
     rated = get(task or result.task).time_is_rate
-    return (series_rate_estimate if rated else step_time_estimate)(result, baseline)
+    return (shown_series_rate if rated else shown_step_time)(result, baseline)
 
 
 def speed_key(result: TrialResult, baseline: TrialResult | None, task: str) -> float | None:
     """Lower is faster, for ranking: the step time, or minus the series/s."""
     if get(task).time_is_rate:
-        rate = series_rate_estimate(result, baseline)
+        rate = shown_series_rate(result, baseline)
         return None if rate is None else -rate
-    return step_time_estimate(result, baseline)
+    return shown_step_time(result, baseline)
 
 
 def baseline_of(results: Sequence[TrialResult]) -> TrialResult | None:
@@ -141,7 +153,7 @@ def fastest(results: Sequence[TrialResult], task: str) -> TrialResult | None:
     return min(ranked, key=lambda item: item[0])[1] if ranked else None
 
 
-def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[str, Any]:
+def raw_and_shown(result: TrialResult, baseline: TrialResult | None) -> dict[str, Any]:
     """What report.json keeps beside the raw spread: the figure shown and where it comes from."""
     key = get(result.task).time_key
     raw = getattr(result, key)
@@ -156,19 +168,18 @@ def raw_and_estimate(result: TrialResult, baseline: TrialResult | None) -> dict[
 def report_dict(report: Any) -> dict[str, Any]:
     """report.json: the BenchmarkReport, each trial's raw spread as it was measured, and `shown`: per trial
     the figure every view shows and where it comes from, and `figures`, every figure a delta is taken from
-    (raw_and_estimate)."""
+    (raw_and_shown)."""
     out = report.to_dict()
     baseline = baseline_of(report.trials)
-    out["shown"] = {"rule": ESTIMATE_LEGEND,
-                    "trials": {t.name: raw_and_estimate(t, baseline) for t in report.trials}}
+    out["shown"] = {"rule": SHOWN_LEGEND,
+                    "trials": {t.name: raw_and_shown(t, baseline) for t in report.trials}}
     return out
 
 
-def shown_time_cell(trial: TrialResult, baseline: TrialResult | None, compact: bool) -> Any:
+
+def shown_time_cell(trial: TrialResult, baseline: TrialResult | None, compact: bool) -> Cell:
     """The table's time cell (its task's time_column): the estimate, with the raw spread in parentheses when
     they differ."""
-    from kronos_tune.benchmark.report.cells import Cell, fmt_rate, fmt_seconds, spread_text
-
     task = get(trial.task)
     raw, fmt = getattr(trial, task.time_key), fmt_rate if task.time_is_rate else fmt_seconds
     raw_text = spread_text(raw, fmt, compact)
@@ -176,3 +187,35 @@ def shown_time_cell(trial: TrialResult, baseline: TrialResult | None, compact: b
     if raw is None or shown is None or fmt(shown) == fmt(raw.median):
         return Cell(raw_text)
     return Cell(f"{fmt(shown)}{chr(10) if compact else ' '}(raw {raw_text.replace(chr(10), ' ')})")
+
+
+def table(report: BenchmarkReport, compact: bool = False) -> tuple[tuple[str, ...], list[list[Cell]]]:
+    """Header and rows of the summary table (its task's columns).
+
+    `compact` (a terminal): the trial name without its changes, spreads on a second line, the status without
+    its reason (list those below the table with `changes_text` and `TrialResult.reason`)."""
+    task = get(report.task)
+    baseline = baseline_of(report.trials)
+    rows = []
+    for t in report.trials:
+        shared = {"configuration": Cell(t.name if compact else f"{t.name} ({changes_text(t)})"),
+                  "hardware": Cell(t.hardware.split(" (")[0].replace(" x ", "×") if compact else t.hardware),
+                  "memory": Cell(format_bytes(t.peak_memory_bytes, missing="–")),
+                  "Δ mem": delta_cell(t.deltas.get("peak_memory_bytes"), "peak_memory_bytes"),
+                  "status": status_cell(t, compact)}
+        own = task.cells(t, compact)
+        if task.time_column in own:  # one figure in every view (report/shown.py)
+            own[task.time_column] = shown_time_cell(t, baseline, compact)
+        rows.append([own[column] if column in own else shared[column] for column in task.columns])
+    return task.columns, rows
+
+
+def summarize(report: BenchmarkReport, preset: Preset | None) -> BenchmarkReport:
+    """A copy of `report` with its derived sections filled (`report` itself is left as it was)."""
+    summary = copy.deepcopy(report)
+    names = {t.name for t in summary.trials}
+    summary.missing = [name for name in summary.planned if name not in names]
+    summary.partial = bool(summary.cancelled or summary.missing)
+    get(summary.task).decide(summary, preset)
+    align_deltas(summary.trials)  # every delta from the figures shown beside it, once all are set
+    return summary
