@@ -82,13 +82,15 @@ def test_onecycle_warms_up_from_max_lr_over_div_factor(tmp_path: Path) -> None:
 def test_bf16_autocast_within_2_percent_of_fp32(tmp_path: Path) -> None:
     results, losses = {}, {}
     for amp in ("none", "bf16"):
-        config = tiny(tmp_path / amp, amp=amp, batch_size=16, samples_per_epoch=16 * 200, eval_every=200,
-                      eval_samples=64, lr=2e-3)
+        # 80 steps at lr 4e-3 train as far as needed (val_loss 6.91 -> 4.12) in 40% of 200 steps' time: bf16 is
+        # emulated, and slow, on a CPU without AMX/AVX512-BF16
+        config = tiny(tmp_path / amp, amp=amp, batch_size=16, samples_per_epoch=16 * 80, eval_every=80,
+                      eval_samples=64, lr=4e-3)
         records: list[StepRecord] = []
         trainer = Trainer(config, callback=records.append)
         before = trainer.evaluate()["val_loss"]
         summary = trainer.fit()
-        assert summary.steps == 200
+        assert summary.steps == 80
         results[amp] = (before, summary.last_eval["val_loss"])
         losses[amp] = [r.loss for r in records]
     assert losses["bf16"] != losses["none"]  # autocast really ran in bf16
