@@ -82,8 +82,8 @@ def test_onecycle_warms_up_from_max_lr_over_div_factor(tmp_path: Path) -> None:
 def test_bf16_autocast_within_2_percent_of_fp32(tmp_path: Path) -> None:
     results, losses = {}, {}
     for amp in ("none", "bf16"):
-        # 80 steps at lr 4e-3 train as far as needed (val_loss 6.91 -> 4.12) in 40% of 200 steps' time: bf16 is
-        # emulated, and slow, on a CPU without AMX/AVX512-BF16
+        # 80 steps at lr 4e-3 train as far as needed (val_loss 6.91 -> 4.12) in about half the time of 200 steps:
+        # bf16 is emulated, and slow, on a CPU without AMX/AVX512-BF16
         config = tiny(tmp_path / amp, amp=amp, batch_size=16, samples_per_epoch=16 * 80, eval_every=80,
                       eval_samples=64, lr=4e-3)
         records: list[StepRecord] = []
